@@ -1,0 +1,45 @@
+"""Typed errors. Each message says what broke and what to do about it.
+
+The `Case*` errors are raised in the parent pytest process when a case body did not finish
+cleanly in its child. They carry `evidence`: the text the known-bug registry matches its
+signatures against (the child's exception line, or the signal and the log tail of a crash).
+"""
+
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    """Base class of every error the harness raises on purpose."""
+
+
+class HarnessUsageError(HarnessError):
+    """A bad option or argument; the message names the valid values."""
+
+
+class RegistryError(HarnessError):
+    """The known-bug registry file is malformed or names an unknown entry."""
+
+
+class ChildStartError(HarnessError):
+    """A child process could not be started or died before it was ready."""
+
+
+class CaseError(HarnessError):
+    """A case body did not finish cleanly in its child process."""
+
+    def __init__(self, message: str, *, evidence: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.evidence = evidence
+        self.log_tail = log_tail
+
+
+class CaseFailed(CaseError):
+    """The case body raised; the child survived and reported the exception."""
+
+
+class CaseCrashed(CaseError):
+    """The child process died (a signal such as SIGABRT/SIGSEGV, or an exit) during the case."""
+
+
+class CaseTimedOut(CaseError):
+    """The case ran past its timeout; the child's process group was terminated."""

@@ -1,0 +1,211 @@
+"""The pytest plugin (entry point `pytest11: spmd_harness`).
+
+It adds the options, resolves what each case needs at run time (never at import), gives tests
+the `spmd` fixture that runs bodies in child processes, judges `known_bug` cases against the
+registry, and writes one CaseRecord per SPMD case to the results folder. The pytest process
+itself never imports torch or torch_xla.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from harness import results
+from harness.backends import BACKEND_NAMES, Backend, make_backend
+from harness.case import SpmdRunner
+from harness.errors import CaseError
+from harness.registry import Judgement, Verdict, get_entry, judge
+from harness.requirements import unmet_needs
+from harness.runner import ChildPool
+
+SESSION_KEY = pytest.StashKey["HarnessSession"]()
+RUNNER_KEY = pytest.StashKey[SpmdRunner]()
+JUDGEMENT_KEY = pytest.StashKey[Judgement]()
+
+MARKERS = (
+    "spmd: an SPMD regression case that runs torch_xla in a child process",
+    "needs(backend=None, devices=0, jax=False, multislice=False, xla=True): what a case needs; unmet needs skip with the numbers",
+    "known_bug(entry_id): judge this case against the known-bug registry entry for the child's torch_xla",
+)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("spmd", "SPMD regression harness")
+    group.addoption("--backend", choices=BACKEND_NAMES, default="cpu",
+                    help="where case bodies run: cpu (PJRT CPU, virtual devices), tpu (this host's TPUs), "
+                         "fake (no torch_xla; for testing the harness). Default: cpu.")
+    group.addoption("--devices", type=_positive_int, default=4, metavar="N",
+                    help="number of virtual devices for the cpu/fake backends (CPU_NUM_DEVICES). Default: 4.")
+    group.addoption("--case-timeout", type=_positive_float, default=180.0, metavar="SECONDS",
+                    help="kill a child (its whole process group) whose case or start-up runs longer. Default: 180.")
+    group.addoption("--results-dir", default="results", metavar="DIR",
+                    help="where verdicts-*.jsonl, child logs and HLO excerpts go. Default: ./results.")
+
+
+class HarnessSession:
+    """Per-pytest-process state: one backend, one pool of warm children, one results folder."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.backend: Backend = make_backend(config.getoption("backend"), config.getoption("devices"))
+        self.case_timeout: float = config.getoption("case_timeout")
+        self.results_dir = Path(config.getoption("results_dir")).resolve()
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.pool = ChildPool(self.results_dir / "logs" / self.worker, startup_timeout=self.case_timeout)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    session = HarnessSession(config)
+    config.stash[SESSION_KEY] = session
+    if session.worker == "main" and not hasattr(config, "workerinput"):
+        _clear_previous_results(session.results_dir)
+
+
+def _clear_previous_results(results_dir: Path) -> None:
+    """Old verdicts would be read as this run's; only the controlling process clears them."""
+    for path in results_dir.glob(results.VERDICTS_GLOB):
+        path.unlink()
+    for sub in ("logs", "hlo"):
+        shutil.rmtree(results_dir / sub, ignore_errors=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.pool.close()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the first child while pytest gets going: torch_xla's import overlaps the rest."""
+    harness = session.config.stash[SESSION_KEY]
+    if session.config.option.collectonly or not harness.backend.capabilities().has_xla:
+        return
+    if any(item.get_closest_marker("spmd") for item in session.items):
+        backend = harness.backend
+        runner = SpmdRunner(harness.pool, backend, harness.case_timeout, "prewarm")
+        harness.pool.prewarm(runner.spec(functionalization=True))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    harness = item.config.stash[SESSION_KEY]
+    reason = unmet_needs(item, harness.backend)
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
+    """Runs case bodies in child processes; see harness.case.SpmdRunner.run."""
+    harness = request.config.stash[SESSION_KEY]
+    runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, request.node.nodeid)
+    request.node.stash[RUNNER_KEY] = runner
+    yield runner
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    report: pytest.TestReport = yield
+    if call.when == "call":
+        _apply_registry(item, call, report)
+    if item.get_closest_marker("spmd") and (call.when == "call" or (call.when == "setup" and not report.passed)):
+        _write_record(item, call, report)
+    return report
+
+
+def _child_version(item: pytest.Item) -> str | None:
+    runner = item.stash.get(RUNNER_KEY, None)
+    versions = [r.torch_xla for r in runner.results if r.torch_xla] if runner else []
+    return versions[-1] if versions else None
+
+
+def _evidence(call: pytest.CallInfo[None]) -> str | None:
+    if call.excinfo is None:
+        return None
+    exc = call.excinfo.value
+    if isinstance(exc, CaseError):
+        return exc.evidence
+    return call.excinfo.exconly()
+
+
+def _apply_registry(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+    marker = item.get_closest_marker("known_bug")
+    if marker is None or report.skipped:
+        return
+    entry = get_entry(marker.args[0])
+    judgement = judge(entry, _child_version(item), _evidence(call))
+    item.stash[JUDGEMENT_KEY] = judgement
+    item.user_properties.append(("known_bug", entry.id))
+    item.user_properties.append(("registry_verdict", judgement.verdict.value))
+    if judgement.verdict is Verdict.REPRODUCED:
+        report.outcome = "skipped"
+        report.wasxfail = judgement.message
+    elif judgement.verdict is Verdict.UNEXPECTED_PASS:
+        report.outcome = "failed"
+        report.longrepr = judgement.message
+    elif judgement.verdict is not Verdict.PASSED:
+        report.sections.append(("known-bug registry", judgement.message))
+
+
+def _outcome_of(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    return report.outcome
+
+
+def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+    harness = item.config.stash[SESSION_KEY]
+    runner = item.stash.get(RUNNER_KEY, None)
+    judgement = item.stash.get(JUDGEMENT_KEY, None)
+    marker = item.get_closest_marker("known_bug")
+    shardings: dict[str, str] = {}
+    for result in runner.results if runner else []:
+        shardings.update(result.shardings)
+        _keep_hlo(harness.results_dir, item.nodeid, result.hlo)
+    evidence = _evidence(call) or ""
+    record = results.CaseRecord(
+        nodeid=item.nodeid, family=results.family_of(item.nodeid), outcome=_outcome_of(report),
+        reason=_reason(report, judgement), known_bug=marker.args[0] if marker else None,
+        evidence=evidence[-2000:], torch_xla=_child_version(item), backend=harness.backend.name,
+        devices=harness.backend.capabilities().devices, duration_s=round(report.duration, 3),
+        shardings=shardings,
+    )
+    results.write_record(harness.results_dir, record, harness.worker)
+
+
+def _reason(report: pytest.TestReport, judgement: Judgement | None) -> str:
+    if judgement is not None:
+        return judgement.message
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    if report.failed and report.longrepr is not None:
+        return str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message or "")[:500]
+    return ""
+
+
+def _keep_hlo(results_dir: Path, nodeid: str, hlo: dict[str, str]) -> None:
+    if not hlo:
+        return
+    folder = results_dir / "hlo"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in hlo.items():
+        (folder / f"{results.safe_filename(nodeid)}__{results.safe_filename(name)}.txt").write_text(text)
