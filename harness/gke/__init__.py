@@ -1,0 +1,13 @@
+"""GKE multi-slice fan-out of the SPMD suite.
+
+Modules, one job each:
+    accelerators    the table of TPU types and topologies (the only place sizes live)
+    manifest        renders the JobSet from k8s/base plus the table (same files as kustomize)
+    kube            the one interface to the Kubernetes API (the `kubernetes` client, retries, watch)
+    report_channel  the framed, compressed, checksummed report block in a pod log
+    worker          the entrypoint each TPU host runs: the suite, then the report block
+    aggregate       per-host reports -> one JUnit XML, summary, JSON, cross-host sharding check
+    launcher        create, watch, collect, clean up
+    local           the same worker as local processes (2 slices x H hosts on CPU)
+    __main__        the CLI: `python -m harness.gke run|worker`
+"""

@@ -1,0 +1,31 @@
+"""Typed errors of the GKE fan-out. The CLI maps them to exit codes; nothing below it exits."""
+
+from __future__ import annotations
+
+
+class GkeHarnessError(Exception):
+    """Base class: every message says what went wrong and what to do about it."""
+
+
+class ConfigError(GkeHarnessError, ValueError):
+    """A bad accelerator, topology, slice count or option: a usage error (exit 2)."""
+
+
+class KubeApiError(GkeHarnessError):
+    """The Kubernetes API refused or kept failing after the bounded retries."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class JobSetExistsError(KubeApiError):
+    """A JobSet of that name exists and is not ours: choose another --name or delete it."""
+
+
+class RunTimeout(GkeHarnessError):
+    """The JobSet did not reach a terminal condition before --timeout."""
+
+
+class ReportError(GkeHarnessError):
+    """A host's report block is missing or corrupt; the host counts as failed with this reason."""

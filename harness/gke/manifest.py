@@ -1,0 +1,122 @@
+"""Render the run's manifests from k8s/base plus one accelerator table entry.
+
+k8s/ is the single source of truth: the launcher loads the same base files `kubectl apply -k`
+uses and sets at the same paths what each overlay patches (tests/gke/test_manifests.py checks that
+the two agree for every overlay). Manifests are data: dicts in, YAML out through PyYAML.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.gke.accelerators import AcceleratorType
+from harness.gke.errors import ConfigError
+
+Manifest = dict[str, Any]
+
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_PLURAL = "jobsets"
+BASE_NAME = "spmd-harness"  # the JobSet name and namespace in k8s/base
+BASE_IMAGE = "spmd-harness-worker"  # the image name kustomize's `images:` replaces
+REPLICATED_JOB = "slice"
+CONTAINER = "worker"
+GCS_ENV = "SPMD_HARNESS_GCS_URI"
+# JobSet pod hostnames are <jobset>-<replicatedJob>-<job>-<pod>; they must fit a 63-char DNS label.
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+
+def k8s_dir() -> Path:
+    """k8s/ of this checkout (or SPMD_HARNESS_K8S_DIR when the harness is installed elsewhere)."""
+    override = os.environ.get("SPMD_HARNESS_K8S_DIR")
+    return Path(override) if override else Path(__file__).resolve().parents[2] / "k8s"
+
+
+def load_base(base_dir: Path | None = None) -> list[Manifest]:
+    """The documents k8s/base/kustomization.yaml lists, in its order."""
+    base = base_dir or k8s_dir() / "base"
+    kustomization = yaml.safe_load((base / "kustomization.yaml").read_text())
+    docs: list[Manifest] = []
+    for resource in kustomization["resources"]:
+        docs.extend(d for d in yaml.safe_load_all((base / resource).read_text()) if d)
+    return docs
+
+
+def check_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise ConfigError(
+            f"JobSet name {name!r} must be a DNS label of at most 40 characters "
+            "(lower-case letters, digits, '-'; starting with a letter)")
+    return name
+
+
+def render(accel: AcceleratorType, slices: int, image: str, *, name: str = BASE_NAME,
+           namespace: str = BASE_NAME, gcs_uri: str | None = None) -> list[Manifest]:
+    """Namespace, ServiceAccount and JobSet for `slices` slices of `accel`."""
+    docs = copy.deepcopy(load_base())
+    for doc in docs:
+        _set_namespace(doc, namespace)
+        if doc["kind"] == "JobSet":
+            doc["metadata"]["name"] = check_name(name)
+            _shape_jobset(doc, accel, slices)
+            _set_container(doc, image, gcs_uri)
+    return docs
+
+
+def _set_namespace(doc: Manifest, namespace: str) -> None:
+    if doc["kind"] == "Namespace":
+        doc["metadata"]["name"] = namespace
+    else:
+        doc["metadata"]["namespace"] = namespace
+
+
+def _shape_jobset(jobset: Manifest, accel: AcceleratorType, slices: int) -> None:
+    """Exactly what each overlay's patch sets, from the table."""
+    rjob = replicated_job(jobset)
+    rjob["replicas"] = slices
+    job_spec = rjob["template"]["spec"]
+    job_spec["parallelism"] = accel.hosts_per_slice
+    job_spec["completions"] = accel.hosts_per_slice
+    pod_spec = job_spec["template"]["spec"]
+    pod_spec["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"] = accel.gke_accelerator
+    pod_spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] = accel.topology
+    worker_container(jobset)["resources"]["limits"]["google.com/tpu"] = accel.chips_per_host
+
+
+def _set_container(jobset: Manifest, image: str, gcs_uri: str | None) -> None:
+    container = worker_container(jobset)
+    container["image"] = image
+    if gcs_uri:
+        container["env"].append({"name": GCS_ENV, "value": gcs_uri})
+
+
+def replicated_job(jobset: Manifest) -> Manifest:
+    for rjob in jobset["spec"]["replicatedJobs"]:
+        if rjob["name"] == REPLICATED_JOB:
+            return rjob
+    raise KeyError(f"k8s/base JobSet has no replicatedJob {REPLICATED_JOB!r}")
+
+
+def pod_template(jobset: Manifest) -> Manifest:
+    return replicated_job(jobset)["template"]["spec"]["template"]
+
+
+def worker_container(jobset: Manifest) -> Manifest:
+    for container in pod_template(jobset)["spec"]["containers"]:
+        if container["name"] == CONTAINER:
+            return container
+    raise KeyError(f"k8s/base JobSet has no container {CONTAINER!r}")
+
+
+def find(docs: list[Manifest], kind: str) -> Manifest:
+    return next(d for d in docs if d["kind"] == kind)
+
+
+def dump(docs: list[Manifest]) -> str:
+    return yaml.safe_dump_all(docs, sort_keys=True, default_flow_style=False)

@@ -1,0 +1,141 @@
+"""k8s/ and the launcher's render: goldens, `kubectl kustomize` equality, schema and structure.
+
+Goldens are the `--dry-run` output. Regenerate them (and review the diff) with:
+    for s in v4:2x2x2 v6e:4x4 v6e:2x4; do a=${s%:*}; t=${s#*:}; PYTHONPATH=. python -m harness.gke run \
+      --dry-run --accelerator $a --topology $t --slices 2 --image spmd-harness-worker --name spmd-harness \
+      > tests/gke/golden/$a-$t.yaml; done
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from harness.gke import accelerators, manifest
+from harness.gke.__main__ import main
+
+pytestmark = pytest.mark.selftest
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+K8S_VERSION = "1.34"  # oldest core schema kubernetes-validate ships that GKE TPU node pools run
+SHAPES = [pytest.param(a, id=a.overlay) for a in accelerators.ACCELERATORS]
+
+
+def dry_run(accel: accelerators.AcceleratorType) -> str:
+    out = io.StringIO()
+    code = main(["run", "--dry-run", "--accelerator", accel.name, "--topology", accel.topology, "--slices", "2",
+                 "--image", manifest.BASE_IMAGE, "--name", manifest.BASE_NAME], out=out)
+    assert code == 0
+    return out.getvalue()
+
+
+def by_kind(docs: list[dict]) -> dict[str, dict]:
+    return {d["kind"]: d for d in docs}
+
+
+@pytest.mark.parametrize("accel", SHAPES)
+def test_dry_run_matches_golden(accel: accelerators.AcceleratorType) -> None:
+    golden = GOLDEN / f"{accel.overlay}.yaml"
+    assert dry_run(accel) == golden.read_text(), f"regenerate {golden} (command in this file's docstring)"
+
+
+def test_every_golden_and_overlay_has_a_table_row() -> None:
+    overlays = {p.name for p in (REPO / "k8s" / "overlays").iterdir()}
+    goldens = {p.stem for p in GOLDEN.glob("*.yaml")}
+    assert overlays == goldens == {a.overlay for a in accelerators.ACCELERATORS}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("accel", SHAPES)
+def test_launcher_render_equals_kubectl_kustomize(accel: accelerators.AcceleratorType) -> None:
+    built = subprocess.run(["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / accel.overlay)],
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    from_kustomize = by_kind(list(yaml.safe_load_all(built)))
+    from_launcher = by_kind(manifest.render(accel, 2, manifest.BASE_IMAGE))
+    assert from_launcher == from_kustomize
+
+
+@pytest.mark.parametrize("accel", SHAPES)
+def test_pod_and_job_templates_pass_the_kubernetes_schema(accel: accelerators.AcceleratorType) -> None:
+    docs = by_kind(list(yaml.safe_load_all(dry_run(accel))))
+    jobset = docs["JobSet"]
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "slice"},
+           "spec": manifest.replicated_job(jobset)["template"]["spec"]}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "host"}, **manifest.pod_template(jobset)}
+    for doc in (job, pod, docs["Namespace"], docs["ServiceAccount"]):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_the_validator_can_fail() -> None:
+    """Guards the test above: a misspelt field must be rejected."""
+    jobset = manifest.find(manifest.render(accelerators.ACCELERATORS[0], 2, "img"), "JobSet")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, **manifest.pod_template(jobset)}
+    pod["spec"]["hostNetwrk"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("slices", [2, 3])
+@pytest.mark.parametrize("accel", SHAPES)
+def test_jobset_shape(accel: accelerators.AcceleratorType, slices: int) -> None:
+    jobset = manifest.find(manifest.render(accel, slices, "img:1", name="run-1", namespace="ns"), "JobSet")
+    rjob = manifest.replicated_job(jobset)
+    job = rjob["template"]["spec"]
+    pod = manifest.pod_template(jobset)["spec"]
+    container = manifest.worker_container(jobset)
+    assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and jobset["metadata"]["name"] == "run-1"
+    assert jobset["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    assert rjob["replicas"] == slices
+    assert job["parallelism"] == job["completions"] == accel.hosts_per_slice
+    assert job["backoffLimit"] == 0 and job["completionMode"] == "Indexed"
+    assert jobset["spec"]["failurePolicy"] == {"maxRestarts": 0}
+    assert jobset["spec"]["ttlSecondsAfterFinished"] > 0
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": accel.gke_accelerator,
+                                   "cloud.google.com/gke-tpu-topology": accel.topology}
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["restartPolicy"] == "Never"
+    assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert container["resources"]["limits"] == {"google.com/tpu": accel.chips_per_host}
+    assert container["image"] == "img:1"
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"] if "valueFrom" in e}
+    assert env["MEGASCALE_NUM_SLICES"] == "metadata.labels['jobset.sigs.k8s.io/replicatedjob-replicas']"
+    assert env["MEGASCALE_SLICE_ID"] == "metadata.labels['jobset.sigs.k8s.io/job-index']"
+    assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "metadata.labels['jobset.sigs.k8s.io/coordinator']"
+    assert jobset["spec"]["coordinator"] == {"replicatedJob": "slice", "jobIndex": 0, "podIndex": 0}
+    assert container["command"][:4] == ["python", "-m", "harness.gke", "worker"]
+
+
+def test_namespace_and_bucket_are_applied_everywhere() -> None:
+    docs = manifest.render(accelerators.ACCELERATORS[1], 2, "img", namespace="nightly", gcs_uri="gs://b/p")
+    assert by_kind(docs)["Namespace"]["metadata"]["name"] == "nightly"
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"nightly"}
+    env = manifest.worker_container(by_kind(docs)["JobSet"])["env"]
+    assert {"name": manifest.GCS_ENV, "value": "gs://b/p"} in env
+
+
+@pytest.mark.parametrize("name", ["Bad_Name", "x" * 41, "1abc", "abc-"])
+def test_bad_jobset_names_are_usage_errors(name: str) -> None:
+    with pytest.raises(manifest.ConfigError, match="DNS label"):
+        manifest.render(accelerators.ACCELERATORS[0], 2, "img", name=name)
+
+
+def test_dockerfile_installs_the_pinned_tpu_pair_and_the_worker() -> None:
+    """Structure only: there is no docker engine here to build it."""
+    text = (REPO / "k8s" / "image" / "Dockerfile").read_text()
+    pinned = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tpu"]
+    version = re.search(r"torch_xla\[[^\]]*\]==([\d.]+)", " ".join(pinned)).group(1)
+    assert f"ARG TORCH_XLA_VERSION={version}" in text
+    assert '"torch_xla[tpu,pallas]==${TORCH_XLA_VERSION}"' in text
+    assert 'ENTRYPOINT ["python", "-m", "harness.gke", "worker"]' in text
+    for source in re.findall(r"^COPY (\S+)", text, flags=re.M):
+        assert (REPO / source.rstrip("/")).exists() or source == "README.md", f"COPY {source}: not in the repo"
