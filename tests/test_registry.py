@@ -1,0 +1,119 @@
+"""The known-bug registry: the shipped file loads, and each judgement comes out as documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.errors import RegistryError
+from harness.registry import REGISTRY_PATH, Verdict, get_entry, judge, load_registry
+
+pytestmark = pytest.mark.selftest
+
+SCALAR = "fsdpv2-scalar-param-spec"  # carried_by <2.7.0.dev20250125, TypeError signature
+OPEN = "fsdpv2-params-left-replicated"  # open upstream: carried by every release
+
+
+def test_shipped_registry_loads_with_every_family():
+    registry = load_registry(REGISTRY_PATH)
+    assert {"fsdpv2-scalar-param-spec", "sharding-on-view-lacks-annotation", "dtensor-parallelize-module-forward",
+            "megascale-guard-deleted-by-nesting"} <= set(registry)
+    for entry in registry.values():
+        assert entry.signatures, f"{entry.id} has no signature, so it could never be reproduced"
+        assert entry.upstream_issue, f"{entry.id} names no upstream issue"
+
+
+@pytest.mark.parametrize("entry_id, version, evidence, verdict", [
+    # 2.6.0 carries bug 1 and fails with its TypeError: the bug reproduced.
+    pytest.param(SCALAR, "2.6.0", "TypeError: unhashable type: 'list'", Verdict.REPRODUCED, id="reproduced"),
+    # 2.6.0 carries it but the case passed: the entry or the case is wrong.
+    pytest.param(SCALAR, "2.6.0", None, Verdict.UNEXPECTED_PASS, id="unexpected-pass"),
+    # 2.9.0 is fixed and passes.
+    pytest.param(SCALAR, "2.9.0", None, Verdict.PASSED, id="fixed-passes"),
+    # 2.9.0 fails with the old signature: it came back.
+    pytest.param(SCALAR, "2.9.0", "TypeError: unhashable type: 'list'", Verdict.REGRESSED, id="regressed"),
+    # A carrying release fails some other way: a new failure, not the known bug.
+    pytest.param(SCALAR, "2.6.0", "RuntimeError: something else", Verdict.FAILED, id="other-signature"),
+    # Nightlies: the day before the fix reached nightlies carries it, the day after does not.
+    pytest.param(SCALAR, "2.7.0.dev20250124", "TypeError: unhashable type: 'list'", Verdict.REPRODUCED, id="nightly-before-fix"),
+    pytest.param(SCALAR, "2.7.0.dev20250126", None, Verdict.PASSED, id="nightly-after-fix"),
+    # A PR build of a later release (local version label) is past every fix.
+    pytest.param(SCALAR, "2.10.0+gitabc1234", None, Verdict.PASSED, id="pr-wheel"),
+    # An open bug is carried by the newest release too.
+    pytest.param(OPEN, "2.9.0", "AssertionError: 16 of 16 parameters left {replicated} instead of sharded", Verdict.REPRODUCED, id="open-bug"),
+    # No torch_xla version (fake backend): the registry is not applied.
+    pytest.param(SCALAR, None, "TypeError: unhashable type: 'list'", Verdict.UNJUDGED, id="no-version"),
+])
+def test_judgement(entry_id, version, evidence, verdict):
+    judgement = judge(get_entry(entry_id), version, evidence)
+    assert judgement.verdict is verdict, judgement.message
+
+
+def test_unexpected_pass_tells_the_maintainer_what_to_update():
+    message = judge(get_entry(SCALAR), "2.6.0", None).message
+    assert "harness/known_bugs.toml" in message and "carried_by" in message
+
+
+def test_unknown_entry_names_the_known_ones():
+    with pytest.raises(RegistryError, match="no known-bug entry 'nosuch'.*fsdpv2-scalar-param-spec"):
+        get_entry("nosuch")
+
+
+@pytest.mark.parametrize("body, message", [
+    pytest.param('[[bug]]\nid="x"\ntitle="t"\nstatus="open"\ncarried_by="<<2"\nsignatures=["a"]\n',
+                 "not a PEP 440 specifier", id="bad-specifier"),
+    pytest.param('[[bug]]\nid="x"\ntitle="t"\nstatus="maybe"\ncarried_by="<2"\nsignatures=["a"]\n',
+                 "status must be", id="bad-status"),
+    pytest.param('[[bug]]\nid="x"\ntitle="t"\n', "lacks", id="missing-fields"),
+])
+def test_malformed_registry_is_a_typed_error(tmp_path: Path, body, message):
+    path = tmp_path / "bugs.toml"
+    path.write_text(body)
+    with pytest.raises(RegistryError, match=message):
+        load_registry(path)
+
+
+JUDGED_CASES = '''
+import pytest
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_list_spec(ctx):
+    raise TypeError("unhashable type: 'list'")
+
+def body_ok(ctx):
+    pass
+
+def body_other(ctx):
+    raise RuntimeError("a brand new failure")
+
+@pytest.mark.known_bug("fsdpv2-scalar-param-spec")
+def test_reproduces(spmd):
+    spmd.run(body_list_spec)
+
+@pytest.mark.known_bug("fsdpv2-scalar-param-spec")
+def test_passes(spmd):
+    spmd.run(body_ok)
+
+@pytest.mark.known_bug("fsdpv2-scalar-param-spec")
+def test_other(spmd):
+    spmd.run(body_other)
+'''
+
+
+@pytest.mark.parametrize("version, outcomes, lines", [
+    # A carrying release: reproduced -> xfail naming the entry; a pass -> failure; other error -> failure.
+    pytest.param("2.6.0", dict(xfailed=1, failed=2), [
+        "XFAIL*test_reproduces*known bug fsdpv2-scalar-param-spec (pytorch/xla#8522) on torch_xla 2.6.0*",
+        "FAILED*test_passes*", "FAILED*test_other*"], id="carrying-release"),
+    # A fixed release: the old signature is a regression, a pass is a pass.
+    pytest.param("2.9.0", dict(passed=1, failed=2), ["FAILED*test_reproduces*", "FAILED*test_other*"], id="fixed-release"),
+])
+def test_plugin_applies_the_registry_end_to_end(pytester, monkeypatch, version, outcomes, lines):
+    monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", version)
+    pytester.makepyfile(test_judged=JUDGED_CASES)
+    result = pytester.runpytest_subprocess("--backend", "fake", "-p", "no:cacheprovider", "-rxf")
+    result.assert_outcomes(**outcomes)
+    result.stdout.fnmatch_lines_random(lines)
+    if version == "2.9.0":
+        result.stdout.fnmatch_lines(["*REGRESSION? torch_xla 2.9.0 fails with the signature of known bug*"])
