@@ -1,0 +1,231 @@
+"""Per-host reports -> one verdict: JUnit XML, Markdown summary, JSON, and the cross-host checks.
+
+Used unchanged by the GKE launcher and by --local. Slice and host are part of every test id
+(`slice1.host0.cases.test_x::test_y[...]` as classname + name), so a CI UI shows which host failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Callable
+
+from harness.gke.hostreport import HostReport
+from harness.results import CaseRecord
+
+FAILING_OUTCOMES = ("failed",)
+JUNIT_NAME, SUMMARY_NAME, JSON_NAME = "junit.xml", "summary.md", "results.json"
+
+
+def _load_parser() -> Callable[[str], Any] | None:
+    try:  # harness/sharding.py is written separately; until it lands, compare normalised text
+        from harness.sharding import parse_sharding  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    return parse_sharding
+
+
+def sharding_key(text: str) -> Any:
+    """What two shardings must share to count as equal (iota and explicit device lists are equal
+    once harness.sharding exists; before that, text up to whitespace)."""
+    parser = _load_parser()
+    if parser is not None:
+        try:
+            return parser(text)
+        except Exception:  # noqa: BLE001 - text the parser does not know: fall back to text
+            pass
+    return " ".join(text.split())
+
+
+@dataclasses.dataclass
+class Disagreement:
+    """One tensor of one case whose sharding differed between hosts."""
+
+    nodeid: str
+    tensor: str
+    variants: list[tuple[str, list[str]]]  # (sharding text, hosts that saw it), most common first
+
+    def describe(self) -> str:
+        seen = "; ".join(f"{', '.join(hosts)} saw {text!r}" for text, hosts in self.variants)
+        return f"{self.nodeid}: tensor {self.tensor!r} sharded differently across hosts: {seen}"
+
+
+@dataclasses.dataclass
+class Aggregate:
+    hosts: list[HostReport]
+    disagreements: list[Disagreement]
+    run_problems: list[str]  # e.g. timeout, JobSet Failed, torch_xla versions differ
+
+    @property
+    def failures(self) -> list[str]:
+        out = [f"{r.label} ({r.pod}): host failed: {r.error}" for r in self.hosts if r.error]
+        out += [f"{r.label}: {c.nodeid} {c.outcome}: {c.reason}" for r in self.hosts for c in r.records
+                if c.outcome in FAILING_OUTCOMES]
+        out += [d.describe() for d in self.disagreements]
+        return out + list(self.run_problems)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def aggregate(reports: list[HostReport], slices: int, hosts_per_slice: int,
+              run_problems: list[str] | None = None) -> Aggregate:
+    complete = _fill_missing(reports, slices, hosts_per_slice)
+    problems = list(run_problems or []) + _version_problems(complete)
+    return Aggregate(hosts=complete, disagreements=compare_shardings(complete), run_problems=problems)
+
+
+def _fill_missing(reports: list[HostReport], slices: int, hosts_per_slice: int) -> list[HostReport]:
+    """Every expected (slice, host) appears once; a host nobody heard from is a failed host."""
+    by_place = {(r.slice_id, r.host_id): r for r in reports}
+    out = [by_place.get((s, h)) or HostReport.failed(s, h, "", "no pod or report for this host")
+           for s in range(slices) for h in range(hosts_per_slice)]
+    strays = [r for r in reports if (r.slice_id, r.host_id) not in {(o.slice_id, o.host_id) for o in out}]
+    for stray in strays:  # a report from an unexpected place is itself a problem worth showing
+        stray.error = stray.error or f"unexpected placement slice {stray.slice_id} host {stray.host_id}"
+    return out + strays
+
+
+def _version_problems(reports: list[HostReport]) -> list[str]:
+    versions = {c.torch_xla for r in reports for c in r.records if c.torch_xla}
+    if len(versions) > 1:
+        return [f"hosts ran different torch_xla versions: {', '.join(sorted(versions))} (mixed images?)"]
+    return []
+
+
+def compare_shardings(reports: list[HostReport]) -> list[Disagreement]:
+    """Same case, same tensor, different sharding on two hosts -> a Disagreement.
+
+    Only hosts that recorded the tensor are compared: a case that failed early on one host is
+    already a failure of its own and says nothing about sharding agreement.
+    """
+    seen: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for report in reports:
+        for record in report.records:
+            for tensor, text in record.shardings.items():
+                seen.setdefault((record.nodeid, tensor), []).append((report.label, text))
+    out = []
+    for (nodeid, tensor), observations in sorted(seen.items()):
+        variants = _group(observations)
+        if len(variants) > 1:
+            out.append(Disagreement(nodeid, tensor, variants))
+    return out
+
+
+def _group(observations: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    groups: list[tuple[Any, str, list[str]]] = []  # parsed keys may be unhashable: compare with ==
+    for host, text in observations:
+        key = sharding_key(text)
+        for gkey, _, hosts in groups:
+            if gkey == key:
+                hosts.append(host)
+                break
+        else:
+            groups.append((key, text, [host]))
+    groups.sort(key=lambda g: -len(g[2]))
+    return [(text, hosts) for _, text, hosts in groups]
+
+
+def write_all(result: Aggregate, out_dir: Path, meta: dict[str, Any]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(junit_xml(result)).write(out_dir / JUNIT_NAME, encoding="utf-8", xml_declaration=True)
+    (out_dir / SUMMARY_NAME).write_text(summary_markdown(result, meta), encoding="utf-8")
+    (out_dir / JSON_NAME).write_text(json.dumps(to_json(result, meta), indent=1, sort_keys=True), encoding="utf-8")
+
+
+def to_json(result: Aggregate, meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "ok": result.ok, "run": meta, "failures": result.failures,
+        "hosts": [r.to_dict() for r in result.hosts],
+        "sharding_disagreements": [dataclasses.asdict(d) for d in result.disagreements],
+    }
+
+
+# -- JUnit ---------------------------------------------------------------------------------------
+def junit_xml(result: Aggregate) -> ET.Element:
+    root = ET.Element("testsuites", name="spmd-multislice")
+    for report in result.hosts:
+        _host_suite(root, report)
+    _cross_host_suite(root, result)
+    _count(root)
+    return root
+
+
+def _host_suite(root: ET.Element, report: HostReport) -> None:
+    suite = ET.SubElement(root, "testsuite", name=report.label, time=f"{report.duration_s:.3f}")
+    props = ET.SubElement(suite, "properties")
+    for key in ("pod", "exit_code", "signal", "bucket"):
+        ET.SubElement(props, "property", name=key, value=str(getattr(report, key)))
+    host_case = ET.SubElement(suite, "testcase", classname=report.label, name="host-report", time="0")
+    if report.error:
+        failure = ET.SubElement(host_case, "failure", message=report.error)
+        failure.text = "\n".join(report.log_tail)
+    for record in report.records:
+        _case(suite, report.label, record)
+
+
+def _case(suite: ET.Element, label: str, record: CaseRecord) -> None:
+    path, _, name = record.nodeid.partition("::")
+    module = path.removesuffix(".py").replace("/", ".")
+    case = ET.SubElement(suite, "testcase", classname=f"{label}.{module}", name=name or path,
+                         time=f"{record.duration_s:.3f}")
+    if record.outcome == "failed":
+        ET.SubElement(case, "failure", message=record.reason).text = record.evidence
+    elif record.outcome == "xfailed":
+        ET.SubElement(case, "skipped", type="pytest.xfail", message=record.reason)
+    elif record.outcome == "skipped":
+        ET.SubElement(case, "skipped", message=record.reason)
+    if record.shardings:
+        ET.SubElement(case, "system-out").text = json.dumps(record.shardings, sort_keys=True)
+
+
+def _cross_host_suite(root: ET.Element, result: Aggregate) -> None:
+    suite = ET.SubElement(root, "testsuite", name="cross-host")
+    agree = ET.SubElement(suite, "testcase", classname="cross-host", name="sharding-agreement", time="0")
+    if result.disagreements:
+        failure = ET.SubElement(agree, "failure", message=f"{len(result.disagreements)} sharding disagreement(s)")
+        failure.text = "\n".join(d.describe() for d in result.disagreements)
+    run = ET.SubElement(suite, "testcase", classname="cross-host", name="run", time="0")
+    if result.run_problems:
+        ET.SubElement(run, "failure", message=result.run_problems[0]).text = "\n".join(result.run_problems)
+
+
+def _count(root: ET.Element) -> None:
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for suite in root:
+        counts = {"tests": len(suite.findall("testcase")), "failures": len(suite.findall("testcase/failure")),
+                  "errors": 0, "skipped": len(suite.findall("testcase/skipped"))}
+        for key, value in counts.items():
+            suite.set(key, str(value))
+            totals[key] += value
+    for key, value in totals.items():
+        root.set(key, str(value))
+
+
+# -- Markdown ------------------------------------------------------------------------------------
+def summary_markdown(result: Aggregate, meta: dict[str, Any]) -> str:
+    lines = [f"# SPMD multi-slice run: {'PASSED' if result.ok else 'FAILED'}", ""]
+    lines += [f"- {key}: `{value}`" for key, value in meta.items()] + [""]
+    lines += ["| host | pod | passed | failed | xfailed | skipped | host status |", "|---|---|---|---|---|---|---|"]
+    for r in result.hosts:
+        counts = [sum(c.outcome == o for c in r.records) for o in ("passed", "failed", "xfailed", "skipped")]
+        status = _cell(r.error) if r.error else "ok"
+        lines.append(f"| {r.label} | {r.pod or '-'} | " + " | ".join(map(str, counts)) + f" | {status} |")
+    if result.failures:
+        lines += ["", f"## Failures ({len(result.failures)})", ""] + [f"- {_cell(f)}" for f in result.failures]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def verdict_line(result: Aggregate, out_dir: Path | None) -> str:
+    where = f"; details in {out_dir / SUMMARY_NAME}" if out_dir else ""
+    cases = sum(len(r.records) for r in result.hosts)
+    if result.ok:
+        return f"VERDICT: PASSED ({len(result.hosts)} hosts, {cases} case results){where}"
+    return f"VERDICT: FAILED ({len(result.failures)} failure(s) over {len(result.hosts)} hosts, {cases} case results){where}"

@@ -1,0 +1,29 @@
+"""The optional second report channel: a copy of each host's report in a GCS bucket.
+
+Hook only, skipped unless configured (--gcs-uri or SPMD_HARNESS_GCS_URI). The pod log block is
+the channel the launcher reads; the bucket copy is for people and for runs whose logs are gone.
+It needs `google-cloud-storage` in the image and Workload Identity on the ServiceAccount
+(k8s/base/serviceaccount.yaml); neither is available to this repository's tests, so nothing here
+is exercised in CI beyond "not configured", and a failure is reported, never hidden.
+"""
+
+from __future__ import annotations
+
+
+def publish(uri: str | None, object_name: str, payload: bytes) -> str:
+    """Upload `payload` to `<uri>/<object_name>`; returns what happened, for the report."""
+    if not uri:
+        return "not configured"
+    if not uri.startswith("gs://"):
+        return f"not uploaded: {uri!r} is not a gs:// URI"
+    try:
+        from google.cloud import storage  # type: ignore[import-not-found]  # optional, image-only
+    except ImportError:
+        return "not uploaded: google-cloud-storage is not installed in the worker image"
+    bucket_name, _, prefix = uri[len("gs://") :].partition("/")
+    path = f"{prefix.rstrip('/')}/{object_name}" if prefix else object_name
+    try:
+        storage.Client().bucket(bucket_name).blob(path).upload_from_string(payload, content_type="application/json")
+    except Exception as exc:  # any client/auth/network error: report it, the log block still counts
+        return f"not uploaded: {type(exc).__name__}: {exc}"
+    return f"uploaded gs://{bucket_name}/{path}"
