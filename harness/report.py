@@ -1,0 +1,286 @@
+"""Turn a results folder into a Markdown job summary and GitHub failure annotations.
+
+    python -m harness.report RESULTS_DIR [--summary FILE] [--step-summary FILE] [--annotate]
+
+The summary groups cases per bug family (case, verdict, registry entry, reason, evidence) and
+ends with a totals line. It is always written to RESULTS_DIR/summary.md (so it travels with the
+uploaded results) and appended to $GITHUB_STEP_SUMMARY when that is set.
+
+Exit status: 0 when at least one case record was read, 2 when none was. A run that executed
+nothing must not look green, whatever pytest's own exit code was. Failed cases do not change the
+exit status: pytest's exit code already says that, and the CI script keeps it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import html
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from harness.results import VERDICTS_GLOB, CaseRecord
+
+# Long log tails would make the summary table unreadable; the full text is in the uploaded JSON.
+EVIDENCE_LIMIT = 400
+ANNOTATION_EVIDENCE_LIMIT = 1000
+# GitHub shows at most 10 error annotations per step; the last slot says how many were left out.
+MAX_ERROR_ANNOTATIONS = 10
+
+# Failures first: that is what a reader of the summary is looking for.
+OUTCOME_ORDER = {"failed": 0, "xfailed": 1, "skipped": 2, "passed": 3}
+VERDICT_LABELS = {
+    "failed": "❌ failed",
+    "xfailed": "⚠️ known bug",
+    "skipped": "⏭️ skipped",
+    "passed": "✅ passed",
+}
+EXIT_NO_RECORDS = 2
+
+
+@dataclasses.dataclass
+class Results:
+    """Everything read from one results folder."""
+
+    records: list[CaseRecord]
+    # "verdicts-gw1.jsonl:7" for each line that was not a readable record (e.g. cut by a crash).
+    unreadable: list[str] = dataclasses.field(default_factory=list)
+
+
+def is_failure(record: CaseRecord) -> bool:
+    # An outcome this module does not know is treated as a failure rather than silently passed.
+    return record.outcome not in ("passed", "xfailed", "skipped")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def load_results(results_dir: Path) -> Results:
+    """Read every verdicts file under results_dir, including per-host subfolders of a GKE run.
+
+    Unlike harness.results.read_records, a damaged line is counted instead of raised: the
+    summary of a run whose worker died mid-write is exactly the one people need to see.
+    """
+    results = Results(records=[])
+    for path in sorted(Path(results_dir).rglob(VERDICTS_GLOB)):
+        with path.open(encoding="utf-8") as fh:
+            for number, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    results.records.append(CaseRecord.from_dict(json.loads(line)))
+                except (ValueError, TypeError):
+                    results.unreadable.append(f"{path.relative_to(results_dir)}:{number}")
+    return results
+
+
+def group_by_family(records: Iterable[CaseRecord]) -> dict[str, list[CaseRecord]]:
+    groups: dict[str, list[CaseRecord]] = collections.defaultdict(list)
+    for record in records:
+        groups[record.family or "unknown"].append(record)
+    return {
+        family: sorted(groups[family], key=lambda r: (OUTCOME_ORDER.get(r.outcome, -1), r.nodeid))
+        for family in sorted(groups)
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+
+
+def shorten(text: str, limit: int) -> str:
+    """Keep the head (the exception line) and the tail (the end of a log) of long text."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 20) // 2
+    return f"{text[:half]} … [{len(text) - 2 * half} chars cut] … {text[-half:]}"
+
+
+def markdown_cell(text: str | None, limit: int | None = None) -> str:
+    """Make arbitrary text safe inside one Markdown table cell."""
+    text = text or ""
+    if limit is not None:
+        text = shorten(text, limit)
+    # `<lambda>` or `{devices=[4,1]<=[4]}` would otherwise be read as HTML.
+    text = html.escape(text, quote=False)
+    # A pipe would split the cell; backticks, stars and brackets would restyle the text.
+    text = re.sub(r"([\\`*_\[\]|])", r"\\\1", text)
+    return "<br>".join(line for line in text.splitlines() if line.strip())
+
+
+def heading_safe(family: str) -> str:
+    # Families are file stems; anything else (a bad record) must not break out of the code span.
+    return re.sub(r"[^\w.-]", "?", family)
+
+
+def case_name(record: CaseRecord) -> str:
+    # The family heading already names the file.
+    return record.nodeid.split("::", 1)[-1]
+
+
+def where(record: CaseRecord) -> str:
+    if record.slice_id is None and record.host_id is None:
+        return ""
+    return f"slice {record.slice_id}, host {record.host_id}"
+
+
+def count_outcomes(records: Sequence[CaseRecord]) -> str:
+    counts = collections.Counter(r.outcome for r in records)
+    known = [f"{counts.pop(o, 0)} {o}" for o in ("passed", "failed", "xfailed", "skipped")]
+    others = [f"{n} {outcome}" for outcome, n in sorted(counts.items())]
+    return ", ".join(known + others)
+
+
+def family_table(records: Sequence[CaseRecord], with_hosts: bool) -> list[str]:
+    header = ["Case", "Verdict", "Registry entry", "Reason", "Evidence"]
+    if with_hosts:
+        header.insert(1, "Where")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for record in records:
+        cells = [
+            markdown_cell(case_name(record)),
+            VERDICT_LABELS.get(record.outcome, f"❌ {markdown_cell(record.outcome)}"),
+            markdown_cell(record.known_bug),
+            markdown_cell(record.reason, EVIDENCE_LIMIT),
+            markdown_cell(record.evidence, EVIDENCE_LIMIT),
+        ]
+        if with_hosts:
+            cells.insert(1, markdown_cell(where(record)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def run_description(records: Sequence[CaseRecord]) -> str:
+    """`torch_xla 2.9.0 · backend cpu · 4 devices`, listing every value seen."""
+
+    def values(field: str) -> str:
+        seen = sorted({str(getattr(r, field)) for r in records if getattr(r, field) not in (None, "")})
+        return "/".join(seen) or "?"
+
+    return f"torch_xla {values('torch_xla')} · backend {values('backend')} · {values('devices')} devices"
+
+
+def render_summary(results: Results, title: str = "SPMD regression results") -> str:
+    records = results.records
+    lines = [f"## {title}", ""]
+    if not records:
+        lines += ["❌ **No case records were found: the run executed nothing.**", ""]
+    else:
+        lines += [run_description(records), ""]
+        with_hosts = any(where(r) for r in records)
+        for family, members in group_by_family(records).items():
+            lines += [f"### `{heading_safe(family)}` ({count_outcomes(members)})", ""]
+            lines += family_table(members, with_hosts) + [""]
+    if results.unreadable:
+        shown = ", ".join(results.unreadable[:10])
+        lines += [f"⚠️ {len(results.unreadable)} unreadable record line(s): {markdown_cell(shown)}", ""]
+    lines.append(f"**Totals:** {len(records)} cases: {count_outcomes(records)}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# GitHub workflow commands
+
+
+def escape_command_data(text: str) -> str:
+    """Escape a workflow command's message so it stays one command on one line."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_command_property(text: str) -> str:
+    """Properties are `key=value` pairs separated by `,` and ended by `::`, so escape those too."""
+    return escape_command_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def workflow_command(kind: str, message: str, title: str | None = None) -> str:
+    properties = f" title={escape_command_property(title)}" if title else ""
+    return f"::{kind}{properties}::{escape_command_data(message)}"
+
+
+def failure_message(record: CaseRecord) -> str:
+    parts = [record.reason or f"outcome {record.outcome}"]
+    if record.known_bug:
+        parts.append(f"registry entry: {record.known_bug}")
+    if where(record):
+        parts.append(where(record))
+    if record.evidence:
+        parts.append(shorten(record.evidence, ANNOTATION_EVIDENCE_LIMIT))
+    return "\n".join(parts)
+
+
+def annotations(results: Results) -> list[str]:
+    if not results.records:
+        return [workflow_command("error", "No SPMD case records were found: the run executed nothing.",
+                                 title="SPMD regression: empty run")]
+    failures = [r for r in results.records if is_failure(r)]
+    shown = failures if len(failures) <= MAX_ERROR_ANNOTATIONS else failures[: MAX_ERROR_ANNOTATIONS - 1]
+    commands = [workflow_command("error", failure_message(r), title=f"SPMD regression: {r.nodeid}")
+                for r in shown]
+    if len(shown) < len(failures):
+        commands.append(workflow_command(
+            "error", f"{len(failures) - len(shown)} more failed case(s); see the job summary.",
+            title="SPMD regression: more failures"))
+    if results.unreadable:
+        commands.append(workflow_command(
+            "warning", "Unreadable record lines: " + ", ".join(results.unreadable[:10]),
+            title="SPMD regression: damaged results"))
+    return commands
+
+
+def plain_failure_lines(results: Results) -> list[str]:
+    """What a laptop user sees instead of workflow commands."""
+    return [f"FAILED {r.nodeid}: {r.reason or r.outcome}" for r in results.records if is_failure(r)]
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.split("\n")[0])
+    parser.add_argument("results_dir", type=Path, help="folder holding verdicts-*.jsonl (searched recursively)")
+    parser.add_argument("--summary", type=Path, default=None,
+                        help="where to write the Markdown summary (default: RESULTS_DIR/summary.md)")
+    parser.add_argument("--step-summary", type=Path, default=os.environ.get("GITHUB_STEP_SUMMARY") or None,
+                        help="also append the summary here (default: $GITHUB_STEP_SUMMARY when set)")
+    parser.add_argument("--annotate", action="store_true",
+                        help="print GitHub workflow commands (::error) for failures instead of a plain list")
+    parser.add_argument("--title", default="SPMD regression results", help="heading of the summary")
+    return parser.parse_args(argv)
+
+
+def write_summary(text: str, summary: Path, step_summary: Path | None) -> None:
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(text, encoding="utf-8")
+    if step_summary is not None:
+        with step_summary.open("a", encoding="utf-8") as fh:  # other steps may have written to it
+            fh.write(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.results_dir.is_dir():
+        print(f"error: results folder {args.results_dir} does not exist; did pytest run with "
+              f"--results-dir {args.results_dir}?", file=sys.stderr)
+        return EXIT_NO_RECORDS
+    results = load_results(args.results_dir)
+    write_summary(render_summary(results, args.title), args.summary or args.results_dir / "summary.md",
+                  args.step_summary)
+    for line in annotations(results) if args.annotate else plain_failure_lines(results):
+        print(line)
+    if not results.records:
+        print(f"error: no case records ({VERDICTS_GLOB}) under {args.results_dir}: the run executed "
+              "nothing. Check that cases were collected (-m spmd), that the harness plugin loaded, "
+              "and that --results-dir points here.", file=sys.stderr)
+        return EXIT_NO_RECORDS
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The SPMD regression run of the reusable PR workflow (.github/workflows/spmd-regression.yml),
+# as a script that runs the same on a laptop:
+#
+#   bash scripts/ci-spmd.sh                      # the pinned PyPI torch/torch_xla (pyproject's xla extra)
+#   bash scripts/ci-spmd.sh --wheels /tmp/wheels # torch + torch_xla wheels built by a torch_xla PR
+#
+# Options (each also settable through the environment variable in brackets):
+#   --wheels DIR     folder with one torch-*.whl and one torch_xla-*.whl   [SPMD_WHEELS_DIR]
+#   --devices N      CPU XLA devices per case (default 4)                   [SPMD_DEVICES]
+#   --results DIR    results folder (default results)                       [SPMD_RESULTS_DIR]
+#   --workers N      pytest-xdist workers (default 2)                       [SPMD_WORKERS]
+#   --venv DIR       virtualenv to create/use (default .venv)               [SPMD_VENV]
+#   --skip-install   use the virtualenv as it is
+#   -- ARGS          passed on to pytest
+#
+# Writes RESULTS/junit.xml, RESULTS/verdicts-*.jsonl, RESULTS/summary.md (also appended to
+# $GITHUB_STEP_SUMMARY when set) and, under GitHub Actions, ::error annotations for failures.
+# Exit status: pytest's, except that a run that ran nothing (pytest exit 5, or no case records)
+# always fails.
+set -euo pipefail
+
+# pytorch/xla PR wheels pin nightly jax/jaxlib in their pallas extra; those live here, not on PyPI.
+JAX_NIGHTLY_LINKS=(
+  -f https://storage.googleapis.com/jax-releases/jax_nightly_releases.html
+  -f https://storage.googleapis.com/jax-releases/jaxlib_nightly_releases.html
+)
+PYTEST_NO_TESTS_COLLECTED=5
+
+wheels_dir=${SPMD_WHEELS_DIR:-}
+devices=${SPMD_DEVICES:-4}
+results_dir=${SPMD_RESULTS_DIR:-}
+workers=${SPMD_WORKERS:-2}
+venv=${SPMD_VENV:-}
+skip_install=false
+pytest_extra=()
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
+die() { echo "ci-spmd: $*" >&2; exit 2; }
+
+parse_args() {
+  while [[ $# -gt 0 ]]; do
+    case $1 in
+      --wheels) wheels_dir=${2:?--wheels needs a folder}; shift 2 ;;
+      --devices) devices=${2:?--devices needs a number}; shift 2 ;;
+      --results) results_dir=${2:?--results needs a folder}; shift 2 ;;
+      --workers) workers=${2:?--workers needs a number}; shift 2 ;;
+      --venv) venv=${2:?--venv needs a folder}; shift 2 ;;
+      --skip-install) skip_install=true; shift ;;
+      --) shift; pytest_extra=("$@"); break ;;
+      -h|--help) usage; exit 0 ;;
+      *) die "unknown option $1 (see --help)" ;;
+    esac
+  done
+  [[ $devices =~ ^[1-9][0-9]*$ ]] || die "--devices must be a positive integer, got '$devices'"
+  [[ $workers =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer, got '$workers'"
+}
+
+# Exactly one wheel matching the pattern, or a message that says what was found.
+single_wheel() {
+  local pattern=$1 matches
+  mapfile -t matches < <(compgen -G "$wheels_dir/$pattern" || true)
+  [[ ${#matches[@]} -eq 1 ]] ||
+    die "expected one $pattern in $wheels_dir, found ${#matches[@]}: ${matches[*]:-none}"
+  echo "${matches[0]}"
+}
+
+install() {
+  [[ -x $venv/bin/python ]] || "${PYTHON:-python3}" -m venv "$venv"
+  local pip=("$venv/bin/python" -m pip install --disable-pip-version-check)
+  if [[ -n $wheels_dir ]]; then
+    local torch_wheel xla_wheel
+    torch_wheel=$(single_wheel 'torch-*.whl')
+    xla_wheel=$(single_wheel 'torch_xla-*.whl')
+    # One resolver pass, so nothing pulls PyPI's torch over the PR's build.
+    "${pip[@]}" "${JAX_NIGHTLY_LINKS[@]}" -e . "$torch_wheel" "${xla_wheel}[pallas]"
+  else
+    "${pip[@]}" -e '.[xla]'
+  fi
+}
+
+# Stale verdicts from an earlier run would make a run that ran nothing look green.
+clear_results() {
+  mkdir -p "$results_dir"
+  rm -f "$results_dir"/verdicts-*.jsonl "$results_dir/junit.xml" "$results_dir/summary.md"
+  rm -rf "$results_dir/hlo"
+}
+
+run_pytest() {
+  # `--opt=value`: pytest finds its rootdir and config before plugins register their options, so
+  # a separate value of a plugin option would be taken for a test path. `cases` keeps the run to
+  # the SPMD cases: collecting tests/ could fail on test-only imports this venv does not have.
+  "$venv/bin/pytest" cases -m spmd -n "$workers" --backend=cpu --devices="$devices" \
+    --results-dir="$results_dir" --junitxml="$results_dir/junit.xml" "${pytest_extra[@]}"
+}
+
+report() {
+  local annotate=()
+  [[ ${GITHUB_ACTIONS:-} == true ]] && annotate=(--annotate)
+  # python -m puts the working directory (the repo root) on sys.path, so harness imports even
+  # when the venv was set up by someone else.
+  "$venv/bin/python" -m harness.report "$results_dir" "${annotate[@]}"
+}
+
+# Paths given by the caller are relative to where they ran the script; defaults to the repo root.
+absolute() {
+  if [[ -z $1 || $1 == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi
+}
+
+main() {
+  parse_args "$@"
+  wheels_dir=$(absolute "$wheels_dir")
+  results_dir=$(absolute "$results_dir")
+  venv=$(absolute "$venv")
+  cd "$(dirname "$0")/.."
+  results_dir=${results_dir:-$PWD/results}
+  venv=${venv:-$PWD/.venv}
+  [[ $skip_install == true ]] || install
+  clear_results
+
+  local pytest_rc=0 report_rc=0
+  run_pytest || pytest_rc=$?
+  report || report_rc=$?
+
+  if [[ $pytest_rc -eq $PYTEST_NO_TESTS_COLLECTED ]]; then
+    echo "ci-spmd: pytest collected no spmd cases (exit 5); a run that ran nothing is a failure." >&2
+  fi
+  if [[ $pytest_rc -ne 0 ]]; then
+    exit "$pytest_rc"
+  fi
+  exit "$report_rc"
+}
+
+main "$@"

@@ -1,0 +1,441 @@
+"""The GitHub workflows and the scripts they call.
+
+Three layers: the linters a reviewer would run (zizmor offline, GitHub's workflow schema,
+yamllint), this project's own rules (pinning, permissions, timeouts, no logic only in YAML, the
+reusable workflow's interface torch_xla depends on), and the scripts' behaviour, run the way the
+workflows run them but with a stub virtualenv so no torch_xla or cluster is needed.
+
+The linters come with the `test` extra; a missing one fails the test instead of skipping it, so a
+broken install cannot turn these checks into silent passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from harness.results import CaseRecord
+
+pytestmark = pytest.mark.selftest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS_DIR = REPO_ROOT / ".github" / "workflows"
+WORKFLOW_FILES = sorted(WORKFLOWS_DIR.glob("*.y*ml"))
+EXPECTED_WORKFLOWS = {"harness-ci.yml", "nightly-multislice.yml", "spmd-regression.yml"}
+SHA_PIN = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
+VERSION_COMMENT = re.compile(r"#\s*v\d+(\.\d+)*\s*$")
+USES_LINE = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+)(.*)$")
+# The only permissions any job may hold, and the one job step that justifies id-token.
+ALLOWED_PERMISSIONS = {"contents": "read", "id-token": "write"}
+WIF_AUTH_ACTION = "google-github-actions/auth@"
+# What a `run:` line may do: call a repo script, the harness CLI, or a README command.
+ALLOWED_RUN_LINE = re.compile(
+    r"^(bash (?P<script>scripts/[\w.-]+\.sh|\.ci/run)"
+    r"|(\.venv/bin/)?python -m harness(\.[\w.]+)?"
+    r"|\.venv/bin/pytest)(\s|$)"
+)
+
+
+def tool(name: str) -> str:
+    """A linter from the interpreter's own bin dir (the venv running the tests), else PATH."""
+    beside_python = Path(sys.executable).parent / name
+    if beside_python.exists():
+        return str(beside_python)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is neither next to {sys.executable} nor on PATH; "
+                    "install the test extra: pip install -e '.[test]'")
+    return found
+
+
+def load(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
+def triggers(workflow: dict[str, Any]) -> dict[str, Any]:
+    # YAML 1.1 reads the bare key `on` as the boolean True.
+    on = workflow.get("on", workflow.get(True))
+    return {on: None} if isinstance(on, str) else dict(on)
+
+
+def jobs(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    yield from load(path)["jobs"].items()
+
+
+def steps(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    for job_id, job in jobs(path):
+        for step in job.get("steps", []):
+            yield job_id, step
+
+
+def by_name(files: list[Path]) -> list[Any]:
+    return [pytest.param(f, id=f.name) for f in files]
+
+
+# --- the linters ---------------------------------------------------------------------------------
+
+
+def test_the_expected_workflows_exist():
+    # Also keeps the parametrized tests below from passing vacuously over an empty folder.
+    assert {f.name for f in WORKFLOW_FILES} == EXPECTED_WORKFLOWS
+
+
+def test_zizmor_offline_reports_nothing(tmp_path: Path):
+    # --offline: no network and no GitHub token. --no-config/--no-ignores: nothing suppressed.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GH_TOKEN", "GITHUB_TOKEN", "ZIZMOR_GITHUB_TOKEN", "ZIZMOR_CONFIG")}
+    proc = subprocess.run(
+        [tool("zizmor"), "--offline", "--no-config", "--no-ignores", "--persona", "pedantic",
+         "--format", "json", "--cache-dir", str(tmp_path), str(WORKFLOWS_DIR)],
+        capture_output=True, text=True, env=env, timeout=120)
+    findings = json.loads(proc.stdout or "null")
+    summary = [f"{f['ident']}: {f['desc']}" for f in findings or []]
+    assert proc.returncode == 0 and findings == [], summary or proc.stderr
+
+
+def test_workflows_match_the_github_workflow_schema():
+    # One run for all files: most of the cost is the tool starting up. Its output names the file.
+    proc = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
+                           *map(str, WORKFLOW_FILES)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_yamllint_is_clean():
+    config = "{extends: default, rules: {line-length: {max: 120}, document-start: disable, truthy: {check-keys: false}}}"
+    proc = subprocess.run([tool("yamllint"), "--strict", "-d", config, str(WORKFLOWS_DIR)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- pinning -------------------------------------------------------------------------------------
+
+
+def uses_lines(path: Path) -> list[tuple[str, str]]:
+    """(reference, rest of line) for each `uses:`, read as text because YAML drops comments."""
+    return [(m.group(1), m.group(2)) for line in path.read_text().splitlines()
+            if not line.lstrip().startswith("#") and (m := USES_LINE.match(line))]
+
+
+def is_same_repository(ref: str) -> bool:
+    return ref.startswith(("$/", "./"))
+
+
+@pytest.mark.parametrize("path", by_name(WORKFLOW_FILES))
+def test_every_action_is_pinned_to_a_commit_with_its_version(path: Path):
+    parsed = [s["uses"] for _, s in steps(path) if "uses" in s] + [j["uses"] for _, j in jobs(path) if "uses" in j]
+    found = uses_lines(path)
+    # A `uses:` the text scan missed (e.g. in flow style) would escape the pin check.
+    assert sorted(parsed) == sorted(ref for ref, _ in found)
+    for ref, rest in found:
+        if is_same_repository(ref):
+            continue
+        assert SHA_PIN.match(ref), f"{path.name}: {ref} is not pinned to a 40-hex commit"
+        assert VERSION_COMMENT.search(rest), f"{path.name}: {ref} lacks a '# vX.Y.Z' comment"
+
+
+def test_each_action_has_one_pin_across_workflows():
+    pins: dict[str, set[str]] = {}
+    for path in WORKFLOW_FILES:
+        for ref, rest in uses_lines(path):
+            if not is_same_repository(ref):
+                action, sha = ref.split("@")
+                pins.setdefault(action, set()).add(f"{sha} {rest.strip()}")
+    assert {a: p for a, p in pins.items() if len(p) > 1} == {}
+
+
+# --- permissions, triggers, timeouts, secrets ----------------------------------------------------
+
+
+@pytest.mark.parametrize("path", by_name(WORKFLOW_FILES))
+def test_workflow_default_permissions_are_empty(path: Path):
+    assert load(path).get("permissions", "missing") == {}
+
+
+@pytest.mark.parametrize("path", by_name(WORKFLOW_FILES))
+def test_every_job_declares_minimal_permissions(path: Path):
+    for job_id, job in jobs(path):
+        granted = job.get("permissions")
+        assert isinstance(granted, dict), f"{path.name}:{job_id} must list its permissions"
+        extra = {k: v for k, v in granted.items() if ALLOWED_PERMISSIONS.get(k) != v}
+        assert extra == {}, f"{path.name}:{job_id} asks for {extra}"
+        if "id-token" in granted:
+            assert any(s.get("uses", "").startswith(WIF_AUTH_ACTION) for s in job.get("steps", [])), (
+                f"{path.name}:{job_id} has id-token: write without Workload Identity Federation")
+
+
+@pytest.mark.parametrize("path", by_name(WORKFLOW_FILES))
+def test_every_job_with_steps_has_a_timeout(path: Path):
+    # A job that calls a reusable workflow cannot take timeout-minutes; the called job has one,
+    # and the called workflow is one of the files checked here.
+    for job_id, job in jobs(path):
+        if "steps" in job:
+            assert "timeout-minutes" in job, f"{path.name}:{job_id} has no timeout-minutes"
+
+
+@pytest.mark.parametrize("path", by_name(WORKFLOW_FILES))
+def test_no_trigger_runs_untrusted_code_with_privileges(path: Path):
+    assert not {"pull_request_target", "workflow_run"} & set(triggers(load(path)))
+
+
+@pytest.mark.parametrize("path", by_name(WORKFLOW_FILES))
+def test_no_secrets_are_used(path: Path):
+    # Google Cloud is reached through OIDC; nothing here needs a stored secret.
+    text = path.read_text()
+    assert "secrets." not in text and "secrets: inherit" not in text
+
+
+@pytest.mark.parametrize("path", by_name(WORKFLOW_FILES))
+def test_checkout_does_not_persist_credentials(path: Path):
+    for job_id, step in steps(path):
+        if step.get("uses", "").startswith("actions/checkout@"):
+            assert step.get("with", {}).get("persist-credentials") is False, f"{path.name}:{job_id}"
+
+
+@pytest.mark.parametrize("path", by_name(WORKFLOW_FILES))
+def test_results_are_uploaded_even_when_the_run_fails(path: Path):
+    for job_id, step in steps(path):
+        if step.get("uses", "").startswith("actions/upload-artifact@"):
+            assert step.get("if") == "always()", f"{path.name}:{job_id}"
+
+
+# --- no logic only in YAML -----------------------------------------------------------------------
+
+
+def run_lines(path: Path) -> Iterator[str]:
+    for _, step in steps(path):
+        for line in step.get("run", "").splitlines():
+            if line.strip() and not line.strip().startswith("#"):
+                yield line.strip()
+
+
+@pytest.mark.parametrize("path", by_name(WORKFLOW_FILES))
+def test_run_steps_only_call_repo_scripts_or_the_harness_cli(path: Path):
+    for line in run_lines(path):
+        match = ALLOWED_RUN_LINE.match(line)
+        assert match, f"{path.name}: `{line}` is logic that lives only in YAML; put it in a script"
+        # Inputs reach scripts through env:, never spliced into the shell text.
+        assert "${{" not in line, f"{path.name}: `{line}` expands an expression inside a script"
+
+
+@pytest.mark.parametrize("path", by_name(WORKFLOW_FILES))
+def test_scripts_the_workflows_call_exist(path: Path):
+    for line in run_lines(path):
+        match = ALLOWED_RUN_LINE.match(line)
+        if match and match.group("script"):
+            assert (REPO_ROOT / match.group("script")).is_file(), f"{path.name} calls missing {match.group('script')}"
+
+
+@pytest.mark.parametrize("script", by_name(sorted((REPO_ROOT / "scripts").glob("*.sh"))))
+def test_scripts_parse(script: Path):
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- the interfaces other people depend on -------------------------------------------------------
+
+
+def test_reusable_workflow_keeps_the_inputs_torch_xla_passes():
+    inputs = triggers(load(WORKFLOWS_DIR / "spmd-regression.yml"))["workflow_call"]["inputs"]
+    # Renaming one of these breaks torch_xla's build_and_test.yml (see the README snippet).
+    assert inputs["wheels-artifact"] == {**inputs["wheels-artifact"], "type": "string", "default": ""}
+    assert inputs["python-version"]["type"] == "string"
+    assert inputs["devices"] == {**inputs["devices"], "type": "number", "default": 4}
+    for name, spec in inputs.items():
+        assert spec.get("type") in ("string", "number", "boolean"), name
+        assert spec.get("required") or "default" in spec, f"{name} needs a default or required: true"
+
+
+def test_reusable_workflow_only_runs_the_ci_script():
+    (line,) = run_lines(WORKFLOWS_DIR / "spmd-regression.yml")
+    assert line == "bash scripts/ci-spmd.sh"
+
+
+def test_harness_ci_runs_the_readme_test_command_on_prs_and_main():
+    workflow = load(WORKFLOWS_DIR / "harness-ci.yml")
+    assert set(triggers(workflow)) == {"pull_request", "push"}
+    assert triggers(workflow)["push"] == {"branches": ["main"]}
+    assert "bash .ci/run" in run_lines(WORKFLOWS_DIR / "harness-ci.yml")
+
+
+def test_nightly_runs_on_schedule_or_by_hand_and_never_overlaps():
+    workflow = load(WORKFLOWS_DIR / "nightly-multislice.yml")
+    on = triggers(workflow)
+    assert on["schedule"] and set(on["workflow_dispatch"]["inputs"]) == {"accelerator", "topology", "slices", "image"}
+    assert on["workflow_dispatch"]["inputs"]["accelerator"]["options"] == ["v6e", "v4"]
+    assert workflow["concurrency"]["cancel-in-progress"] is False
+
+
+# --- scripts/ci-spmd.sh, run as the reusable workflow runs it ------------------------------------
+
+STUB_PYTEST = """#!{python}
+# Stands in for the venv's pytest: records its arguments, writes the records it is given, exits.
+import json, os, pathlib, sys
+args = sys.argv[1:]
+pathlib.Path(os.environ["STUB_ARGV_FILE"]).write_text(json.dumps(args))
+results = pathlib.Path(next(a.split("=", 1)[1] for a in args if a.startswith("--results-dir=")))
+results.mkdir(parents=True, exist_ok=True)
+records = os.environ.get("STUB_RECORDS", "")
+if records:
+    (results / "verdicts-gw0.jsonl").write_text(records)
+sys.exit(int(os.environ.get("STUB_EXIT", "0")))
+"""
+
+
+def executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+@pytest.fixture
+def stub_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    executable(venv / "bin" / "pytest", STUB_PYTEST.format(python=sys.executable))
+    executable(venv / "bin" / "python", f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    return venv
+
+
+def hermetic_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The caller's environment without anything from a surrounding CI job or earlier run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "SPMD_", "STUB_"))}
+    return {**env, "STUB_ARGV_FILE": str(tmp_path / "argv.json"), **extra}
+
+
+def run_ci_script(venv: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "ci-spmd.sh"), "--venv", str(venv), *args],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def jsonl(*records: CaseRecord) -> str:
+    return "".join(r.to_json() + "\n" for r in records)
+
+
+FAILED_CASE = CaseRecord(nodeid="cases/test_scalar_specs.py::test_wrap[off]", family="scalar_specs",
+                         outcome="failed", reason="spec lost", evidence="'' != '{replicated}'")
+PASSED_CASE = CaseRecord(nodeid="cases/test_scalar_specs.py::test_wrap[on]", family="scalar_specs",
+                         outcome="passed")
+
+
+@pytest.mark.parametrize(
+    "stub_exit, records, expected_exit",
+    [
+        # Green run: pytest's 0.
+        (0, jsonl(PASSED_CASE), 0),
+        # A failing case: pytest's 1, not the report's 0.
+        (1, jsonl(FAILED_CASE, PASSED_CASE), 1),
+        # Nothing collected: pytest's 5 stays a failure.
+        (5, "", 5),
+        # pytest says 0 but no case ran (e.g. the plugin did not load): the report's 2.
+        (0, "", 2),
+    ],
+)
+def test_ci_script_keeps_pytests_exit_code_and_fails_empty_runs(
+        stub_venv: Path, tmp_path: Path, stub_exit: int, records: str, expected_exit: int):
+    env = hermetic_env(tmp_path, STUB_EXIT=str(stub_exit), STUB_RECORDS=records)
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results", str(tmp_path / "results"))
+    assert proc.returncode == expected_exit, proc.stdout + proc.stderr
+    assert (tmp_path / "results" / "summary.md").is_file()
+
+
+def test_ci_script_runs_the_spmd_marker_under_xdist_with_junit(stub_venv: Path, tmp_path: Path):
+    env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE))
+    results = tmp_path / "results"
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results", str(results), "--devices", "8",
+                         "--", "--case-timeout", "60")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "argv.json").read_text()) == [
+        "cases", "-m", "spmd", "-n", "2", "--backend=cpu", "--devices=8", f"--results-dir={results}",
+        f"--junitxml={results / 'junit.xml'}", "--case-timeout", "60"]
+
+
+def test_ci_script_under_github_actions_writes_step_summary_and_annotations(stub_venv: Path, tmp_path: Path):
+    step_summary = tmp_path / "step-summary.md"
+    env = hermetic_env(tmp_path, STUB_EXIT="1", STUB_RECORDS=jsonl(FAILED_CASE),
+                       GITHUB_ACTIONS="true", GITHUB_STEP_SUMMARY=str(step_summary))
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results", str(tmp_path / "results"))
+    assert proc.returncode == 1
+    assert "::error title=SPMD regression%3A cases/test_scalar_specs.py%3A%3Atest_wrap[off]::spec lost" in proc.stdout
+    assert "### `scalar_specs`" in step_summary.read_text()
+
+
+def test_ci_script_clears_verdicts_of_an_earlier_run(stub_venv: Path, tmp_path: Path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "verdicts-gw0.jsonl").write_text(jsonl(PASSED_CASE))
+    proc = run_ci_script(stub_venv, hermetic_env(tmp_path), "--skip-install", "--results", str(results))
+    assert proc.returncode == 2, "stale verdicts made an empty run look green"
+
+
+def test_ci_script_wants_exactly_one_torch_xla_wheel(stub_venv: Path, tmp_path: Path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "torch-2.10.0a0+git1234-cp312-cp312-linux_x86_64.whl").touch()
+    proc = run_ci_script(stub_venv, hermetic_env(tmp_path), "--wheels", str(wheels))
+    assert proc.returncode == 2
+    assert "expected one torch_xla-*.whl" in proc.stderr
+
+
+# --- scripts/nightly-multislice.sh, with a stub launcher -----------------------------------------
+
+STUB_LAUNCHER_PYTHON = """#!{python}
+# Stands in for the venv's python: pip succeeds, `-m harness.gke` records its arguments,
+# writes a summary into --out and exits with STUB_EXIT.
+import json, os, pathlib, sys
+args = sys.argv[1:]
+if args[:2] == ["-m", "harness.gke"]:
+    pathlib.Path(os.environ["STUB_ARGV_FILE"]).write_text(json.dumps(args[2:]))
+    out = pathlib.Path(args[args.index("--out") + 1])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text("## multi-slice summary\\n")
+    sys.exit(int(os.environ.get("STUB_EXIT", "0")))
+"""
+
+
+@pytest.fixture
+def stub_launcher_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "launcher-venv"
+    (venv / "bin").mkdir(parents=True)
+    executable(venv / "bin" / "python", STUB_LAUNCHER_PYTHON.format(python=sys.executable))
+    return venv
+
+
+def run_nightly_script(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "nightly-multislice.sh")],
+                          capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_nightly_script_defaults_to_two_v6e_slices(stub_launcher_venv: Path, tmp_path: Path):
+    env = hermetic_env(tmp_path, VENV=str(stub_launcher_venv), IMAGE="img@sha256:abc", OUT=str(tmp_path / "out"))
+    proc = run_nightly_script(env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "argv.json").read_text()) == [
+        "run", "--accelerator", "v6e", "--topology", "4x4", "--slices", "2", "--image", "img@sha256:abc",
+        "--out", str(tmp_path / "out"), "--timeout", "7200"]
+
+
+def test_nightly_script_fails_when_a_host_failed_and_still_publishes_the_summary(
+        stub_launcher_venv: Path, tmp_path: Path):
+    step_summary = tmp_path / "step-summary.md"
+    env = hermetic_env(tmp_path, VENV=str(stub_launcher_venv), IMAGE="img", ACCELERATOR="v4", STUB_EXIT="1",
+                       OUT=str(tmp_path / "out"), GITHUB_STEP_SUMMARY=str(step_summary))
+    proc = run_nightly_script(env)
+    assert proc.returncode == 1
+    assert "--topology" in (args := json.loads((tmp_path / "argv.json").read_text()))
+    assert args[args.index("--topology") + 1] == "2x2x2"
+    assert step_summary.read_text() == "## multi-slice summary\n"
+
+
+def test_nightly_script_needs_an_image_or_a_repository_to_build_one(stub_launcher_venv: Path, tmp_path: Path):
+    proc = run_nightly_script(hermetic_env(tmp_path, VENV=str(stub_launcher_venv)))
+    assert proc.returncode == 2
+    assert "WORKER_IMAGE_REPOSITORY" in proc.stderr
