@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -73,11 +74,14 @@ def failure_from_verdict(case: str, verdict: dict[str, Any]) -> CaseFailed:
 
 
 class SpmdRunner:
-    def __init__(self, pool: ChildPool, backend: Backend, case_timeout: float, case_id: str) -> None:
+    def __init__(
+        self, pool: ChildPool, backend: Backend, case_timeout: float, case_id: str, journal: Path | None = None
+    ) -> None:
         self.pool = pool
         self.backend = backend
         self.case_timeout = case_timeout
         self.case_id = case_id
+        self.journal = journal  # requests-<worker>.jsonl: what ran where, for harness.replay
         self.results: list[CaseResult] = []  # what the plugin reports for this test
 
     def spec(self, functionalization: bool = True, preload: bool = True, env: dict[str, str] | None = None) -> ChildSpec:
@@ -106,11 +110,21 @@ class SpmdRunner:
         fresh = fresh or not preload
         spec = self.spec(functionalization, preload, env)
         request = {"case": self.case_id, "body": body_ref(body).to_dict(), "kwargs": kwargs}
+        self._log_request(spec, request, fresh)
         child = self.pool.acquire(spec, fresh=fresh)
         result = self._run_in(child, request, timeout or self.case_timeout)
         self.pool.release(child, reusable=not fresh and result.outcome in ("ok", "error"))
         self.results.append(result)
         return result.raise_for_outcome() if check else result
+
+    def _log_request(self, spec: ChildSpec, request: dict[str, Any], fresh: bool) -> None:
+        """Journal the request before it runs, so even a run killed mid-case can be replayed."""
+        if self.journal is None:
+            return
+        self.journal.parent.mkdir(parents=True, exist_ok=True)
+        entry = {"spec": dataclasses.asdict(spec), "fresh": fresh, "request": request}
+        with self.journal.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry) + "\n")
 
     def _run_in(self, child: Any, request: dict[str, Any], timeout: float) -> CaseResult:
         case = self.case_id

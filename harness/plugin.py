@@ -83,8 +83,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _clear_previous_results(results_dir: Path) -> None:
     """Old verdicts would be read as this run's; only the controlling process clears them."""
-    for path in results_dir.glob(results.VERDICTS_GLOB):
-        path.unlink()
+    for pattern in (results.VERDICTS_GLOB, "requests-*.jsonl"):
+        for path in results_dir.glob(pattern):
+            path.unlink()
     for sub in ("logs", "hlo"):
         shutil.rmtree(results_dir / sub, ignore_errors=True)
 
@@ -117,7 +118,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
     """Runs case bodies in child processes; see harness.case.SpmdRunner.run."""
     harness = request.config.stash[SESSION_KEY]
-    runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, request.node.nodeid)
+    journal = harness.results_dir / f"requests-{harness.worker}.jsonl"
+    runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, request.node.nodeid, journal)
     request.node.stash[RUNNER_KEY] = runner
     yield runner
 

@@ -1,0 +1,124 @@
+"""Replay journalled case bodies in bare Python processes: no pytest, no pipes, no pool.
+
+Every `spmd.run` is journalled to `<results-dir>/requests-<worker>.jsonl` before it runs (body,
+kwargs, the child's exact environment). This replays them:
+
+    python -m harness.replay --case test_fsdpv2_vit          # reproduce one case outside pytest
+    python -m harness.replay --print-commands                # the env + command, to run under gdb
+    python -m harness.replay                                 # everything: the benchmark's "floor"
+
+Requests that shared a warm child share a process here too (one per environment); requests that
+needed a fresh child get one each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import protocol
+from harness.errors import HarnessUsageError
+
+
+def read_journal(results_dir: Path, case_filter: str = "") -> list[dict[str, Any]]:
+    entries = []
+    for path in sorted(results_dir.glob("requests-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            entry = json.loads(line)
+            if case_filter in entry["request"]["case"]:
+                entries.append(entry)
+    if not entries:
+        raise HarnessUsageError(
+            f"no journalled requests{f' matching {case_filter!r}' if case_filter else ''} in {results_dir}; "
+            "run pytest with --results-dir there first"
+        )
+    return entries
+
+
+def group_by_process(entries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """(spec, requests) per process: one per distinct spec, plus one per fresh request."""
+    shared: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {}
+    groups = []
+    for entry in entries:
+        if entry["fresh"]:
+            groups.append((entry["spec"], [entry["request"]]))
+            continue
+        key = json.dumps(entry["spec"], sort_keys=True)
+        if key not in shared:
+            shared[key] = (entry["spec"], [])
+            groups.append(shared[key])
+        shared[key][1].append(entry["request"])
+    return groups
+
+
+def command_for(spec: dict[str, Any], requests_file: Path) -> tuple[list[str], dict[str, str]]:
+    env = {k: v for k, v in spec["env"]}
+    env[protocol.PRELOAD_ENV] = ",".join(spec["preload"])
+    return [spec["python"], "-m", "harness.replay", "--run-group", str(requests_file)], env
+
+
+def run_group_here(requests_file: Path) -> int:
+    """Inside the replay process: the set-up hooks once, then each body in turn."""
+    from harness.child import run_preload_hooks, run_request
+
+    run_preload_hooks()
+    failures = 0
+    for request in json.loads(requests_file.read_text(encoding="utf-8")):
+        verdict = run_request(request)
+        exc = verdict["exception"]
+        status = "ok" if exc is None else f"{exc['type']}: {exc['message'].splitlines()[0][:200] if exc['message'] else ''}"
+        print(f"[replay] {verdict['duration_s']:7.2f}s {request['case']}: {status}", flush=True)
+        failures += exc is not None
+    return 1 if failures else 0
+
+
+def replay(results_dir: Path, case_filter: str, print_commands: bool) -> int:
+    groups = group_by_process(read_journal(results_dir, case_filter))
+    worst = 0
+    with tempfile.TemporaryDirectory(prefix="harness-replay-") as tmp:
+        for index, (spec, requests) in enumerate(groups):
+            requests_file = Path(tmp) / f"group-{index}.json"
+            requests_file.write_text(json.dumps(requests), encoding="utf-8")
+            argv, env = command_for(spec, requests_file)
+            if print_commands:
+                keep = results_dir / f"replay-group-{index}.json"
+                keep.write_text(json.dumps(requests), encoding="utf-8")
+                exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+                print(f"env -i {exports} {shlex.join(argv[:-1] + [str(keep)])}")
+                continue
+            started = time.monotonic()
+            code = subprocess.run(argv, env=env).returncode
+            print(f"[replay] process {index + 1}/{len(groups)}: {len(requests)} case(s), "
+                  f"{time.monotonic() - started:.1f}s, exit {code}", flush=True)
+            worst = worst or code
+    return worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.replay", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results-dir", type=Path, default=Path("results"))
+    parser.add_argument("--case", default="", help="replay only requests whose case id contains this")
+    parser.add_argument("--print-commands", action="store_true", help="print the commands instead of running them")
+    parser.add_argument("--run-group", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.run_group:
+        return run_group_here(args.run_group)
+    try:
+        return replay(args.results_dir, args.case, args.print_commands)
+    except HarnessUsageError as err:
+        print(f"harness.replay: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
