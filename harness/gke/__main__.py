@@ -1,0 +1,145 @@
+"""CLI of the GKE fan-out.
+
+    python -m harness.gke run --accelerator v6e --topology 4x4 --slices 2 --image IMAGE
+        [--namespace NS] [--name NAME] [--timeout 3h] [--keep] [--dry-run] [--out DIR]
+        [--gcs-uri gs://BUCKET/PREFIX] [--kubeconfig FILE] [--context KUBECONTEXT]
+    python -m harness.gke run --local --accelerator v4 --topology 2x2x2 [--parallel N] [-- PYTEST_ARGS]
+    python -m harness.gke worker --results-dir DIR [--backend tpu] [-- PYTEST_ARGS]   (in the pod)
+
+Exit codes: 0 every host passed; 1 a failure (case, host, sharding disagreement, timeout);
+2 usage error; 3 the Kubernetes API failed; 130 interrupted (the JobSet is deleted first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import IO, Sequence
+
+from harness.gke import accelerators, manifest
+from harness.gke.errors import ConfigError, GkeHarnessError, KubeApiError
+from harness.gke.worker import DEFAULT_SUITE
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_API, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def duration(text: str) -> float:
+    """Seconds from '900', '90m' or '3h'."""
+    unit = _UNITS.get(text[-1:], None)
+    try:
+        seconds = float(text[:-1]) * unit if unit else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 900, 90m or 3h") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness.gke", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub.add_parser("run", help="run the SPMD suite on N TPU slices (or --local)"))
+    _add_worker(sub.add_parser("worker", help="the entrypoint of each TPU host (in the pod)"))
+    return parser
+
+
+def _add_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--accelerator", required=True, help=f"one of {', '.join(accelerators.accelerator_names())}")
+    p.add_argument("--topology", required=True,
+                   help="; ".join(f"{n}: {', '.join(accelerators.topologies_of(n))}" for n in accelerators.accelerator_names()))
+    p.add_argument("--slices", type=int, default=2, help=f"{accelerators.MIN_SLICES}..{accelerators.MAX_SLICES} (default 2)")
+    p.add_argument("--image", help="worker image (built from k8s/image/Dockerfile); required unless --local")
+    p.add_argument("--namespace", default=manifest.BASE_NAME)
+    p.add_argument("--name", default="", help="JobSet name (default: spmd-<random>)")
+    p.add_argument("--timeout", type=duration, default=duration("3h"), help="whole run, e.g. 90m (default 3h)")
+    p.add_argument("--keep", action="store_true", help="do not delete the JobSet at the end")
+    p.add_argument("--dry-run", action="store_true", help="print the manifests and exit")
+    p.add_argument("--local", action="store_true", help="run the hosts as local processes on the CPU backend")
+    p.add_argument("--parallel", type=int, default=1, help="--local: hosts at a time (each imports torch_xla)")
+    p.add_argument("--suite-command", default=DEFAULT_SUITE, help="--local: the suite the workers run")
+    p.add_argument("--out", type=Path, help="where junit.xml, summary.md, results.json go (default ./spmd-gke/<name>)")
+    p.add_argument("--gcs-uri", default=os.environ.get("SPMD_HARNESS_GCS_URI"), help="also copy reports to gs://...")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: current)")
+    p.add_argument("extra", nargs="*", help="after --: extra pytest arguments (--local)")
+
+
+def _add_worker(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results-dir", type=Path, required=True)
+    p.add_argument("--backend", default="tpu", choices=("tpu", "cpu", "fake"))
+    p.add_argument("--suite-command", default=DEFAULT_SUITE, help="default: %(default)s ({python} = this interpreter)")
+    p.add_argument("--suite-timeout", type=duration, default=duration("4h"))
+    p.add_argument("--gcs-uri", default=os.environ.get(manifest.GCS_ENV))
+    p.add_argument("extra", nargs="*", help="after --: extra pytest arguments")
+
+
+def main(argv: Sequence[str] | None = None, out: IO[str] = sys.stdout) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _worker(args, out) if args.command == "worker" else _run(args, out)
+    except ConfigError as exc:
+        parser.exit(EXIT_USAGE, f"{parser.prog}: error: {exc}\n")
+    except KubeApiError as exc:
+        print(f"error: Kubernetes API: {exc}", file=sys.stderr)
+        return EXIT_API
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except GkeHarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _worker(args: argparse.Namespace, out: IO[str]) -> int:
+    from harness.gke.worker import WorkerOptions, run_worker
+
+    opts = WorkerOptions(results_dir=args.results_dir, backend=args.backend, suite_command=args.suite_command,
+                         suite_timeout_s=args.suite_timeout, extra_args=args.extra, gcs_uri=args.gcs_uri)
+    return run_worker(opts, dict(os.environ), out)
+
+
+def _run(args: argparse.Namespace, out: IO[str]) -> int:
+    accel = accelerators.lookup(args.accelerator, args.topology)
+    slices = accelerators.check_slices(args.slices)
+    if args.local:
+        return _run_local(args, accel, slices, out)
+    if not args.image:
+        raise ConfigError("--image is required (build k8s/image/Dockerfile and push it), or use --local")
+    from harness.gke import launcher
+
+    cfg = launcher.RunConfig(accel=accel, slices=slices, image=args.image, out_dir=Path("."), namespace=args.namespace,
+                             name=args.name, timeout_s=args.timeout, keep=args.keep, gcs_uri=args.gcs_uri)
+    if args.dry_run:
+        out.write(manifest.dump(launcher.render(cfg)))
+        return EXIT_OK
+    cfg.out_dir = args.out or Path("spmd-gke") / cfg.name
+    from harness.gke.aggregate import verdict_line
+    from harness.gke.kube import Kube
+
+    kube = Kube.from_kubeconfig(args.kubeconfig, args.context, log=lambda msg: print(msg, file=out, flush=True))
+    result = launcher.run(cfg, kube, out)
+    print(verdict_line(result, cfg.out_dir), file=out)
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _run_local(args: argparse.Namespace, accel: accelerators.AcceleratorType, slices: int, out: IO[str]) -> int:
+    from harness.gke.aggregate import verdict_line
+    from harness.gke.local import LocalConfig, run_local
+
+    out_dir = args.out or Path("spmd-gke") / "local"
+    cfg = LocalConfig(accel=accel, slices=slices, out_dir=out_dir, parallel=args.parallel,
+                      suite_command=args.suite_command, suite_timeout_s=args.timeout, extra_args=args.extra)
+    if args.dry_run:
+        out.write(manifest.dump(manifest.render(accel, slices, "local", name=cfg.name)))
+        return EXIT_OK
+    result = run_local(cfg, out)
+    print(verdict_line(result, out_dir), file=out)
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
