@@ -1,0 +1,193 @@
+"""CLI of the release matrix.
+
+    python -m harness.matrix --releases 2.6.0,2.7.0,2.9.0 [--wheels DIR ...] [--env RELEASE=PATH ...]
+        [--results NAME=DIR ...] [--out DIR] [--cache DIR] [--jobs-per-env N] [--suite-timeout S]
+        [--table FILE.md] [-- PYTEST_ARGS]
+    python -m harness.matrix compare --good DIR --bad DIR [--out DIR] [--cache DIR] [--jobs-per-env N]
+
+Exit codes: 0 every cell agrees with the registry (compare: no entry changed verdict);
+1 a disagreement (compare: some entry changed); 2 usage error; 3 an environment could not be
+built or a suite could not be run; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Callable, NoReturn, Sequence, TextIO
+
+from harness.errors import RegistryError
+from harness.matrix import columns as cols
+from harness.matrix import compare as cmp
+from harness.matrix import envs, measure, render
+from harness.matrix.envs import EnvCache, Installer, PipInstaller
+from harness.matrix.errors import MatrixError, MatrixUsageError
+from harness.matrix.procs import Progress
+from harness.matrix.suite import PytestSuite, SuiteRunner
+from harness.matrix.table import build_matrix
+from harness.registry import REGISTRY_PATH, load_registry
+
+EXIT_AGREE, EXIT_DISAGREE, EXIT_USAGE, EXIT_ENV, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+REPO = Path(__file__).resolve().parents[2]
+TABLE_NAME = "release-matrix.md"
+
+
+class _HelpShown(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting: only main() decides the exit code."""
+
+    def error(self, message: str) -> NoReturn:
+        raise MatrixUsageError(f"{message}\n{self.format_usage().strip()}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            self._print_message(message, sys.stderr)
+        raise _HelpShown()
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("matrix-out"),
+                   help="where each column's results folder and pytest log go (default: ./matrix-out)")
+    p.add_argument("--cache", type=Path, default=envs.default_cache_root(),
+                   help=f"where environments are built and kept (default: {envs.default_cache_root()})")
+    p.add_argument("--jobs-per-env", type=_positive_int, default=1, metavar="N",
+                   help="pytest-xdist workers inside each suite run (default 1: the 2-core machines here are shared)")
+    p.add_argument("--suite-timeout", type=_positive_float, default=3600.0, metavar="SECONDS",
+                   help="stop a suite run that takes longer (default 3600)")
+    p.add_argument("--registry", type=Path, default=REGISTRY_PATH, help=argparse.SUPPRESS)
+
+
+def run_parser() -> _Parser:
+    p = _Parser(prog="python -m harness.matrix", allow_abbrev=False, description="Run the SPMD suite against several torch_xla "
+                "releases or wheel builds and tabulate registry entry x release.",
+                epilog="Bisect help: python -m harness.matrix compare --good DIR --bad DIR. Arguments after -- go to pytest.")
+    p.add_argument("--releases", help="comma-separated torch_xla releases, e.g. 2.6.0,2.7.0,2.9.0")
+    p.add_argument("--wheels", type=Path, action="append", default=[], metavar="DIR",
+                   help="a folder with torch and torch_xla wheels (PR build or nightly); a column named after the "
+                        "torch_xla version in the wheel's filename. May be repeated.")
+    p.add_argument("--env", action="append", default=[], metavar="RELEASE=PATH",
+                   help="use this existing venv for a listed release instead of building one")
+    p.add_argument("--results", action="append", default=[], metavar="NAME=DIR",
+                   help="a column read from an earlier run's results folder (nothing is run for it)")
+    p.add_argument("--table", type=Path, default=None, metavar="FILE.md",
+                   help=f"write the Markdown table here and the JSON beside it (default: OUT/{TABLE_NAME})")
+    _common(p)
+    return p
+
+
+def compare_parser() -> _Parser:
+    p = _Parser(prog="python -m harness.matrix compare", allow_abbrev=False,
+                description="Name the registry entries whose verdict changed between a good and a bad build.")
+    p.add_argument("--good", type=Path, required=True, help="last good: a wheel folder or a results folder")
+    p.add_argument("--bad", type=Path, required=True, help="first bad: a wheel folder or a results folder")
+    _common(p)
+    return p
+
+
+class Deps:
+    """What main() talks to; tests swap the installer, the suite runner and the disk probe."""
+
+    def __init__(self, stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr,
+                 installer: Callable[[Callable[[str], None]], Installer] = PipInstaller,
+                 suite: Callable[..., SuiteRunner] = PytestSuite,
+                 free_bytes: Callable[[Path], int] | None = None) -> None:
+        self.stdout, self.stderr = stdout, stderr
+        self.installer, self.suite, self.free_bytes = installer, suite, free_bytes
+
+
+def main(argv: Sequence[str] | None = None, deps: Deps | None = None) -> int:
+    deps = deps or Deps()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = "python -m harness.matrix " + shlex.join(argv)
+    try:
+        if argv[:1] == ["compare"]:
+            return _compare(compare_parser().parse_args(argv[1:]), deps)
+        head, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+        return _run(run_parser().parse_args(head), extra, command, deps)
+    except _HelpShown:
+        return EXIT_AGREE
+    except (MatrixUsageError, RegistryError) as exc:
+        print(f"harness.matrix: usage error: {exc}", file=deps.stderr)
+        return EXIT_USAGE
+    except MatrixError as exc:
+        print(f"harness.matrix: {type(exc).__name__}: {exc}", file=deps.stderr)
+        return EXIT_ENV
+    except KeyboardInterrupt:
+        print("harness.matrix: interrupted; a half-built environment stays unmarked and is rebuilt next time", file=deps.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _setup(args: argparse.Namespace, extra: Sequence[str], deps: Deps) -> tuple[Progress, EnvCache, SuiteRunner]:
+    progress = Progress(deps.stderr)
+    cache = EnvCache(args.cache.expanduser(), deps.installer(progress.say), REPO, progress.say)
+    suite = deps.suite(REPO, progress.say, jobs=args.jobs_per_env, extra_args=extra, timeout_s=args.suite_timeout)
+    return progress, cache, suite
+
+
+def _prepare(specs: Sequence[cols.ColumnSpec], cache: EnvCache, progress: Progress, deps: Deps) -> list[measure.Step]:
+    steps = measure.plan(specs, cache, REPO)
+    for line in measure.describe(steps, cache):
+        progress.say(line)
+    envs.check_disk(cache.root, sum(1 for s in steps if s.request and not s.cached), deps.free_bytes)
+    return steps
+
+
+def _run(args: argparse.Namespace, extra: Sequence[str], command: str, deps: Deps) -> int:
+    registry = load_registry(args.registry)
+    specs = cols.build_columns(cols.parse_releases(args.releases), cols.parse_assignments("--env", args.env),
+                               args.wheels, cols.parse_assignments("--results", args.results))
+    progress, cache, suite = _setup(args, extra, deps)
+    steps = _prepare(specs, cache, progress, deps)
+    columns = measure.measure(steps, cache, suite, args.out, progress.say)
+    matrix = build_matrix(registry, columns)
+    table = args.table or args.out / TABLE_NAME
+    table.parent.mkdir(parents=True, exist_ok=True)
+    markdown = render.to_markdown(matrix, command)
+    table.write_text(markdown)
+    table.with_suffix(".json").write_text(render.dumps(matrix, command))
+    print(markdown, file=deps.stdout)
+    progress.say(f"wrote {table} and {table.with_suffix('.json')}")
+    if not matrix.agrees:
+        progress.say(f"{render.DISAGREE} {len(matrix.disagreements)} disagreement(s) with the registry (listed under the table)")
+        return EXIT_DISAGREE
+    return EXIT_AGREE
+
+
+def _compare(args: argparse.Namespace, deps: Deps) -> int:
+    registry = load_registry(args.registry)
+    good = cols.dir_column("good", args.good, "--good")
+    bad = cols.dir_column("bad", args.bad, "--bad")
+    if good.kind == bad.kind == "wheels" and good.name == bad.name:
+        # Same torch_xla version string (two PR builds): keep both columns apart in the output folder.
+        good, bad = (cols.ColumnSpec(f"{s.name}-{role}", s.kind, s.declared, s.path) for s, role in ((good, "good"), (bad, "bad")))
+    progress, cache, suite = _setup(args, [], deps)
+    steps = _prepare([good, bad], cache, progress, deps)
+    measured_good, measured_bad = measure.measure(steps, cache, suite, args.out, progress.say)
+    changes = cmp.compare(registry, measured_good, measured_bad)
+    print(cmp.to_text(changes, measured_good, measured_bad), file=deps.stdout, end="")
+    return EXIT_DISAGREE if changes else EXIT_AGREE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

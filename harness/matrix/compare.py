@@ -1,0 +1,59 @@
+"""Bisect help: which registry entries changed verdict between a good and a bad column.
+
+Only observations are compared (no registry prediction): "reproduced on good, unexpected on bad"
+is exactly what a maintainer bisecting nightlies wants named, whatever carried_by says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from harness.matrix.table import ColumnResult, Observation, State, observe
+from harness.registry import KnownBug
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    entry: str
+    good: Observation
+    bad: Observation
+    cases: tuple[tuple[str, str, str], ...]  # (nodeid, kind on good, kind on bad) for cases that changed
+
+
+def compare(registry: Mapping[str, KnownBug], good: ColumnResult, bad: ColumnResult) -> list[Change]:
+    changes = []
+    ids = list(registry) + sorted({r.known_bug for c in (good, bad) for r in c.run.records
+                                   if r.known_bug and r.known_bug not in registry})
+    for entry_id in ids:
+        entry = registry.get(entry_id)
+        before, after = _observe(entry, entry_id, good), _observe(entry, entry_id, bad)
+        if before.state is after.state and before.detail == after.detail:
+            continue
+        kinds_before = {c.nodeid: c.kind for c in before.cases}
+        kinds_after = {c.nodeid: c.kind for c in after.cases}
+        cases = tuple((n, kinds_before.get(n, "absent"), kinds_after.get(n, "absent"))
+                      for n in sorted(kinds_before.keys() | kinds_after.keys())
+                      if kinds_before.get(n) != kinds_after.get(n))
+        changes.append(Change(entry_id, before, after, cases))
+    return changes
+
+
+def _observe(entry: KnownBug | None, entry_id: str, column: ColumnResult) -> Observation:
+    records = [r for r in column.run.records if r.known_bug == entry_id]
+    if entry is None:  # a case names an id the registry lacks: still worth a line
+        kinds = sorted({r.outcome for r in records})
+        return Observation(State.UNEXPECTED, ", ".join(kinds) or "no case ran")
+    return observe(entry, records)
+
+
+def to_text(changes: list[Change], good: ColumnResult, bad: ColumnResult) -> str:
+    head = f"good: {good.name} (torch_xla {good.torch_xla or '?'}), bad: {bad.name} (torch_xla {bad.torch_xla or '?'})"
+    if not changes:
+        return f"{head}\nNo registry entry changed verdict.\n"
+    lines = [head, f"{len(changes)} entr{'y' if len(changes) == 1 else 'ies'} changed verdict:", ""]
+    for change in changes:
+        lines.append(f"- {change.entry}: {change.good.state.value} ({change.good.detail}) -> "
+                     f"{change.bad.state.value} ({change.bad.detail})")
+        lines += [f"    {nodeid}: {before} -> {after}" for nodeid, before, after in change.cases]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,102 @@
+"""Run one long command (pip, pytest) with its output in a log file, a progress heartbeat and a timeout.
+
+Output goes to the log rather than the terminal: pip and pytest print thousands of lines, and a
+release manager wants one line of progress every so often plus the log path when it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence, TextIO
+
+# How long a killed process group gets between SIGTERM and SIGKILL.
+TERMINATE_GRACE_S = 10.0
+
+
+class Progress:
+    """Where progress lines go: one line each, prefixed with the time since the command started."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.started = time.monotonic()
+
+    def say(self, message: str) -> None:
+        elapsed = time.monotonic() - self.started
+        print(f"[matrix {int(elapsed) // 60:2d}:{int(elapsed) % 60:02d}] {message}", file=self.stream, flush=True)
+
+
+class CommandTimedOut(Exception):
+    """The command ran past its timeout; its whole process group was terminated."""
+
+
+def run_logged(cmd: Sequence[str], log: Path, *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
+               timeout_s: float | None = None, heartbeat: Callable[[float], str | None] | None = None,
+               every_s: float = 20.0, say: Callable[[str], None] = lambda _m: None) -> int:
+    """Runs cmd with stdout+stderr appended to log; returns its exit code.
+
+    Every `every_s` seconds `heartbeat(elapsed)` may return a line of progress to show.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with log.open("a", encoding="utf-8") as fh:
+        fh.write(f"$ {' '.join(map(str, cmd))}\n")
+        fh.flush()
+        # A new session, so a timeout can end pip's or pytest's children as well.
+        proc = subprocess.Popen(list(map(str, cmd)), cwd=cwd, env=dict(env) if env is not None else None,
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=every_s)
+                except subprocess.TimeoutExpired:
+                    elapsed = time.monotonic() - started
+                    if timeout_s is not None and elapsed > timeout_s:
+                        _terminate_group(proc)
+                        raise CommandTimedOut(f"{cmd[0]} ran past {timeout_s:.0f}s") from None
+                    line = heartbeat(elapsed) if heartbeat else None
+                    if line:
+                        say(line)
+        except BaseException:
+            if proc.poll() is None:  # interrupted (Ctrl-C): do not leave pip or pytest running
+                _terminate_group(proc)
+            raise
+
+
+def _terminate_group(proc: subprocess.Popen) -> None:
+    for sig, wait_s in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def last_line_matching(log: Path, prefixes: tuple[str, ...]) -> str | None:
+    """The last line of the log starting with one of prefixes (for a heartbeat), or None."""
+    try:
+        with log.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64_000))
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if line.lstrip().startswith(prefixes):
+            return line.strip()[:120]
+    return None
+
+
+def tail(log: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {log})"

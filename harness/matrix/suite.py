@@ -1,0 +1,108 @@
+"""Run the SPMD suite inside one environment and collect what it recorded.
+
+The suite is the project's own `pytest -m spmd`, run by the environment's interpreter from the
+repo root, so the cases and the registry are the checked-out ones whatever torch_xla is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from harness.matrix.errors import SuiteRunError
+from harness.matrix.procs import CommandTimedOut, run_logged
+from harness.results import VERDICTS_GLOB, CaseRecord, read_records
+
+SUITE_LOG = "pytest.log"
+# pytest's exit codes: 0 all passed, 1 some failed. Anything else means the suite did not run as a
+# whole (interrupted, internal error, usage error, nothing collected) and the column is suspect.
+PYTEST_NORMAL_EXITS = (0, 1)
+PYTEST_EXIT_MEANINGS = {2: "interrupted or a collection error", 3: "internal error", 4: "usage error", 5: "no tests collected"}
+
+
+@dataclasses.dataclass
+class SuiteRun:
+    """One column's measurement: the records plus how the run went."""
+
+    results_dir: Path
+    records: list[CaseRecord]
+    exit_code: int | None = None  # None when the records were read from an earlier run
+    log: Path | None = None
+    duration_s: float | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why this column cannot be trusted as a whole, or None."""
+        if self.exit_code is not None and self.exit_code not in PYTEST_NORMAL_EXITS:
+            meaning = PYTEST_EXIT_MEANINGS.get(self.exit_code, "unexpected exit code")
+            return f"pytest exited {self.exit_code} ({meaning}); see {self.log}"
+        if not self.records:
+            return f"no case records in {self.results_dir}" + (f"; see {self.log}" if self.log else "")
+        return None
+
+
+class SuiteRunner(Protocol):
+    def run(self, python: Path, results_dir: Path, label: str) -> SuiteRun: ...
+
+
+def read_run(results_dir: Path) -> SuiteRun:
+    return SuiteRun(results_dir=results_dir, records=list(read_records(results_dir)))
+
+
+class PytestSuite:
+    """`<env>/bin/python -m pytest -m spmd --results-dir DIR -p no:cacheprovider` from the repo root."""
+
+    def __init__(self, repo: Path, say: Callable[[str], None], *, jobs: int = 1, extra_args: Sequence[str] = (),
+                 timeout_s: float = 3600.0) -> None:
+        self.repo, self.say, self.jobs, self.extra_args, self.timeout_s = repo, say, jobs, tuple(extra_args), timeout_s
+
+    def command(self, python: Path, results_dir: Path) -> list[str]:
+        cmd = [str(python), "-m", "pytest", "-m", "spmd", "--results-dir", str(results_dir), "-p", "no:cacheprovider"]
+        if self.jobs > 1:
+            cmd += ["-n", str(self.jobs)]
+        return cmd + list(self.extra_args)
+
+    def run(self, python: Path, results_dir: Path, label: str) -> SuiteRun:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        log = results_dir / SUITE_LOG
+        log.unlink(missing_ok=True)
+        env = _isolated_environ(python)
+        started = time.monotonic()
+
+        def heartbeat(elapsed: float) -> str:
+            return f"  {label}: pytest {elapsed:.0f}s, {_count_records(results_dir)} case(s) recorded"
+
+        self.say(f"{label}: running the suite with {python}; log: {log}")
+        try:
+            code = run_logged(self.command(python, results_dir), log, cwd=self.repo, env=env,
+                              timeout_s=self.timeout_s, heartbeat=heartbeat, every_s=30.0, say=self.say)
+        except CommandTimedOut as exc:
+            raise SuiteRunError(f"{label}: the suite ran past {self.timeout_s:.0f}s and was stopped ({exc}); "
+                                f"log: {log}. Raise --suite-timeout or narrow the run with -- -k EXPR.") from None
+        except OSError as exc:
+            raise SuiteRunError(f"{label}: could not start {python}: {exc}") from None
+        run = SuiteRun(results_dir=results_dir, records=list(read_records(results_dir)), exit_code=code, log=log,
+                       duration_s=round(time.monotonic() - started, 1))
+        self.say(f"{label}: suite finished in {run.duration_s:.0f}s, pytest exit {code}, {len(run.records)} case record(s)")
+        return run
+
+
+def _isolated_environ(python: Path) -> dict[str, str]:
+    # The calling shell's venv or PYTHONPATH must not leak another torch_xla into the run.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["VIRTUAL_ENV"] = str(python.parent.parent)
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _count_records(results_dir: Path) -> int:
+    count = 0
+    for path in results_dir.glob(VERDICTS_GLOB):
+        try:
+            count += sum(1 for line in path.open(encoding="utf-8") if line.strip())
+        except OSError:
+            pass
+    return count

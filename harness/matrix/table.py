@@ -1,0 +1,193 @@
+"""Registry entry x column: what each release did, what the registry predicts, and whether they agree.
+
+A cell is judged from the CaseRecords that name the entry (`known_bug`):
+    reproduced   every case xfailed (failed with the entry's signature on a carrying release)
+    fixed        every case passed
+    unexpected   anything else, and the detail says which: a new failure, an unexpected pass, a
+                 regression (the entry's own signature on a release outside carried_by), skips,
+                 a mix, or no case ran in this column
+    no case      no case anywhere names the entry: the registry claims something nothing tests
+The registry predicts `reproduced` where `carried_by` contains the column's torch_xla and `fixed`
+elsewhere. Every cell that differs from the prediction is a disagreement.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+from typing import Iterable, Mapping, Sequence
+
+from harness.errors import RegistryError
+from harness.matrix.suite import SuiteRun
+from harness.registry import KnownBug, Verdict, judge
+from harness.results import CaseRecord
+
+
+class State(str, enum.Enum):
+    REPRODUCED = "reproduced"
+    FIXED = "fixed"
+    UNEXPECTED = "unexpected"
+    NO_CASE = "no case"
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseOutcome:
+    nodeid: str
+    kind: str  # xfailed | passed | skipped | failed | unexpected pass | regressed | xpassed
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    state: State
+    detail: str  # "2 xfailed", "mixed: 1 xfailed, 1 failed", "no case ran", ...
+    cases: tuple[CaseOutcome, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    observed: Observation
+    expected: State | None  # None when the column's torch_xla version is unknown
+
+    @property
+    def agrees(self) -> bool:
+        return self.expected is not None and self.observed.state is self.expected
+
+
+@dataclasses.dataclass
+class ColumnResult:
+    """One column's inputs to the table: its name, how it was made, and its suite run."""
+
+    name: str  # the header: a release ("2.7.0") or the torch_xla version of a wheel build
+    kind: str  # "release" | "wheels" | "env" | "results"
+    run: SuiteRun
+    declared: str | None = None  # the torch_xla version the column was asked for
+    versions: dict[str, str] = dataclasses.field(default_factory=dict)  # torch/torch_xla/jax in its env
+    env: str | None = None  # where the environment lives (None for results read back)
+
+    @property
+    def observed_version(self) -> str | None:
+        counts = collections.Counter(r.torch_xla for r in self.run.records if r.torch_xla)
+        return counts.most_common(1)[0][0] if counts else None
+
+    @property
+    def torch_xla(self) -> str | None:
+        """What the registry is asked about: the version the children ran, else the declared one."""
+        return self.observed_version or self.declared or self.versions.get("torch_xla")
+
+
+@dataclasses.dataclass(frozen=True)
+class Disagreement:
+    column: str
+    entry: str | None  # None for a column-wide problem or a case without a registry entry
+    message: str
+
+
+@dataclasses.dataclass
+class Matrix:
+    columns: list[ColumnResult]
+    entries: list[KnownBug]
+    cells: dict[tuple[str, str], Cell]  # (entry id, column name) -> cell
+    disagreements: list[Disagreement]
+
+    @property
+    def agrees(self) -> bool:
+        return not self.disagreements
+
+    def cell(self, entry_id: str, column: str) -> Cell:
+        return self.cells[(entry_id, column)]
+
+
+def case_kind(record: CaseRecord, entry: KnownBug | None) -> str:
+    """The record's outcome, with a failure split by why the registry failed it."""
+    if record.outcome != "failed" or entry is None or record.torch_xla is None:
+        return record.outcome
+    if not record.evidence:
+        # The plugin fails a case that passed on a carrying release and leaves no evidence.
+        return "unexpected pass"
+    try:
+        verdict = judge(entry, record.torch_xla, record.evidence).verdict
+    except RegistryError:
+        return "failed"
+    return "regressed" if verdict is Verdict.REGRESSED else "failed"
+
+
+def observe(entry: KnownBug, records: Sequence[CaseRecord]) -> Observation:
+    if not records:
+        return Observation(State.UNEXPECTED, "no case ran")
+    cases = tuple(CaseOutcome(r.nodeid, case_kind(r, entry), r.reason) for r in records)
+    counts = collections.Counter(c.kind for c in cases)
+    summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    if set(counts) == {"xfailed"}:
+        return Observation(State.REPRODUCED, summary, cases)
+    if set(counts) == {"passed"}:
+        return Observation(State.FIXED, summary, cases)
+    return Observation(State.UNEXPECTED, ("mixed: " if len(counts) > 1 else "") + summary, cases)
+
+
+def expected_state(entry: KnownBug, version: str | None) -> State | None:
+    if version is None:
+        return None
+    try:
+        return State.REPRODUCED if entry.carried_by_release(version) else State.FIXED
+    except RegistryError:
+        return None
+
+
+def build_matrix(registry: Mapping[str, KnownBug], columns: Sequence[ColumnResult]) -> Matrix:
+    entries = list(registry.values())
+    tested = {r.known_bug for c in columns for r in c.run.records if r.known_bug}
+    cells: dict[tuple[str, str], Cell] = {}
+    disagreements: list[Disagreement] = []
+    for column in columns:
+        disagreements += _column_problems(column, registry)
+        by_entry: dict[str, list[CaseRecord]] = collections.defaultdict(list)
+        for record in column.run.records:
+            if record.known_bug:
+                by_entry[record.known_bug].append(record)
+        for entry in entries:
+            expected = expected_state(entry, column.torch_xla)
+            if entry.id in tested:
+                observed = observe(entry, by_entry.get(entry.id, []))
+            else:
+                observed = Observation(State.NO_CASE, "no case names this entry")
+            cell = Cell(observed, expected)
+            cells[(entry.id, column.name)] = cell
+            if not cell.agrees:
+                disagreements.append(Disagreement(column.name, entry.id, _explain(entry, column, cell)))
+    return Matrix(list(columns), entries, cells, disagreements)
+
+
+def _explain(entry: KnownBug, column: ColumnResult, cell: Cell) -> str:
+    observed = cell.observed
+    if cell.expected is None:
+        return f"{entry.id} on {column.name}: no torch_xla version known for the column, so the registry cannot be applied"
+    if observed.state is State.NO_CASE:
+        return (f"{entry.id}: no case is marked known_bug({entry.id!r}); the registry claims something nothing tests "
+                f"(add a case, or remove the entry)")
+    said = f"{entry.id} on torch_xla {column.torch_xla}: observed {observed.state.value} ({observed.detail}), " \
+           f"registry expects {cell.expected.value} (carried_by {entry.carried_by or 'any'})"
+    kinds = {c.kind for c in observed.cases}
+    if "unexpected pass" in kinds or observed.state is State.FIXED:
+        said += " -> the bug did not reproduce: if it is fixed there, update carried_by; if not, the case no longer detects it"
+    elif "regressed" in kinds:
+        said += " -> the entry's own signature on a release the registry calls fixed: a regression, or carried_by is too narrow"
+    elif observed.state is State.REPRODUCED:
+        said += " -> reproduced where the registry says fixed"
+    return said
+
+
+def _column_problems(column: ColumnResult, registry: Mapping[str, KnownBug]) -> Iterable[Disagreement]:
+    if column.run.problem:
+        yield Disagreement(column.name, None, f"{column.name}: {column.run.problem}")
+    observed, declared = column.observed_version, column.declared
+    if observed and declared and observed != declared:
+        yield Disagreement(column.name, None, f"{column.name}: the cases ran torch_xla {observed}, but the column is {declared}")
+    for record in column.run.records:
+        if record.known_bug and record.known_bug not in registry:
+            yield Disagreement(column.name, None, f"{record.nodeid} names known_bug({record.known_bug!r}), which the registry lacks")
+        elif not record.known_bug and record.outcome in ("failed", "xpassed"):
+            # Not a registry entry, but a release manager must not miss a case that breaks on a release.
+            yield Disagreement(column.name, None, f"{record.nodeid} {record.outcome} on {column.name} "
+                                                  f"(no registry entry): {record.reason[:200]}")
