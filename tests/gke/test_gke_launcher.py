@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import client
+
+pytest.importorskip("kmock", reason="the kmock emulator comes with the test extra")
+pytest.importorskip("kubernetes", reason="the launcher's client comes with the gke/test extras")
+
+from kubernetes import client  # noqa: E402
 
 from gke_controller import FakeJobSetController, Host, Scenario
 from gke_emulator import JOBSETS, PODS, EmulatorThread, Fault, is_create, is_delete, is_list
