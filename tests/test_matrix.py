@@ -471,3 +471,40 @@ def test_results_of_an_earlier_run_re_render_without_running(tmp_path: Path, reg
     assert code == 1 and FakeSuite.runs == [] and installer.calls == []
     assert "| `fixed-in-2.7` | `<2.7.0` | reproduced (1) |" in out
     assert "| 2.6.0 | results | 2.6.0 | t | j |" in out  # versions kept from the run's matrix-column.json
+
+
+# ---------------------------------------------------------------------------------------------
+# The suite command and the logged-process helper
+# ---------------------------------------------------------------------------------------------
+
+def test_suite_command_runs_the_spmd_cases_with_xdist_only_when_asked(monkeypatch):
+    from harness.matrix.suite import PytestSuite, _isolated_environ
+
+    python = Path("/envs/e/bin/python")
+    plain = PytestSuite(Path("/repo"), lambda s: None).command(python, Path("/out/2.7.0"))
+    assert plain == [str(python), "-m", "pytest", "-m", "spmd", "cases", "--results-dir", "/out/2.7.0", "-p", "no:cacheprovider"]
+    parallel = PytestSuite(Path("/repo"), lambda s: None, jobs=2, extra_args=["-k", "scalar"]).command(python, Path("/o"))
+    assert parallel[-4:] == ["-n", "2", "-k", "scalar"]
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere/site-packages")
+    env = _isolated_environ(python)
+    assert "PYTHONPATH" not in env and env["PATH"].startswith("/envs/e/bin") and env["VIRTUAL_ENV"] == "/envs/e"
+
+
+def test_run_logged_keeps_output_in_the_log_and_beats(tmp_path: Path):
+    import sys
+
+    from harness.matrix.procs import run_logged
+
+    beats, said = [], []
+    code = run_logged([sys.executable, "-c", "import time; print('hello'); time.sleep(0.5)"], tmp_path / "l.log",
+                      heartbeat=lambda t: beats.append(t) or "beat", every_s=0.1, say=said.append)
+    assert code == 0 and "hello" in (tmp_path / "l.log").read_text() and said and said[0] == "beat"
+
+
+def test_run_logged_stops_a_command_past_its_timeout(tmp_path: Path):
+    import sys
+
+    from harness.matrix.procs import CommandTimedOut, run_logged
+
+    with pytest.raises(CommandTimedOut):
+        run_logged([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "l.log", timeout_s=0.3, every_s=0.1)

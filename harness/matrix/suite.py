@@ -17,6 +17,9 @@ from harness.matrix.procs import CommandTimedOut, run_logged
 from harness.results import VERDICTS_GLOB, CaseRecord, read_records
 
 SUITE_LOG = "pytest.log"
+# Only the case folder: an env built for the matrix has the harness's light deps, not the `test`
+# extra that some self-tests under tests/ import, and the SPMD cases all live in cases/.
+SUITE_PATHS = ("cases",)
 # pytest's exit codes: 0 all passed, 1 some failed. Anything else means the suite did not run as a
 # whole (interrupted, internal error, usage error, nothing collected) and the column is suspect.
 PYTEST_NORMAL_EXITS = (0, 1)
@@ -53,14 +56,15 @@ def read_run(results_dir: Path) -> SuiteRun:
 
 
 class PytestSuite:
-    """`<env>/bin/python -m pytest -m spmd --results-dir DIR -p no:cacheprovider` from the repo root."""
+    """`<env>/bin/python -m pytest -m spmd cases --results-dir DIR -p no:cacheprovider` from the repo root."""
 
     def __init__(self, repo: Path, say: Callable[[str], None], *, jobs: int = 1, extra_args: Sequence[str] = (),
                  timeout_s: float = 3600.0) -> None:
         self.repo, self.say, self.jobs, self.extra_args, self.timeout_s = repo, say, jobs, tuple(extra_args), timeout_s
 
     def command(self, python: Path, results_dir: Path) -> list[str]:
-        cmd = [str(python), "-m", "pytest", "-m", "spmd", "--results-dir", str(results_dir), "-p", "no:cacheprovider"]
+        cmd = [str(python), "-m", "pytest", "-m", "spmd", *SUITE_PATHS, "--results-dir", str(results_dir),
+               "-p", "no:cacheprovider"]
         if self.jobs > 1:
             cmd += ["-n", str(self.jobs)]
         return cmd + list(self.extra_args)
