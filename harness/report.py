@@ -279,6 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               "nothing. Check that cases were collected (-m spmd), that the harness plugin loaded, "
               "and that --results-dir points here.", file=sys.stderr)
         return EXIT_NO_RECORDS
+    if all(r.outcome == "skipped" for r in results.records):
+        print(f"error: all {len(results.records)} cases under {args.results_dir} were skipped "
+              f"(first reason: {results.records[0].reason}); a run that executed nothing is not a pass.",
+              file=sys.stderr)
+        return EXIT_NO_RECORDS
     return 0
 
 

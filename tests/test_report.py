@@ -216,3 +216,9 @@ def test_module_runs_as_a_script(mixed_run: Path):
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)})
     assert proc.returncode == 0, proc.stderr
     assert (mixed_run / "out.md").read_text().startswith("## SPMD regression results")
+
+
+def test_a_run_where_every_case_skipped_is_not_green(tmp_path, capsys):
+    write_record(tmp_path, record("cases/test_x.py::test_a", "skipped", reason="needs backend tpu"))
+    assert report.main([str(tmp_path)]) == 2
+    assert "were skipped (first reason: needs backend tpu)" in capsys.readouterr().err
