@@ -158,7 +158,8 @@ def _host_suite(root: ET.Element, report: HostReport) -> None:
     suite = ET.SubElement(root, "testsuite", name=report.label, time=f"{report.duration_s:.3f}")
     props = ET.SubElement(suite, "properties")
     for key in ("pod", "exit_code", "signal", "bucket"):
-        ET.SubElement(props, "property", name=key, value=str(getattr(report, key)))
+        value = getattr(report, key)
+        ET.SubElement(props, "property", name=key, value="" if value is None else str(value))
     host_case = ET.SubElement(suite, "testcase", classname=report.label, name="host-report", time="0")
     if report.error:
         failure = ET.SubElement(host_case, "failure", message=report.error)

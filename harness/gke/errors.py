@@ -23,9 +23,5 @@ class JobSetExistsError(KubeApiError):
     """A JobSet of that name exists and is not ours: choose another --name or delete it."""
 
 
-class RunTimeout(GkeHarnessError):
-    """The JobSet did not reach a terminal condition before --timeout."""
-
-
 class ReportError(GkeHarnessError):
     """A host's report block is missing or corrupt; the host counts as failed with this reason."""
