@@ -105,3 +105,20 @@ def test_local_cli_reports_cross_slice_disagreement_and_crash(tmp_path: Path) ->
     failures = json.loads((tmp_path / "results.json").read_text())["failures"]
     assert any("slice0.host1" in f and "SIGABRT" in f for f in failures)
     assert any("'fc.weight'" in f and "slice1.host0, slice1.host1 saw '{replicated}'" in f for f in failures)
+
+
+@pytest.mark.parametrize("uri, status", [
+    # the default: no second channel, and the report says so
+    (None, "not configured"),
+    # a typo'd scheme is reported, not silently ignored
+    ("s3://bucket/x", "not uploaded: 's3://bucket/x' is not a gs:// URI"),
+])
+def test_bucket_hook_reports_what_it_did(uri, status) -> None:
+    from harness.gke import bucket
+
+    assert bucket.publish(uri, "slice0-host0.json", b"{}") == status
+
+
+def test_bucket_status_travels_in_the_report(tmp_path: Path) -> None:
+    _, _, report = work(tmp_path)
+    assert report["bucket"] == "not configured"
