@@ -63,8 +63,11 @@ class PytestSuite:
         self.repo, self.say, self.jobs, self.extra_args, self.timeout_s = repo, say, jobs, tuple(extra_args), timeout_s
 
     def command(self, python: Path, results_dir: Path) -> list[str]:
-        cmd = [str(python), "-m", "pytest", "-m", "spmd", *SUITE_PATHS, "--results-dir", str(results_dir),
-               "-p", "no:cacheprovider"]
+        # -c and --rootdir pin the repo's pytest config: otherwise pytest takes the --results-dir value
+        # (a path outside the repo) as a rootdir candidate, finds no pyproject.toml there and silently
+        # runs without the repo's markers, xfail_strict and filterwarnings.
+        cmd = [str(python), "-m", "pytest", "-c", str(self.repo / "pyproject.toml"), "--rootdir", str(self.repo),
+               "-m", "spmd", *SUITE_PATHS, "--results-dir", str(results_dir), "-p", "no:cacheprovider"]
         if self.jobs > 1:
             cmd += ["-n", str(self.jobs)]
         return cmd + list(self.extra_args)
