@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None, deps: Deps | None = None) -> int:
         print(f"harness.matrix: {type(exc).__name__}: {exc}", file=deps.stderr)
         return EXIT_ENV
     except KeyboardInterrupt:
-        print("harness.matrix: interrupted; a half-built environment stays unmarked and is rebuilt next time", file=deps.stderr)
+        print("harness.matrix: interrupted (an environment still being built stays unmarked and is rebuilt next time)", file=deps.stderr)
         return EXIT_INTERRUPTED
 
 

@@ -7,6 +7,7 @@ release manager wants one line of progress every so often plus the log path when
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -43,7 +44,7 @@ def run_logged(cmd: Sequence[str], log: Path, *, cwd: Path | None = None, env: M
     log.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with log.open("a", encoding="utf-8") as fh:
-        fh.write(f"$ {' '.join(map(str, cmd))}\n")
+        fh.write(f"$ {shlex.join(map(str, cmd))}\n")
         fh.flush()
         # A new session, so a timeout can end pip's or pytest's children as well.
         proc = subprocess.Popen(list(map(str, cmd)), cwd=cwd, env=dict(env) if env is not None else None,
