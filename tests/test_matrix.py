@@ -95,14 +95,27 @@ def healthy(version: str) -> list[CaseRecord]:
     # One case reproduces, another fails: mixed, and the counts say so.
     pytest.param([rec("a", "xfailed", "fixed-in-2.7"), rec("b", "failed", "fixed-in-2.7", evidence="ValueError: x")],
                  State.UNEXPECTED, "mixed: 1 failed, 1 xfailed", False, id="mixed"),
-    # Skipped (e.g. too few devices) is not evidence either way.
-    pytest.param([rec("a", "skipped", "fixed-in-2.7")], State.UNEXPECTED, "1 skipped", False, id="skipped"),
+    # A skipped case is set aside when another case for the entry ran (a TPU-only case on CPU).
+    pytest.param([rec("a", "xfailed", "fixed-in-2.7"), rec("b", "skipped", "fixed-in-2.7")], State.REPRODUCED,
+                 "1 xfailed, +1 skipped", True, id="partly-skipped"),
 ])
 def test_cell_on_a_carrying_release(registry, records, state, detail, agrees):
     matrix = build_matrix(registry, [column("2.6.0", records)])
     cell = matrix.cell("fixed-in-2.7", "2.6.0")
     assert (cell.observed.state, cell.observed.detail, cell.agrees) == (state, detail, agrees)
     assert cell.expected is State.REPRODUCED
+
+
+def test_all_skipped_is_not_run_and_listed_apart_not_a_disagreement(registry):
+    records = [rec("a", "skipped", "fixed-in-2.7"), rec("b", "skipped", "fixed-in-2.7")] + healthy("2.6.0")[1:]
+    matrix = build_matrix(registry, [column("2.6.0", records)])
+    cell = matrix.cell("fixed-in-2.7", "2.6.0")
+    assert (cell.observed.state, cell.observed.detail) == (State.NOT_RUN, "2 skipped: skipped reason")
+    assert not cell.disagrees and [d.entry for d in matrix.not_run] == ["fixed-in-2.7"]
+    assert {d.entry for d in matrix.disagreements} == {"untested"}
+    text = render.to_markdown(matrix, "cmd")
+    assert "| `fixed-in-2.7` | `<2.7.0` | not run (2 skipped: skipped reason) |" in text
+    assert "## Not run (1): every case for the entry skipped itself" in text
 
 
 def test_fixed_release_passing_agrees_and_reproducing_there_is_a_regression(registry):
@@ -172,7 +185,7 @@ def test_markdown_says_when_everything_agrees_and_escapes_pipes(registry):
     records[1] = rec("open_a", "xfailed", "open", "2.6.0")
     matrix = build_matrix(registry, [column("2.6.0", records)])
     text = render.to_markdown(matrix, "cmd")
-    assert "All 2 cells agree with the registry." in text
+    assert "All 2 measured cells agree with the registry." in text
     assert render._md("a | b") == "a \\| b"
 
 

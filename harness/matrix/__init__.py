@@ -10,6 +10,7 @@ Modules, one job each:
     envs      build (or reuse) one venv per column behind a small Installer interface
     columns   what the command line asked for: releases, wheel folders, existing venvs/results
     suite     run `pytest -m spmd` inside one venv and read its CaseRecords
+    measure   the plan said up front, the disk check, then build/reuse every env and run each suite
     table     registry x column: observed verdict, registry's prediction, agreement
     render    the table as Markdown and JSON
     compare   which entries changed verdict between a good and a bad column (bisect help)

@@ -12,7 +12,9 @@ DISAGREE = "⚠"
 
 LEGEND = (
     "Cells: **reproduced**: every case for the entry xfailed (the known bug is there); **fixed**: every case passed; "
-    "**unexpected**: anything else, with the detail in brackets; **no case**: no case tests the entry. "
+    "**unexpected**: anything else, with the detail in brackets; **not run**: every case for the entry skipped "
+    "itself here (reason given; not counted as a disagreement); **no case**: no case tests the entry. "
+    "Numbers in brackets count cases. "
     f"The registry's prediction comes from the entry's `carried_by` in `harness/known_bugs.toml`; "
     f"{DISAGREE} marks a cell that disagrees with it, and the expected value follows."
 )
@@ -20,11 +22,19 @@ LEGEND = (
 
 def cell_text(cell: Cell) -> str:
     observed = cell.observed
+    if observed.state is State.NOT_RUN:
+        return f"not run ({_short(observed.detail)})"
     if cell.agrees:
-        return f"{observed.state.value} ({len(observed.cases)})" if observed.cases else observed.state.value
+        ran = sum(1 for c in observed.cases if c.kind != "skipped")
+        skipped = len(observed.cases) - ran
+        return f"{observed.state.value} ({ran}" + (f", +{skipped} skipped" if skipped else "") + ")"
     expected = cell.expected.value if cell.expected else "unknown (no torch_xla version)"
     detail = "" if observed.state is State.NO_CASE else f" ({observed.detail})"
     return f"{DISAGREE} **{observed.state.value}**{detail}, expected {expected}"
+
+
+def _short(text: str, limit: int = 90) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _md(text: str) -> str:
@@ -46,10 +56,14 @@ def to_markdown(matrix: Matrix, command: str) -> str:
                      f"| {column.versions.get('jax', '-')} | {_md(_suite_summary(column))} |")
     lines.append("")
     if matrix.agrees:
-        lines.append(f"All {len(matrix.cells)} cells agree with the registry.")
+        measured = len(matrix.cells) - len(matrix.not_run)
+        lines.append(f"All {measured} measured cells agree with the registry.")
     else:
         lines += [f"## {DISAGREE} Disagreements with the registry ({len(matrix.disagreements)})", ""]
         lines += [f"- {_md(d.message)}" for d in matrix.disagreements]
+    if matrix.not_run:
+        lines += ["", f"## Not run ({len(matrix.not_run)}): every case for the entry skipped itself", ""]
+        lines += [f"- {_md(d.message)}" for d in matrix.not_run]
     return "\n".join(lines) + "\n"
 
 
@@ -77,6 +91,7 @@ def to_json(matrix: Matrix, command: str) -> dict[str, Any]:
             "cells": {c.name: _cell_json(matrix.cell(entry.id, c.name)) for c in matrix.columns},
         } for entry in matrix.entries],
         "disagreements": [{"column": d.column, "entry": d.entry, "message": d.message} for d in matrix.disagreements],
+        "not_run": [{"column": d.column, "entry": d.entry, "message": d.message} for d in matrix.not_run],
     }
 
 

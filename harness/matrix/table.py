@@ -4,11 +4,16 @@ A cell is judged from the CaseRecords that name the entry (`known_bug`):
     reproduced   every case xfailed (failed with the entry's signature on a carrying release)
     fixed        every case passed
     unexpected   anything else, and the detail says which: a new failure, an unexpected pass, a
-                 regression (the entry's own signature on a release outside carried_by), skips,
-                 a mix, or no case ran in this column
+                 regression (the entry's own signature on a release outside carried_by), a mix,
+                 or no case ran in this column (no record at all: the case vanished or crashed collection)
+    not run      every case for the entry skipped itself (a TPU-only case on CPU, or a mechanism the
+                 release does not have, e.g. no guard function in 2.6.x): shown with the skip reason
     no case      no case anywhere names the entry: the registry claims something nothing tests
+Skipped cases are set aside when another case for the entry ran, and counted in the detail.
 The registry predicts `reproduced` where `carried_by` contains the column's torch_xla and `fixed`
-elsewhere. Every cell that differs from the prediction is a disagreement.
+elsewhere. Every cell that differs from the prediction is a disagreement, except `not run`: a
+case that decided it cannot measure this release is not evidence against the registry, and
+counting it would make every CPU run of a TPU-only case fail. Those cells are listed apart.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class State(str, enum.Enum):
     REPRODUCED = "reproduced"
     FIXED = "fixed"
     UNEXPECTED = "unexpected"
+    NOT_RUN = "not run"
     NO_CASE = "no case"
 
 
@@ -53,6 +59,10 @@ class Cell:
     @property
     def agrees(self) -> bool:
         return self.expected is not None and self.observed.state is self.expected
+
+    @property
+    def disagrees(self) -> bool:
+        return not self.agrees and self.observed.state is not State.NOT_RUN
 
 
 @dataclasses.dataclass
@@ -90,6 +100,7 @@ class Matrix:
     entries: list[KnownBug]
     cells: dict[tuple[str, str], Cell]  # (entry id, column name) -> cell
     disagreements: list[Disagreement]
+    not_run: list[Disagreement] = dataclasses.field(default_factory=list)  # cells whose cases all skipped
 
     @property
     def agrees(self) -> bool:
@@ -117,8 +128,12 @@ def observe(entry: KnownBug, records: Sequence[CaseRecord]) -> Observation:
     if not records:
         return Observation(State.UNEXPECTED, "no case ran")
     cases = tuple(CaseOutcome(r.nodeid, case_kind(r, entry), r.reason) for r in records)
-    counts = collections.Counter(c.kind for c in cases)
+    skipped = [c for c in cases if c.kind == "skipped"]
+    if len(skipped) == len(cases):
+        return Observation(State.NOT_RUN, f"{len(skipped)} skipped: {skipped[0].reason}", cases)
+    counts = collections.Counter(c.kind for c in cases if c.kind != "skipped")
     summary = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    summary += f", +{len(skipped)} skipped" if skipped else ""
     if set(counts) == {"xfailed"}:
         return Observation(State.REPRODUCED, summary, cases)
     if set(counts) == {"passed"}:
@@ -140,6 +155,7 @@ def build_matrix(registry: Mapping[str, KnownBug], columns: Sequence[ColumnResul
     tested = {r.known_bug for c in columns for r in c.run.records if r.known_bug}
     cells: dict[tuple[str, str], Cell] = {}
     disagreements: list[Disagreement] = []
+    not_run: list[Disagreement] = []
     for column in columns:
         disagreements += _column_problems(column, registry)
         by_entry: dict[str, list[CaseRecord]] = collections.defaultdict(list)
@@ -154,9 +170,11 @@ def build_matrix(registry: Mapping[str, KnownBug], columns: Sequence[ColumnResul
                 observed = Observation(State.NO_CASE, "no case names this entry")
             cell = Cell(observed, expected)
             cells[(entry.id, column.name)] = cell
-            if not cell.agrees:
+            if cell.disagrees:
                 disagreements.append(Disagreement(column.name, entry.id, _explain(entry, column, cell)))
-    return Matrix(list(columns), entries, cells, disagreements)
+            elif observed.state is State.NOT_RUN:
+                not_run.append(Disagreement(column.name, entry.id, f"{entry.id} on {column.name}: {observed.detail}"))
+    return Matrix(list(columns), entries, cells, disagreements, not_run)
 
 
 def _explain(entry: KnownBug, column: ColumnResult, cell: Cell) -> str:
