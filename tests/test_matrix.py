@@ -483,7 +483,21 @@ def test_results_of_an_earlier_run_re_render_without_running(tmp_path: Path, reg
                                          "--table", str(tmp_path / "again.md")], tmp_path)
     assert code == 1 and FakeSuite.runs == [] and installer.calls == []
     assert "| `fixed-in-2.7` | `<2.7.0` | reproduced (1) |" in out
-    assert "| 2.6.0 | results | 2.6.0 | t | j |" in out  # versions kept from the run's matrix-column.json
+    assert "| 2.6.0 | results | 2.6.0 | t | j | built in 0 s |" in out  # kept from the run's matrix-column.json
+
+
+def test_compare_cli_on_wheel_folders_builds_and_runs_each(tmp_path: Path, registry_path: Path):
+    versions = {"good": "2.7.0.dev20250310", "bad": "2.7.0.dev20250311"}
+    for role, version in versions.items():
+        (tmp_path / role).mkdir()
+        (tmp_path / role / f"torch_xla-{version}-cp311-cp311-linux_x86_64.whl").write_bytes(role.encode())
+    by_version = {versions["good"]: [rec("o", "xfailed", "open", versions["good"])],
+                  versions["bad"]: [rec("o", "failed", "open", versions["bad"], "ValueError: other")]}
+    code, out, err, installer = run_cli(["compare", "--good", str(tmp_path / "good"), "--bad", str(tmp_path / "bad"),
+                                         "--registry", str(registry_path)], tmp_path, by_version)
+    assert code == 1 and FakeSuite.runs == [versions["good"], versions["bad"]]
+    assert "- open: reproduced (1 xfailed) -> unexpected (1 failed)" in out
+    assert "build 2 environment(s)" in err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -215,6 +215,13 @@ class EnvCache:
         # Same key but other requirements (the harness's deps changed): build again.
         return marker.get("requirements") == list(request.requirements)
 
+    def built_seconds(self, request: EnvRequest) -> float | None:
+        """How long the cached environment took to build (from its marker), or None."""
+        try:
+            return json.loads((self.path_for(request) / MARKER).read_text()).get("built_s")
+        except (OSError, ValueError):
+            return None
+
     def ensure(self, request: EnvRequest) -> Path:
         """The environment's folder, built first unless a complete one is cached."""
         env = self.path_for(request)

@@ -77,10 +77,19 @@ def measure(steps: Sequence[Step], cache: EnvCache, suite: SuiteRunner, out: Pat
         say(f"[{index}/{len(steps)}] {spec.name}: torch_xla {versions.get('torch_xla')}, torch {versions.get('torch')}, "
             f"jax {versions.get('jax', '-')}")
         run = suite.run(python, out / safe_filename(spec.name), spec.name)
-        column = ColumnResult(spec.name, spec.kind, run, spec.declared, versions, str(python.parent.parent))
+        column = ColumnResult(spec.name, spec.kind, run, spec.declared, versions, str(python.parent.parent),
+                              _env_note(step, cache))
         _write_meta(column)
         columns.append(column)
     return columns
+
+
+def _env_note(step: Step, cache: EnvCache) -> str:
+    if step.request is None:
+        return "existing venv"
+    seconds = cache.built_seconds(step.request)
+    built = f"built in {seconds:.0f} s" if seconds is not None else "built"
+    return f"cached ({built})" if step.cached else built
 
 
 # Beside the verdicts, so a later `--results NAME=DIR` or `compare` can show what the run was.
@@ -90,7 +99,7 @@ COLUMN_META = "matrix-column.json"
 def _write_meta(column: ColumnResult) -> None:
     run = column.run
     meta = {"name": column.name, "kind": column.kind, "declared": column.declared, "versions": column.versions,
-            "env": column.env, "pytest_exit": run.exit_code, "duration_s": run.duration_s,
+            "env": column.env, "env_note": column.env_note, "pytest_exit": run.exit_code, "duration_s": run.duration_s,
             "log": str(run.log) if run.log else None}
     (run.results_dir / COLUMN_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
@@ -105,4 +114,4 @@ def read_column(spec: ColumnSpec) -> ColumnResult:
     run.duration_s = meta.get("duration_s")
     run.log = Path(meta["log"]) if meta.get("log") else None
     return ColumnResult(spec.name, "results", run, spec.declared or meta.get("declared"), meta.get("versions", {}),
-                        meta.get("env"))
+                        meta.get("env"), meta.get("env_note", ""))

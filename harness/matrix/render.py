@@ -50,10 +50,11 @@ def to_markdown(matrix: Matrix, command: str) -> str:
     for entry in matrix.entries:
         cells = [_md(cell_text(matrix.cell(entry.id, n))) for n in names]
         lines.append(f"| `{entry.id}` | `{entry.carried_by or 'any'}` | " + " | ".join(cells) + " |")
-    lines += ["", "Columns:", "", "| column | source | torch_xla | torch | jax | suite |", "|---|---|---|---|---|---|"]
+    lines += ["", "Columns:", "", "| column | source | torch_xla | torch | jax | environment | suite |",
+              "|---|---|---|---|---|---|---|"]
     for column in matrix.columns:
         lines.append(f"| {column.name} | {column.kind} | {column.torch_xla or '?'} | {column.versions.get('torch', '?')} "
-                     f"| {column.versions.get('jax', '-')} | {_md(_suite_summary(column))} |")
+                     f"| {column.versions.get('jax', '-')} | {column.env_note or '-'} | {_md(_suite_summary(column))} |")
     lines.append("")
     if matrix.agrees:
         measured = len(matrix.cells) - len(matrix.not_run)
@@ -98,7 +99,7 @@ def to_json(matrix: Matrix, command: str) -> dict[str, Any]:
 def _column_json(column: ColumnResult) -> dict[str, Any]:
     run = column.run
     return {"name": column.name, "kind": column.kind, "torch_xla": column.torch_xla, "declared": column.declared,
-            "versions": column.versions, "env": column.env, "results_dir": str(run.results_dir),
+            "versions": column.versions, "env": column.env, "env_note": column.env_note, "results_dir": str(run.results_dir),
             "log": str(run.log) if run.log else None, "pytest_exit": run.exit_code, "duration_s": run.duration_s,
             "records": len(run.records), "problem": run.problem}
 

@@ -75,6 +75,7 @@ class ColumnResult:
     declared: str | None = None  # the torch_xla version the column was asked for
     versions: dict[str, str] = dataclasses.field(default_factory=dict)  # torch/torch_xla/jax in its env
     env: str | None = None  # where the environment lives (None for results read back)
+    env_note: str = ""  # "built in 323 s", "cached (built in 323 s)", "existing venv"
 
     @property
     def observed_version(self) -> str | None:
