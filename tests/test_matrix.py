@@ -330,6 +330,7 @@ class FakeSuite:
     """Writes the records a release would produce, from a table keyed by torch_xla version."""
 
     runs: list[str] = []
+    results_dirs: list[Path] = []
 
     def __init__(self, by_version: dict[str, list[CaseRecord]], installer: FakeInstaller) -> None:
         self.by_version, self.installer = by_version, installer
@@ -337,6 +338,7 @@ class FakeSuite:
     def run(self, python: Path, results_dir: Path, label: str) -> SuiteRun:
         version = self.installer.installed_versions(python)["torch_xla"]
         FakeSuite.runs.append(version)
+        FakeSuite.results_dirs.append(results_dir)
         for record in self.by_version.get(version, []):
             write_record(results_dir, record)
         records = list(read_records(results_dir))
@@ -348,7 +350,7 @@ def run_cli(argv: list[str], tmp_path: Path, by_version: dict[str, list[CaseReco
     installer = installer or FakeInstaller()
     by_version = by_version if by_version is not None else {v: healthy(v) for v in ("2.6.0", "2.7.0", "2.9.0")}
     out, err = io.StringIO(), io.StringIO()
-    FakeSuite.runs = []
+    FakeSuite.runs, FakeSuite.results_dirs = [], []
     deps = Deps(stdout=out, stderr=err, installer=lambda say: installer,
                 suite=lambda repo, say, **kw: FakeSuite(by_version, installer), free_bytes=lambda p: int(free_gb * 1e9))
     code = main([*argv, "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out")], deps)
@@ -536,3 +538,14 @@ def test_run_logged_stops_a_command_past_its_timeout(tmp_path: Path):
 
     with pytest.raises(CommandTimedOut):
         run_logged([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "l.log", timeout_s=0.3, every_s=0.1)
+
+
+def test_relative_out_reaches_the_suite_as_an_absolute_path(tmp_path: Path, registry_path: Path, monkeypatch):
+    # pytest runs from the repo root; a relative --out would land its verdicts somewhere else.
+    monkeypatch.chdir(tmp_path)
+    installer = FakeInstaller()
+    deps = Deps(stdout=io.StringIO(), stderr=io.StringIO(), installer=lambda say: installer,
+                suite=lambda repo, say, **kw: FakeSuite({"2.6.0": healthy("2.6.0")}, installer), free_bytes=lambda p: 10**13)
+    FakeSuite.runs, FakeSuite.results_dirs = [], []
+    main(["--releases", "2.6.0", "--out", "rel", "--cache", "cache", "--registry", str(registry_path)], deps)
+    assert FakeSuite.results_dirs == [tmp_path / "rel" / "2.6.0"]

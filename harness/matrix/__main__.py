@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None, deps: Deps | None = None) -> int:
 
 def _setup(args: argparse.Namespace, extra: Sequence[str], deps: Deps) -> tuple[Progress, EnvCache, SuiteRunner]:
     progress = Progress(deps.stderr)
-    cache = EnvCache(args.cache.expanduser(), deps.installer(progress.say), REPO, progress.say)
+    cache = EnvCache(args.cache.expanduser().absolute(), deps.installer(progress.say), REPO, progress.say)
     suite = deps.suite(REPO, progress.say, jobs=args.jobs_per_env, extra_args=extra, timeout_s=args.suite_timeout)
     return progress, cache, suite
 
@@ -159,7 +159,8 @@ def _run(args: argparse.Namespace, extra: Sequence[str], command: str, deps: Dep
                                args.wheels, cols.parse_assignments("--results", args.results))
     progress, cache, suite = _setup(args, extra, deps)
     steps = _prepare(specs, cache, progress, deps)
-    columns = measure.measure(steps, cache, suite, args.out, progress.say)
+    # Absolute: pytest runs from the repo root and writes the verdicts there, this process reads them here.
+    columns = measure.measure(steps, cache, suite, args.out.absolute(), progress.say)
     matrix = build_matrix(registry, columns)
     table = args.table or args.out / TABLE_NAME
     table.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +184,7 @@ def _compare(args: argparse.Namespace, deps: Deps) -> int:
         good, bad = (cols.ColumnSpec(f"{s.name}-{role}", s.kind, s.declared, s.path) for s, role in ((good, "good"), (bad, "bad")))
     progress, cache, suite = _setup(args, [], deps)
     steps = _prepare([good, bad], cache, progress, deps)
-    measured_good, measured_bad = measure.measure(steps, cache, suite, args.out, progress.say)
+    measured_good, measured_bad = measure.measure(steps, cache, suite, args.out.absolute(), progress.say)
     changes = cmp.compare(registry, measured_good, measured_bad)
     print(cmp.to_text(changes, measured_good, measured_bad), file=deps.stdout, end="")
     return EXIT_DISAGREE if changes else EXIT_AGREE

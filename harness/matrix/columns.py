@@ -50,7 +50,7 @@ def parse_assignments(option: str, values: Sequence[str]) -> dict[str, Path]:
             raise MatrixUsageError(f"{option} {value!r}: expected NAME=PATH, e.g. {option} 2.9.0=/path/to/venv")
         if name in out:
             raise MatrixUsageError(f"{option} names {name} twice")
-        out[name] = Path(path).expanduser()
+        out[name] = Path(path).expanduser().absolute()  # the suite runs from the repo root, not from here
     return out
 
 
