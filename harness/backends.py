@@ -40,6 +40,7 @@ class Capabilities:
 
 class Backend(Protocol):
     name: str
+    exclusive_device: bool  # one process at a time may hold the devices (TPU)
 
     def child_env(self, functionalization: bool) -> dict[str, str]:
         """The environment of a child that runs cases on this backend."""
@@ -70,6 +71,7 @@ class CpuBackend:
     """PJRT CPU with N virtual devices: the local and PR-CI backend."""
 
     name = "cpu"
+    exclusive_device = False
 
     def __init__(self, devices: int) -> None:
         self.devices = devices
@@ -95,6 +97,7 @@ class TpuBackend:
     """PJRT TPU of the host it runs on; device count and slice count come from the runtime."""
 
     name = "tpu"
+    exclusive_device = True
 
     def __init__(self) -> None:
         self._caps: Capabilities | None = None
@@ -137,6 +140,7 @@ class FakeBackend:
     """No torch_xla at all: children run pure-Python bodies. For testing the harness itself."""
 
     name = "fake"
+    exclusive_device = False
 
     def __init__(self, devices: int) -> None:
         self.devices = devices

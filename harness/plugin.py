@@ -69,7 +69,8 @@ class HarnessSession:
         self.case_timeout: float = config.getoption("case_timeout")
         self.results_dir = Path(config.getoption("results_dir")).resolve()
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        self.pool = ChildPool(self.results_dir / "logs" / self.worker, startup_timeout=self.case_timeout)
+        self.pool = ChildPool(self.results_dir / "logs" / self.worker, startup_timeout=self.case_timeout,
+                              exclusive=self.backend.exclusive_device)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -97,7 +98,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the first child while pytest gets going: torch_xla's import overlaps the rest."""
+    """Start the first child while pytest gets going: torch_xla's import overlaps the rest.
+
+    capabilities() comes first on purpose: on a TPU host its probe process must have released
+    the chips before the warm child takes them.
+    """
     harness = session.config.stash[SESSION_KEY]
     if session.config.option.collectonly or not harness.backend.capabilities().has_xla:
         return

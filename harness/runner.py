@@ -195,11 +195,16 @@ class ChildProcess:
 
 
 class ChildPool:
-    """Warm children keyed by spec; at most one per spec, since a process runs one case at a time."""
+    """Warm children keyed by spec; at most one per spec, since a process runs one case at a time.
 
-    def __init__(self, log_dir: Path, startup_timeout: float) -> None:
+    exclusive: the device admits one process at a time (a TPU host: libtpu locks the chips), so
+    every idle child is closed before another one starts.
+    """
+
+    def __init__(self, log_dir: Path, startup_timeout: float, exclusive: bool = False) -> None:
         self.log_dir = log_dir
         self.startup_timeout = startup_timeout
+        self.exclusive = exclusive
         self.idle: dict[ChildSpec, ChildProcess] = {}
         self.started = 0
 
@@ -209,6 +214,8 @@ class ChildPool:
             self.idle[spec] = self._start(spec)
 
     def _start(self, spec: ChildSpec) -> ChildProcess:
+        if self.exclusive:
+            self.close()
         self.started += 1
         return ChildProcess(spec, self.log_dir)
 
