@@ -118,10 +118,12 @@ def _assert_close(what: str, got, expected) -> float:
     return diff
 
 
-def _xla_mesh(ctx):
+def _xla_mesh():
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh("xla", (ctx.devices,))
+    from harness import xla
+
+    return init_device_mesh("xla", (xla.num_devices(),))
 
 
 def _record_param_specs(ctx, model, suffix: str = "") -> None:
@@ -139,13 +141,12 @@ def _record_param_specs(ctx, model, suffix: str = "") -> None:
 
 
 def body_parallelize_module_xla(ctx, coordinate_hack: bool) -> None:
-    import torch
     from torch.distributed.tensor.parallel import parallelize_module
 
     from harness import xla
 
     model, reference, x = _toy_model_and_reference()
-    mesh = _xla_mesh(ctx)
+    mesh = _xla_mesh()
     model = parallelize_module(model.to(xla.device()), mesh, _tp_plan())
     _record_param_specs(ctx, model)
     if coordinate_hack:
@@ -294,7 +295,7 @@ def body_per_parameter_workaround(ctx, steps: int) -> None:
     }
     model, reference, x = _toy_model_and_reference()
     model = model.to(xla.device())
-    mesh = _xla_mesh(ctx)
+    mesh = _xla_mesh()
     for name, param in model.named_parameters():
         # Marks the sharding on `param` in place; the returned wrapper is deliberately unused.
         distribute_tensor(param, mesh, placements[name])
@@ -368,7 +369,7 @@ def body_distributed_weight_op(ctx, op: str) -> None:
 
     torch.manual_seed(0)
     w_cpu, x_cpu = torch.randn(16, 32), torch.randn(8, 32)
-    w = distribute_tensor(w_cpu.to(xla.device()), _xla_mesh(ctx), [Shard(0)])
+    w = distribute_tensor(w_cpu.to(xla.device()), _xla_mesh(), [Shard(0)])
     ctx.record_sharding("w", xla.spec_of(getattr(w, "global_tensor", w)))
     out = _weight_op(op, w, x_cpu.to(xla.device()))
     _assert_close(f"{op} on the distributed weight", out, _weight_op(op, w_cpu, x_cpu))
