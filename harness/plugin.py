@@ -69,8 +69,9 @@ class HarnessSession:
         self.case_timeout: float = config.getoption("case_timeout")
         self.results_dir = Path(config.getoption("results_dir")).resolve()
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        # Under xdist every core already runs a worker: spare children would only compete.
         self.pool = ChildPool(self.results_dir / "logs" / self.worker, startup_timeout=self.case_timeout,
-                              exclusive=self.backend.exclusive_device)
+                              exclusive=self.backend.exclusive_device, spares=self.worker == "main")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -106,10 +107,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     harness = session.config.stash[SESSION_KEY]
     if session.config.option.collectonly or not harness.backend.capabilities().has_xla:
         return
-    if any(item.get_closest_marker("spmd") for item in session.items):
-        backend = harness.backend
-        runner = SpmdRunner(harness.pool, backend, harness.case_timeout, "prewarm")
-        harness.pool.prewarm(runner.spec(functionalization=True))
+    spmd_items = [item for item in session.items if item.get_closest_marker("spmd")]
+    runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
+    for mode in (True, False):
+        # Cases parametrized over `functionalization` say which modes this selection needs.
+        if any(_functionalization_of(item) == mode for item in spmd_items):
+            harness.pool.prewarm(runner.spec(functionalization=mode))
+            if harness.backend.exclusive_device:
+                return
+
+
+def _functionalization_of(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("functionalization", True) if callspec else True
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

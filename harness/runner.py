@@ -199,13 +199,18 @@ class ChildPool:
 
     exclusive: the device admits one process at a time (a TPU host: libtpu locks the chips), so
     every idle child is closed before another one starts.
+    spares: when a case takes a fresh child, start the next one for the same spec right away, so
+    its import runs on an idle core while the case runs. A spare has run no case, so it is as
+    fresh as a new process. Off on exclusive devices and where every core is busy (xdist).
     """
 
-    def __init__(self, log_dir: Path, startup_timeout: float, exclusive: bool = False) -> None:
+    def __init__(self, log_dir: Path, startup_timeout: float, exclusive: bool = False, spares: bool = False) -> None:
         self.log_dir = log_dir
         self.startup_timeout = startup_timeout
         self.exclusive = exclusive
+        self.spares_enabled = spares and not exclusive
         self.idle: dict[ChildSpec, ChildProcess] = {}
+        self.spares: dict[ChildSpec, ChildProcess] = {}
         self.started = 0
 
     def prewarm(self, spec: ChildSpec) -> None:
@@ -220,10 +225,12 @@ class ChildPool:
         return ChildProcess(spec, self.log_dir)
 
     def acquire(self, spec: ChildSpec, fresh: bool) -> ChildProcess:
-        child = None if fresh else self.idle.pop(spec, None)
+        child = self.spares.pop(spec, None) if fresh else self.idle.pop(spec, None)
         if child is not None and not child.is_alive():
             child = None  # it died between cases: that death belongs to no case, start anew
         child = child or self._start(spec)
+        if fresh and self.spares_enabled:
+            self.spares[spec] = self._start(spec)
         child.wait_ready(self.startup_timeout)
         return child
 
@@ -234,6 +241,7 @@ class ChildPool:
             child.close()
 
     def close(self) -> None:
-        for child in self.idle.values():
+        for child in [*self.idle.values(), *self.spares.values()]:
             child.close()
         self.idle.clear()
+        self.spares.clear()

@@ -18,8 +18,8 @@ def spec(functionalization: bool) -> ChildSpec:
 def pool(tmp_path):
     pools = []
 
-    def make(exclusive: bool) -> ChildPool:
-        pools.append(ChildPool(tmp_path / "logs", startup_timeout=60, exclusive=exclusive))
+    def make(exclusive: bool, spares: bool = False) -> ChildPool:
+        pools.append(ChildPool(tmp_path / "logs", startup_timeout=60, exclusive=exclusive, spares=spares))
         return pools[-1]
 
     yield make
@@ -55,3 +55,20 @@ def test_same_configuration_reuses_and_fresh_does_not(pool):
     assert not fresh.is_alive()
     children.release(again, reusable=True)
     assert children.started == 2
+
+
+def test_fresh_cases_get_a_spare_that_has_run_no_case(pool):
+    children = pool(False, spares=True)
+    first = children.acquire(spec(True), fresh=True)
+    spare = children.spares[spec(True)]
+    assert spare is not first and spare.cases_run == 0
+    children.release(first, reusable=False)
+    assert children.acquire(spec(True), fresh=True) is spare
+    children.release(spare, reusable=False)
+
+
+def test_exclusive_devices_never_get_spares(pool):
+    children = pool(True, spares=True)
+    child = children.acquire(spec(True), fresh=True)
+    assert children.spares == {}
+    children.release(child, reusable=False)
