@@ -108,11 +108,12 @@ def compare_parser() -> _Parser:
 class Deps:
     """What main() talks to; tests swap the installer, the suite runner and the disk probe."""
 
-    def __init__(self, stdout: TextIO = sys.stdout, stderr: TextIO = sys.stderr,
+    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None,
                  installer: Callable[[Callable[[str], None]], Installer] = PipInstaller,
                  suite: Callable[..., SuiteRunner] = PytestSuite,
                  free_bytes: Callable[[Path], int] | None = None) -> None:
-        self.stdout, self.stderr = stdout, stderr
+        # Looked up now, not at import: whoever redirected sys.stdout since (pytest's capture) gets the output.
+        self.stdout, self.stderr = stdout or sys.stdout, stderr or sys.stderr
         self.installer, self.suite, self.free_bytes = installer, suite, free_bytes
 
 
