@@ -110,9 +110,9 @@ def main() -> int:
         serial_dir, xdist_dir = Path(tmp, "serial"), Path(tmp, "xdist")
         base = [python, "-m", "pytest", "-m", "spmd", "-q", "-p", "no:cacheprovider", *args.pytest_args]
         print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; repo {REPO}", flush=True)
-        serial = measure("serial", base + ["--results-dir", str(serial_dir)], serial_dir)
+        serial = measure("serial", base + [f"--results-dir={serial_dir}"], serial_dir)
         print(f"serial done in {serial.wall:.1f}s", flush=True)
-        xdist = measure("xdist -n 2", base + ["-n", "2", "--results-dir", str(xdist_dir)], xdist_dir)
+        xdist = measure("xdist -n 2", base + ["-n", "2", f"--results-dir={xdist_dir}"], xdist_dir)
         print(f"xdist done in {xdist.wall:.1f}s", flush=True)
         floor = measure("floor (bare replay)", [python, "-m", "harness.replay", "--results-dir", str(serial_dir)], None)
         floor.cases = serial.cases

@@ -80,8 +80,10 @@ class WorkerOptions:
 def suite_argv(opts: WorkerOptions) -> list[str]:
     base = shlex.split(opts.suite_command.replace("{python}", shlex.quote(sys.executable)))
     results = str(opts.results_dir)
-    return [*base, "--backend", opts.backend, "--results-dir", results,
-            "--junitxml", str(opts.results_dir / "junit.xml"), *opts.extra_args]
+    # --opt=value: pytest picks its rootdir and config before plugin options exist, so a separate
+    # value (/results) would be read as a test path and the repo's pytest config dropped.
+    return [*base, f"--backend={opts.backend}", f"--results-dir={results}",
+            f"--junitxml={opts.results_dir / 'junit.xml'}", *opts.extra_args]
 
 
 def run_worker(opts: WorkerOptions, env: dict[str, str], out: IO[str]) -> int:
