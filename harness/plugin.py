@@ -109,12 +109,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     spmd_items = [item for item in session.items if item.get_closest_marker("spmd")]
     runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
-    for mode in (True, False):
-        # Cases parametrized over `functionalization` say which modes this selection needs.
-        if any(_functionalization_of(item) == mode for item in spmd_items):
-            harness.pool.prewarm(runner.spec(functionalization=mode))
-            if harness.backend.exclusive_device:
-                return
+    # Cases parametrized over `functionalization` say which modes this selection needs. Only one
+    # child is prewarmed where the cores are already busy (xdist) or the device is exclusive (TPU):
+    # there a second import would only delay the first verdict.
+    modes = [m for m in (True, False) if any(_functionalization_of(item) == m for item in spmd_items)]
+    if harness.worker != "main" or harness.backend.exclusive_device:
+        modes = modes[:1]
+    for mode in modes:
+        harness.pool.prewarm(runner.spec(functionalization=mode))
 
 
 def _functionalization_of(item: pytest.Item) -> bool:
