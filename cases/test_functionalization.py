@@ -53,9 +53,6 @@ NEW_SHAPE_VIEWS = [
     pytest.param("unsqueeze", (None, "fsdp", None), 1, id="unsqueeze"),  # (1,8,16)
 ]
 
-MISSING_SHARDING = "Sharding custom-call without a sharding"
-
-
 def body_mark_sharding_on_view(ctx, view: str, spec: list) -> None:
     """Shard a view of `randn(8,16) * 1.0` (an IR value, not device data), check the HLO, run it."""
     import torch
@@ -72,26 +69,12 @@ def body_mark_sharding_on_view(ctx, view: str, spec: list) -> None:
     hlo = ctx.record_hlo("view", xla.hlo_of([viewed]))
     # Checked here, before executing: where the release dies on execution (2.6 raises, 2.5 aborts)
     # the evidence must already name the bug.
-    check_sharding_calls_annotated(hlo)
+    assert_every_sharding_call_annotated(hlo)
     xla.sync()
     ctx.record_sharding("view", xla.spec_of(viewed))
     expected = VIEWS[view](source)
     if not torch.equal(viewed.cpu(), expected):
         raise AssertionError(f"the sharded {view} view does not hold the CPU view's values after execution")
-
-
-def check_sharding_calls_annotated(hlo: str) -> None:
-    """In the child: raise with the registry's signature if a Sharding custom-call lacks sharding=."""
-    calls = sharding_custom_calls(hlo)
-    if not calls:
-        raise AssertionError('expected a custom-call with custom_call_target="Sharding" in the HLO, found none')
-    missing = [c for c in calls if not c.has_sharding]
-    if missing:
-        lines = "\n".join(f"  line {c.line_number}: {c.line}" for c in missing)
-        raise AssertionError(
-            f"{MISSING_SHARDING}: {len(missing)} of {len(calls)} Sharding custom-call(s) have no "
-            f"sharding= attribute (XLA rejects that with has_sharding()):\n{lines}"
-        )
 
 
 def check_view_case(spmd, functionalization: bool, view: str, spec: tuple, dim: int) -> None:

@@ -261,7 +261,6 @@ def body_flash_attention_multislice(ctx, seq_len: int, steps: int) -> None:
     xla.enable_spmd()
     _assert_backends_not_started(bridge, "by import torch_xla")
     import jax.experimental.pallas  # noqa: F401  (see _trace_plain_kernel)
-    import torch_xla.distributed.spmd as xs
     from torch_xla.experimental.custom_kernel import flash_attention
 
     devices = xla.num_devices()

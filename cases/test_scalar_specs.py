@@ -133,14 +133,8 @@ def body_partition_spec(ctx, shape, mesh_shape, extra_data_axis, shard_maximal) 
 
 def body_fsdpv2_scalar_param(ctx, steps: int, reintroduce_list_spec: bool = False) -> None:
     """FSDPv2 over Linear plus a 0-dim nn.Parameter (a learned scale); a few SGD steps vs CPU."""
-    import copy
-
     import torch
     import torch.nn as nn
-    import torch_xla.distributed.spmd as xs
-    from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
-
-    from harness import xla
 
     if reintroduce_list_spec:
         _reintroduce_list_spec(ctx)
@@ -154,34 +148,15 @@ def body_fsdpv2_scalar_param(ctx, steps: int, reintroduce_list_spec: bool = Fals
         def forward(self, x):
             return self.fc(x) * self.scale
 
-    def loss_of(model, x):
-        return model(x).pow(2).mean()
-
     torch.manual_seed(0)
-    model = ScaledLinear()
-    reference = copy.deepcopy(model)
-    x_cpu = torch.randn(2 * xla.num_devices(), 16)
-
-    mesh = _fsdp_mesh()
-    wrapped = FSDPv2(model, mesh=mesh)
-    _record_param_specs(ctx, wrapped, "")
-    x = x_cpu.to(xla.device())
-    xs.mark_sharding(x, mesh, ("fsdp", None))
-
-    xla_losses = _train(wrapped, loss_of, x, steps, on_xla=True)
-    cpu_losses = _train(reference, loss_of, x_cpu, steps, on_xla=False)
+    wrapped = _wrap_and_train_against_cpu(ctx, ScaledLinear(), lambda model, x: model(x).pow(2).mean(), steps)
     _record_param_specs(ctx, wrapped, "after_steps.")
-    _assert_close_to_reference(ctx, wrapped, reference, xla_losses, cpu_losses)
 
 
 def body_fsdpv2_scalar_output(ctx, steps: int, reintroduce_list_spec: bool = False) -> None:
     """FSDPv2 over a module whose forward returns its 0-dim loss: the shard_output path."""
-    import copy
-
     import torch
     import torch.nn as nn
-    import torch_xla.distributed.spmd as xs
-    from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
 
     from harness import xla
 
@@ -199,25 +174,39 @@ def body_fsdpv2_scalar_output(ctx, steps: int, reintroduce_list_spec: bool = Fal
 
     def loss_of(model, x):
         loss = model(x)
-        if model is not reference:
+        if loss.device.type == "xla":
             ctx.record_sharding("output", xla.spec_of(loss))
             ctx.record("output_rank", loss.dim())
         return loss
 
     torch.manual_seed(0)
-    model = LossModule()
+    _wrap_and_train_against_cpu(ctx, LossModule(), loss_of, steps)
+
+
+def _wrap_and_train_against_cpu(ctx, model, loss_of, steps: int):
+    """Wrap `model` in FSDPv2 over the fsdp mesh, train it and a CPU copy on the same batch, compare.
+
+    Returns the wrapped model. Runs in the child.
+    """
+    import copy
+
+    import torch
+    import torch_xla.distributed.spmd as xs
+    from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
+
+    from harness import xla
+
     reference = copy.deepcopy(model)
     x_cpu = torch.randn(2 * xla.num_devices(), 16)
-
     mesh = _fsdp_mesh()
     wrapped = FSDPv2(model, mesh=mesh)
     _record_param_specs(ctx, wrapped, "")
     x = x_cpu.to(xla.device())
     xs.mark_sharding(x, mesh, ("fsdp", None))
-
     xla_losses = _train(wrapped, loss_of, x, steps, on_xla=True)
     cpu_losses = _train(reference, loss_of, x_cpu, steps, on_xla=False)
     _assert_close_to_reference(ctx, wrapped, reference, xla_losses, cpu_losses)
+    return wrapped
 
 
 def body_mark_sharding_container(ctx, container: str, rank: int) -> None:

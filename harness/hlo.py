@@ -405,8 +405,9 @@ def assert_every_sharding_call_annotated(hlo: str | HloModule, min_calls: int = 
     if missing:
         listed = "\n".join(f"  line {c.line_number}: {c.line}" for c in missing)
         raise AssertionError(
-            f'{len(missing)} of {len(calls)} custom-call(s) with custom_call_target="Sharding" '
-            f"have no sharding= attribute (XLA will fail with has_sharding()):\n{listed}"
+            f"Sharding custom-call without a sharding: {len(missing)} of {len(calls)} custom-call(s) "
+            f'with custom_call_target="Sharding" have no sharding= attribute (XLA will fail with '
+            f"has_sharding()):\n{listed}"
         )
 
 

@@ -178,7 +178,7 @@ def test_assert_every_sharding_call_annotated_names_the_offending_line() -> None
     with pytest.raises(AssertionError) as caught:
         assert_every_sharding_call_annotated(VIEW_BUG_HLO)
     message = str(caught.value)
-    assert message.startswith('1 of 2 custom-call(s) with custom_call_target="Sharding" have no sharding= attribute')
+    assert message.startswith('Sharding custom-call without a sharding: 1 of 2 custom-call(s) with custom_call_target="Sharding" have no sharding= attribute')
     assert "line 9: %custom-call.6 = f32[4,32]{1,0} custom-call(" in message
     assert "%custom-call.7" not in message  # the healthy call is not blamed
 
