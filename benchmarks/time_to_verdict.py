@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,6 +63,8 @@ class Measurement:
 
 def measure(label: str, argv: list[str], results_dir: Path | None) -> Measurement:
     m = Measurement(label)
+    if results_dir is not None:
+        shutil.rmtree(results_dir, ignore_errors=True)  # an earlier run's verdicts would read as "first verdict"
     started = time.monotonic()
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     done = threading.Event()
