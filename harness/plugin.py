@@ -29,7 +29,7 @@ JUDGEMENT_KEY = pytest.StashKey[Judgement]()
 
 MARKERS = (
     "spmd: an SPMD regression case that runs torch_xla in a child process",
-    "needs(backend=None, devices=0, jax=False, multislice=False, xla=True): what a case needs; unmet needs skip with the numbers",
+    "needs(backend=None, devices=0, jax=False, multislice=False, xla=True, reason=''): what a case needs from the backend; unmet needs skip with the numbers",
     "known_bug(entry_id): judge this case against the known-bug registry entry for the child's torch_xla",
 )
 
