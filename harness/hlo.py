@@ -295,40 +295,35 @@ def _parse_attributes(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(attributes)
 
 
-def _split_top_level(text: str) -> list[str]:
-    """Split at commas that are outside brackets and quoted strings."""
-    parts, depth, start, index = [], 0, 0, 0
+def _unquoted_chars(text: str, start: int = 0):
+    """(index, char, bracket depth after char) for every character outside quoted strings."""
+    depth, index = 0, start
     while index < len(text):
         char = text[index]
         if char == '"':
-            index = _quoted_end(text, index)
-        elif char in _BRACKET_PAIRS:
-            depth += 1
-        elif char in _CLOSERS:
-            depth -= 1
-        elif char == "," and depth == 0:
+            index = _quoted_end(text, index) + 1
+            continue
+        depth += 1 if char in _BRACKET_PAIRS else -1 if char in _CLOSERS else 0
+        yield index, char, depth
+        index += 1
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split at commas that are outside brackets and quoted strings."""
+    parts, start = [], 0
+    for index, char, depth in _unquoted_chars(text):
+        if char == "," and depth == 0:
             parts.append(text[start:index])
             start = index + 1
-        index += 1
     parts.append(text[start:])
     return [p for p in parts if p.strip()]
 
 
 def _matching_close(text: str, open_index: int) -> int | None:
     """Index of the bracket closing the one at `open_index`, skipping quoted strings."""
-    depth = 0
-    index = open_index
-    while index < len(text):
-        char = text[index]
-        if char == '"':
-            index = _quoted_end(text, index)
-        elif char in _BRACKET_PAIRS:
-            depth += 1
-        elif char in _CLOSERS:
-            depth -= 1
-            if depth == 0:
-                return index
-        index += 1
+    for index, char, depth in _unquoted_chars(text, open_index):
+        if char in _CLOSERS and depth == 0:
+            return index
     return None
 
 

@@ -1,0 +1,28 @@
+"""The pytest process must never import torch or torch_xla: case files and harness modules are
+imported there, and only case bodies (in children) may import them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.selftest
+
+REPO = Path(__file__).resolve().parents[1]
+IN_CHILDREN_ONLY = {"harness.xla", "harness.child"}  # imported by child processes
+
+
+def test_importing_the_harness_and_every_case_file_loads_no_torch():
+    modules = [f"harness.{p.stem}" for p in (REPO / "harness").glob("*.py") if p.stem != "__init__"]
+    modules += [f"cases.{p.stem}" for p in (REPO / "cases").glob("test_*.py")]
+    modules = sorted(set(modules) - IN_CHILDREN_ONLY)
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
+        "print(sorted(m for m in ('torch', 'torch_xla', 'jax') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"imported in the parent: {out.stdout.strip()}"
