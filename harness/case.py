@@ -13,25 +13,34 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
+from harness import evidence
 from harness.backends import Backend
-from harness.errors import CaseCrashed, CaseError, CaseFailed, CaseTimedOut, HarnessUsageError
-from harness.protocol import BodyRef, ChildException
-from harness.runner import ChildPool, ChildSpec
+from harness.errors import CaseError, CaseFailed, HarnessUsageError
+from harness.pool import ChildPool
+from harness.protocol import BodyRef, ChildException, Verdict
+from harness.runner import ChildProcess, ChildSpec, LateFault
+
+# Called with each LateFault: the plugin charges it to the case it names.
+LateFaultSink = Callable[[LateFault], None]
 
 
 @dataclasses.dataclass
 class CaseResult:
     case: str
-    outcome: str  # "ok" | "error" | "crashed" | "timeout"
+    outcome: str  # "ok" | "error" | "crashed" | "timeout" | "protocol"
     torch_xla: str | None
     duration_s: float
     exception: ChildException | None = None
     observations: dict[str, Any] = dataclasses.field(default_factory=dict)
     log_tail: str = ""
     error: CaseError | None = None  # the parent-side error for anything but "ok"
+    reusable: bool = False  # the child may run another case (only after a verdict that says so)
+    poisoned: str = ""  # why not, when the child said so
 
     @property
     def shardings(self) -> dict[str, str]:
@@ -53,35 +62,53 @@ class CaseResult:
 
 def body_ref(body: Callable[..., Any]) -> BodyRef:
     """Where a child can import `body` from; it must be a module-level function of a file."""
-    module = body.__module__
-    if module == "__main__" or "<locals>" in body.__qualname__:
+    name = getattr(body, "__qualname__", repr(body))
+    module_name = getattr(body, "__module__", None)
+    if not inspect.isfunction(body) or module_name in (None, "__main__") or "<" in name:
         raise HarnessUsageError(
-            f"case body {body.__qualname__} must be a module-level function in an importable file"
-        )
+            f"case body {name} must be a module-level function (def, not a lambda or a nested "
+            f"function) in an importable file: the child imports it by name")
+    module = sys.modules.get(module_name)
+    if module is None or getattr(module, name.split(".")[0], None) is None:
+        raise HarnessUsageError(f"case body {name} cannot be found as {module_name}.{name}")
     path = Path(inspect.getfile(body)).resolve()
     # The folder to put on sys.path: one level up per dotted part (two for a package __init__).
-    root = path.parents[module.count(".") + (1 if path.name == "__init__.py" else 0)]
-    return BodyRef(module, body.__qualname__, str(root))
+    root = path.parents[module_name.count(".") + (1 if path.name == "__init__.py" else 0)]
+    return BodyRef(module_name, name, str(root))
 
 
-def failure_from_verdict(case: str, verdict: dict[str, Any]) -> CaseFailed:
-    exc = ChildException.from_dict(verdict["exception"])
+def checked_kwargs(body: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """kwargs travel to the child as JSON: refuse, naming the key, what would not arrive intact."""
+    for key, value in kwargs.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise HarnessUsageError(
+                f"argument {key}={value!r:.80} of case body {body.__qualname__} is not strict JSON ({exc}); "
+                f"pass numbers, text, lists and dicts of them (the body runs in another process)") from None
+    return kwargs
+
+
+def failure_from_verdict(case: str, verdict: Verdict, tail: str) -> CaseFailed:
+    exc = ChildException.from_dict(verdict.exception)
     assert exc is not None
     return CaseFailed(
-        f"case {case} raised in its child:\n{exc.traceback}--- child log (this case) ---\n{verdict.get('log_tail', '')}",
-        evidence=exc.line, log_tail=verdict.get("log_tail", ""),
+        f"case {case} raised in its child:\n{exc.traceback}--- child log (this case) ---\n{tail}",
+        evidence=exc.line, log_tail=tail,
     )
 
 
 class SpmdRunner:
     def __init__(
-        self, pool: ChildPool, backend: Backend, case_timeout: float, case_id: str, journal: Path | None = None
+        self, pool: ChildPool, backend: Backend, case_timeout: float, case_id: str, journal: Path | None = None,
+        late_faults: LateFaultSink | None = None,
     ) -> None:
         self.pool = pool
         self.backend = backend
         self.case_timeout = case_timeout
         self.case_id = case_id
         self.journal = journal  # requests-<worker>.jsonl: what ran where, for harness.replay
+        self.late_faults = late_faults or _raise_late_fault
         self.results: list[CaseResult] = []  # what the plugin reports for this test
 
     def spec(self, functionalization: bool = True, preload: bool = True, env: dict[str, str] | None = None) -> ChildSpec:
@@ -109,11 +136,16 @@ class SpmdRunner:
         """
         fresh = fresh or not preload
         spec = self.spec(functionalization, preload, env)
-        request = {"case": self.case_id, "body": body_ref(body).to_dict(), "kwargs": kwargs}
-        self._log_request(spec, request, fresh)
+        ref = body_ref(body).to_dict()
+        kwargs = checked_kwargs(body, kwargs)
+        self._log_request(spec, {"case": self.case_id, "body": ref, "kwargs": kwargs}, fresh)
         child = self.pool.acquire(spec, fresh=fresh)
-        result = self._run_in(child, request, timeout or self.case_timeout)
-        self.pool.release(child, reusable=not fresh and result.outcome in ("ok", "error"))
+        try:
+            result, child = self._run_in(child, spec, ref, kwargs, timeout or self.case_timeout)
+        except BaseException:
+            self.pool.discard(child)  # Ctrl-C or an error of ours: never leave a busy child behind
+            raise
+        self.pool.release(child, reusable=not fresh and result.reusable)
         self.results.append(result)
         return result.raise_for_outcome() if check else result
 
@@ -126,19 +158,39 @@ class SpmdRunner:
         with self.journal.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry) + "\n")
 
-    def _run_in(self, child: Any, request: dict[str, Any], timeout: float) -> CaseResult:
+    def _run_in(self, child: ChildProcess, spec: ChildSpec, ref: dict[str, str], kwargs: dict[str, Any],
+                timeout: float) -> tuple[CaseResult, ChildProcess]:
         case = self.case_id
+        deadline = time.monotonic() + timeout
         try:
-            verdict = child.run(request, timeout)
-        except (CaseCrashed, CaseTimedOut) as err:
-            outcome = "crashed" if isinstance(err, CaseCrashed) else "timeout"
-            return CaseResult(case, outcome, child.torch_xla, 0.0, log_tail=err.log_tail, error=err)
+            try:
+                request_id, offset = child.begin(case, ref, kwargs, deadline)
+            except LateFault as fault:
+                # The child was unfit before this case began: charge its last case, run this one
+                # in a new child, whose failures are then this case's own.
+                self.pool.discard(child)
+                self.late_faults(fault)
+                child = self.pool.replacement(spec)
+                deadline = time.monotonic() + timeout
+                request_id, offset = child.begin(case, ref, kwargs, deadline)
+            verdict = child.finish(case, request_id, deadline, offset)
+        except CaseError as err:
+            return CaseResult(case, _outcome_of(err), child.torch_xla, 0.0, log_tail=err.log_tail, error=err), child
+        tail = evidence.log_tail(child.log_path, offset)
         result = CaseResult(
-            case, verdict["outcome"], child.torch_xla, verdict["duration_s"],
-            exception=ChildException.from_dict(verdict["exception"]),
-            observations=verdict["observations"], log_tail=verdict.get("log_tail", ""),
+            case, verdict.outcome, child.torch_xla, verdict.duration_s,
+            exception=ChildException.from_dict(verdict.exception), observations=verdict.observations,
+            log_tail=tail, reusable=verdict.reusable, poisoned=verdict.poisoned,
         )
         if result.outcome == "error":
-            result.error = failure_from_verdict(case, verdict)
-        return result
+            result.error = failure_from_verdict(case, verdict, tail)
+        return result, child
 
+
+def _outcome_of(err: CaseError) -> str:
+    return {"CaseCrashed": "crashed", "CaseTimedOut": "timeout", "CaseProtocolError": "protocol"}.get(
+        type(err).__name__, "error")
+
+
+def _raise_late_fault(fault: LateFault) -> None:
+    raise fault

@@ -1,10 +1,15 @@
 """The child process: `python -m harness.child`. Runs case bodies one at a time.
 
-Started by harness.runner with an explicit environment. At start it runs the backend's set-up
-hooks (for XLA backends: import torch_xla and switch SPMD on, once per process), says "ready",
-then answers one request per line on stdin with a verdict on the result pipe. A body that
-raises is reported as an exception and the child lives on; a body that kills the process
+Started by harness.runner in a session of its own with an explicit environment. At start it
+forks a watchdog (below), runs the backend's set-up hooks (for XLA backends: import torch_xla
+and switch SPMD on, once per process), says "ready", then for each request on stdin says
+"started", runs the body and answers with a verdict on the result pipe (harness.protocol). A body
+that raises is reported as an exception and the child lives on; a body that kills the process
 (SIGABRT from a C++ CHECK, a segfault) is noticed by the parent, which owns the attribution.
+
+After each body the child checks that the process is still fit for the next case (stdio open,
+resource limits and signal handlers as they were, the working directory back where it was);
+what it cannot undo makes the verdict non-reusable, and the parent discards the child.
 """
 
 from __future__ import annotations
@@ -14,14 +19,40 @@ import importlib
 import importlib.metadata
 import json
 import os
+import resource
 import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable, TextIO
+from typing import Any, Callable
 
 from harness import protocol
 from harness.context import CaseContext
+
+
+def start_watchdog() -> None:
+    """Fork a process that SIGKILLs this process group once the parent (pytest) is gone.
+
+    The parent holds the only write end of the lifeline pipe; when it exits for any reason,
+    SIGKILL included, the read below returns EOF. A thread would not do: a body stuck in native
+    code holding the GIL would stall it. The group holds everything this child started, so a
+    busy child and its helpers (gloo ranks, compile workers) go with it.
+    """
+    lifeline = int(os.environ.pop(protocol.LIFELINE_FD_ENV, "-1"))
+    if lifeline < 0:
+        return
+    if os.fork() != 0:
+        os.close(lifeline)
+        return
+    try:  # the watchdog: keep only the lifeline (and the log on 1/2), so it holds no pipe open
+        os.closerange(3, lifeline)
+        os.closerange(lifeline + 1, 65536)
+        os.close(0)
+        while os.read(lifeline, 1):
+            pass
+    finally:
+        os.killpg(0, signal.SIGKILL)
+        os._exit(0)
 
 
 def installed_torch_xla_version() -> str | None:
@@ -59,55 +90,166 @@ def run_preload_hooks() -> list[str]:
 def describe_exception(exc: BaseException) -> dict[str, str]:
     kind = type(exc)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    return {
-        "type": name,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
-    }
+    return {"type": name, "message": str(exc), "traceback": "".join(traceback.format_exception(exc))}
 
 
-def run_request(request: dict[str, Any]) -> dict[str, Any]:
+class ProcessState:
+    """What a body may change that the next case in this process must not inherit."""
+
+    def __init__(self) -> None:
+        self.cwd = os.getcwd()
+        self.limits = {name: resource.getrlimit(getattr(resource, name)) for name in _LIMIT_NAMES}
+        self.handlers = _signal_handlers()
+
+    def restore(self) -> list[str]:
+        """Put back what can be put back; return what cannot (the child is then not reusable)."""
+        problems = []
+        try:
+            os.chdir(self.cwd)
+        except OSError as exc:
+            problems.append(f"cannot return to {self.cwd}: {exc}")
+        for name, (soft, hard) in self.limits.items():
+            now = resource.getrlimit(getattr(resource, name))
+            if now == (soft, hard):
+                continue
+            try:
+                resource.setrlimit(getattr(resource, name), (soft, hard))
+            except (ValueError, OSError):
+                problems.append(f"{name} changed from {(soft, hard)} to {now} and cannot be raised back")
+        if _signal_handlers() != self.handlers:
+            problems.append("signal handlers changed")
+        for fd in (0, 1, 2):
+            try:
+                os.fstat(fd)
+            except OSError:
+                problems.append(f"file descriptor {fd} was closed")
+        return problems
+
+
+_LIMIT_NAMES = tuple(n for n in ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_NOFILE", "RLIMIT_CPU", "RLIMIT_FSIZE",
+                                 "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_NPROC") if hasattr(resource, n))
+
+
+def _signal_handlers() -> dict[int, Any]:
+    handlers = {}
+    for sig in signal.valid_signals():
+        try:
+            handlers[int(sig)] = signal.getsignal(sig)
+        except (ValueError, OSError):
+            continue
+    return handlers
+
+
+def run_request(request: protocol.Request) -> protocol.Verdict:
     started = time.monotonic()
+    state = ProcessState()
     ctx = CaseContext()
-    verdict: dict[str, Any] = {"kind": "verdict", "case": request.get("case", "")}
+    outcome, exception = "ok", None
     try:
-        body = load_body(request["body"])
-        print(f"[harness] case {verdict['case']} starts", file=sys.stderr, flush=True)
-        body(ctx, **request.get("kwargs", {}))
-        verdict.update(outcome="ok", exception=None)
+        body = load_body(request.body)
+        print(f"[harness] case {request.case} starts", file=sys.stderr, flush=True)
+        body(ctx, **request.kwargs)
     except BaseException as exc:  # the body's failure is the verdict, whatever its type
-        verdict.update(outcome="error", exception=describe_exception(exc))
-    verdict["observations"] = ctx.observations()
-    verdict["duration_s"] = round(time.monotonic() - started, 3)
-    return verdict
+        outcome, exception = "error", describe_exception(exc)
+        if isinstance(exc, MemoryError):
+            ctx.poison("the body ran out of memory (MemoryError); the heap may be fragmented or limits lowered")
+    problems = state.restore() + ctx.poisoned
+    return protocol.Verdict(
+        id=request.id, case=request.case, outcome=outcome, exception=exception,
+        observations=ctx.observations(), duration_s=round(time.monotonic() - started, 3),
+        reusable=not problems, poisoned="; ".join(problems),
+    )
 
 
-def send(channel: TextIO, message: dict[str, Any]) -> None:
-    channel.write(json.dumps(message, default=repr) + "\n")
-    channel.flush()
+def encode_verdict(verdict: protocol.Verdict) -> bytes:
+    """The verdict's bytes; a verdict that cannot be sent as it is becomes an error saying why."""
+    try:
+        data = protocol.encode(verdict)
+    except (TypeError, ValueError):  # CaseContext checks each value as recorded; this is the backstop
+        return _replace_observations(verdict, "HarnessUsageError", _not_json(verdict.observations))
+    if len(data) > protocol.MAX_MESSAGE_BYTES:
+        return _replace_observations(verdict, "ObservationsTooLarge", (
+            f"the verdict is {len(data) / 1e6:.1f} MB, over the harness's limit of "
+            f"{protocol.MAX_MESSAGE_BYTES / 1e6:.0f} MB (harness.protocol.MAX_MESSAGE_BYTES): record less "
+            f"(sizes: {_observation_sizes(verdict.observations)})"))
+    return data
+
+
+def _not_json(observations: dict[str, Any]) -> str:
+    """Which recorded value is not strict JSON (a list recorded early and appended to later)."""
+    for kind, entries in observations.items():
+        for key, value in entries.items():
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                return (f"ctx {kind} {key!r} is not strict JSON ({exc}); record numbers, text, lists and "
+                        f"dicts of them, and write NaN/Infinity as text")
+    return "the observations are not strict JSON"
+
+
+def _observation_sizes(observations: dict[str, Any]) -> str:
+    sizes = []
+    for kind, entries in observations.items():
+        for key, value in entries.items():
+            sizes.append((len(json.dumps(value, default=repr)), f"{kind}[{key!r}]"))
+    return ", ".join(f"{name} {size / 1e6:.1f} MB" for size, name in sorted(sizes, reverse=True)[:5])
+
+
+def _replace_observations(verdict: protocol.Verdict, error_type: str, message: str) -> bytes:
+    replaced = protocol.Verdict(
+        id=verdict.id, case=verdict.case, outcome="error",
+        exception={"type": f"harness.errors.{error_type}", "message": message, "traceback": message + "\n"},
+        observations={"shardings": {}, "hlo": {}, "values": {}}, duration_s=verdict.duration_s,
+        reusable=verdict.reusable, poisoned=verdict.poisoned,
+    )
+    return protocol.encode(replaced)
+
+
+class ResultChannel:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, message: Any) -> None:
+        self.send_bytes(protocol.encode(message))
+
+    def send_bytes(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+
+def serve(channel: ResultChannel) -> None:
+    """Answer requests until stdin ends (the parent closed it) or a body left the process unfit."""
+    for line in sys.stdin.buffer:
+        if not line.strip():
+            continue
+        request = protocol.decode(line.rstrip(b"\n"))
+        if not isinstance(request, protocol.Request):
+            raise protocol.ProtocolError(f"expected a request on stdin, got {request!r}")
+        channel.send(protocol.Started(id=request.id))
+        verdict = run_request(request)
+        channel.send_bytes(encode_verdict(verdict))
+        if not verdict.reusable:
+            return
 
 
 def main() -> int:
+    start_watchdog()
     # A crash or a SIGTERM on timeout writes every thread's Python stack into the log.
     faulthandler.enable(all_threads=True)
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
-    channel = os.fdopen(int(os.environ[protocol.RESULT_FD_ENV]), "w", encoding="utf-8")
+    channel = ResultChannel(int(os.environ[protocol.RESULT_FD_ENV]))
     started = time.monotonic()
     try:
         preloaded = run_preload_hooks()
     except BaseException as exc:
-        send(channel, {"kind": "startup-failed", "exception": describe_exception(exc)})
+        channel.send(protocol.StartupFailed(exception=describe_exception(exc)))
         return 3
-    send(channel, {
-        "kind": "ready",
-        "pid": os.getpid(),
-        "torch_xla": installed_torch_xla_version(),
-        "preloaded": preloaded,
-        "startup_s": round(time.monotonic() - started, 3),
-    })
-    for line in sys.stdin:
-        if line.strip():
-            send(channel, run_request(json.loads(line)))
+    channel.send(protocol.Ready(
+        pid=os.getpid(), torch_xla=installed_torch_xla_version(), preloaded=preloaded,
+        startup_s=round(time.monotonic() - started, 3),
+    ))
+    serve(channel)
     return 0
 
 

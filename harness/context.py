@@ -7,10 +7,12 @@ HLO text, small JSON values. Those travel back to the parent in the verdict.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 from harness import protocol
+from harness.errors import HarnessUsageError
 
 
 class CaseContext:
@@ -21,20 +23,43 @@ class CaseContext:
         self.shardings: dict[str, str] = {}
         self.hlo: dict[str, str] = {}
         self.values: dict[str, Any] = {}
+        self.poisoned: list[str] = []
 
     def record_sharding(self, name: str, spec: str) -> str:
         """Keep the sharding spec text of a named tensor (see harness.xla.spec_of)."""
-        self.shardings[name] = spec
+        self.shardings[name] = _checked_text("record_sharding", name, spec)
         return spec
 
     def record_hlo(self, name: str, text: str) -> str:
-        self.hlo[name] = text
+        self.hlo[name] = _checked_text("record_hlo", name, text)
         return text
 
     def record(self, key: str, value: Any) -> Any:
-        """Keep a small JSON-serialisable value (a loss curve, a count, a flag)."""
+        """Keep a small JSON value (a loss curve, a count, a flag); the same object is returned,
+        so a list recorded first and appended to later travels with what was appended."""
+        _check_json("record", key, value)
         self.values[key] = value
         return value
 
+    def poison(self, reason: str) -> None:
+        """Say that this process must not run another case (the parent discards it afterwards)."""
+        self.poisoned.append(reason)
+
     def observations(self) -> dict[str, Any]:
         return {"shardings": self.shardings, "hlo": self.hlo, "values": self.values}
+
+
+def _checked_text(method: str, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise HarnessUsageError(f"ctx.{method}({key!r}, ...): expected text, got {type(value).__name__}")
+    return value
+
+
+def _check_json(method: str, key: str, value: Any) -> None:
+    """Strict JSON only: a repr or an Infinity would reach the results folder and break readers."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise HarnessUsageError(
+            f"ctx.{method}({key!r}, ...): the value is not strict JSON ({exc}); record numbers, text, "
+            f"lists and dicts of them, and write NaN/Infinity as text (e.g. str(loss))") from None

@@ -43,3 +43,11 @@ class CaseCrashed(CaseError):
 
 class CaseTimedOut(CaseError):
     """The case ran past its timeout; the child's process group was terminated."""
+
+
+class CaseProtocolError(CaseError):
+    """The child answered out of turn: a second verdict, another case's id or undecodable bytes."""
+
+
+class ObservationsTooLarge(HarnessUsageError):
+    """A case recorded more than harness.protocol.MAX_MESSAGE_BYTES of observations."""

@@ -8,8 +8,11 @@ itself never imports torch or torch_xla.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
+import signal
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,19 +21,24 @@ import pytest
 from harness import results
 from harness.backends import BACKEND_NAMES, Backend, make_backend
 from harness.case import SpmdRunner
-from harness.errors import CaseError
-from harness.registry import Judgement, Verdict, get_entry, judge
+from harness.errors import CaseError, RegistryError
+from harness.evidence import headline
+from harness.pool import ChildPool
+from harness.registry import Judgement, KnownBug, Verdict, check_disjoint, get_entry, judge
 from harness.requirements import unmet_needs
-from harness.runner import ChildPool
+from harness.runner import LateFault
 
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
 RUNNER_KEY = pytest.StashKey[SpmdRunner]()
 JUDGEMENT_KEY = pytest.StashKey[Judgement]()
+ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()
+# Evidence kept in a record: the cause leads, so the head is kept (tails are bounded already).
+RECORD_EVIDENCE_LIMIT = 8000
 
 MARKERS = (
     "spmd: an SPMD regression case that runs torch_xla in a child process",
     "needs(backend=None, devices=0, jax=False, multislice=False, xla=True, reason=''): what a case needs from the backend; unmet needs skip with the numbers",
-    "known_bug(entry_id): judge this case against the known-bug registry entry for the child's torch_xla",
+    "known_bug(entry_id): judge this case against a known-bug registry entry; several markers: the entry whose carried_by holds the child's torch_xla judges it",
 )
 
 
@@ -43,8 +51,8 @@ def _positive_int(text: str) -> int:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if value <= 0:
-        raise ValueError(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{text} is not a positive, finite number of seconds")
     return value
 
 
@@ -67,11 +75,37 @@ class HarnessSession:
     def __init__(self, config: pytest.Config) -> None:
         self.backend: Backend = make_backend(config.getoption("backend"), config.getoption("devices"))
         self.case_timeout: float = config.getoption("case_timeout")
-        self.results_dir = Path(config.getoption("results_dir")).resolve()
+        self.results_dir = _usable_results_dir(Path(config.getoption("results_dir")))
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         # Under xdist every core already runs a worker: spare children would only compete.
         self.pool = ChildPool(self.results_dir / "logs" / self.worker, startup_timeout=self.case_timeout,
                               exclusive=self.backend.exclusive_device, spares=self.worker == "main")
+        self.late_faults: list[LateFault] = []
+
+    def charge_late_fault(self, fault: LateFault) -> None:
+        """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""
+        self.late_faults.append(fault)
+        results.write_amendment(self.results_dir, fault.case, _bounded(fault.evidence), self.worker)
+
+
+def _usable_results_dir(path: Path) -> Path:
+    """The results folder, created and known writable before any case runs (else a usage error)."""
+    path = path.resolve()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"--results-dir={path} cannot be used ({exc.strerror or exc}); point it at a writable folder") from None
+    return path
+
+
+def _bounded(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit} more characters in the child log ...]"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -81,6 +115,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     if session.worker == "main" and not hasattr(config, "workerinput"):
         _clear_previous_results(session.results_dir)
+    _stop_on_sigterm(config)
+
+
+def _stop_on_sigterm(config: pytest.Config) -> None:
+    """SIGTERM ends the run like Ctrl-C: children are ended, finished cases keep their records and JUnit."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # someone else (xdist, a wrapper) handles it
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"pytest received {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
 
 
 def _clear_previous_results(results_dir: Path) -> None:
@@ -96,6 +145,50 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.pool.close()
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse unknown or overlapping known_bug entries before any case runs (exit 4, usage error)."""
+    problems = []
+    for item in items:
+        try:
+            item.stash[ENTRIES_KEY] = _entries_of(item)
+        except RegistryError as exc:
+            problems.append(f"{item.nodeid}: {exc}")
+    if problems:
+        raise pytest.UsageError("known-bug registry:\n  " + "\n  ".join(dict.fromkeys(problems)))
+
+
+def _entries_of(item: pytest.Item) -> list[KnownBug]:
+    ids = []
+    for marker in item.iter_markers("known_bug"):
+        if len(marker.args) != 1 or not isinstance(marker.args[0], str):
+            raise RegistryError(f"known_bug takes one entry id, got {marker.args!r}")
+        if marker.args[0] not in ids:
+            ids.append(marker.args[0])
+    entries = [get_entry(entry_id) for entry_id in ids]
+    check_disjoint(entries)
+    return entries
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    harness = session.config.stash.get(SESSION_KEY, None)
+    if harness is None:
+        return
+    for fault in harness.pool.idle_deaths():
+        harness.charge_late_fault(fault)
+    if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    harness = config.stash.get(SESSION_KEY, None)
+    if harness is None or not harness.late_faults:
+        return
+    terminalreporter.section("faults after a case's verdict (charged to that case)", red=True)
+    for fault in harness.late_faults:
+        terminalreporter.line(f"FAULT {fault.case}: {headline(fault.evidence)}", red=True)
+        terminalreporter.line(fault.log_tail)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -136,7 +229,8 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
     """Runs case bodies in child processes; see harness.case.SpmdRunner.run."""
     harness = request.config.stash[SESSION_KEY]
     journal = harness.results_dir / f"requests-{harness.worker}.jsonl"
-    runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, request.node.nodeid, journal)
+    runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, request.node.nodeid, journal,
+                        late_faults=harness.charge_late_fault)
     request.node.stash[RUNNER_KEY] = runner
     yield runner
 
@@ -167,13 +261,12 @@ def _evidence(call: pytest.CallInfo[None]) -> str | None:
 
 
 def _apply_registry(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
-    marker = item.get_closest_marker("known_bug")
-    if marker is None or report.skipped:
+    entries = item.stash.get(ENTRIES_KEY, None)
+    if not entries or report.skipped:
         return
-    entry = get_entry(marker.args[0])
-    judgement = judge(entry, _child_version(item), _evidence(call))
+    judgement = judge(entries, _child_version(item), _evidence(call))
     item.stash[JUDGEMENT_KEY] = judgement
-    item.user_properties.append(("known_bug", entry.id))
+    item.user_properties.append(("known_bug", judgement.entry or entries[0].id))
     item.user_properties.append(("registry_verdict", judgement.verdict.value))
     if judgement.verdict is Verdict.REPRODUCED:
         report.outcome = "skipped"
@@ -195,16 +288,19 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
     harness = item.config.stash[SESSION_KEY]
     runner = item.stash.get(RUNNER_KEY, None)
     judgement = item.stash.get(JUDGEMENT_KEY, None)
-    marker = item.get_closest_marker("known_bug")
+    entries = item.stash.get(ENTRIES_KEY, None) or []
     shardings: dict[str, str] = {}
     for result in runner.results if runner else []:
         shardings.update(result.shardings)
         _keep_hlo(harness.results_dir, item.nodeid, result.hlo)
-    evidence = _evidence(call) or ""
     record = results.CaseRecord(
         nodeid=item.nodeid, family=results.family_of(item.nodeid), outcome=_outcome_of(report),
-        reason=_reason(report, judgement), known_bug=marker.args[0] if marker else None,
-        evidence=evidence[-2000:], torch_xla=_child_version(item), backend=harness.backend.name,
+        reason=_reason(report, judgement),
+        known_bug=(judgement.entry if judgement and judgement.entry else entries[0].id if entries else None),
+        known_bugs=[e.id for e in entries],
+        registry_verdict=judgement.verdict.value if judgement else None,
+        signature=judgement.signature if judgement else None,
+        evidence=_bounded(_evidence(call) or ""), torch_xla=_child_version(item), backend=harness.backend.name,
         devices=harness.backend.capabilities().devices, duration_s=round(report.duration, 3),
         shardings=shardings,
     )
@@ -217,7 +313,8 @@ def _reason(report: pytest.TestReport, judgement: Judgement | None) -> str:
     if report.skipped and isinstance(report.longrepr, tuple):
         return str(report.longrepr[2]).removeprefix("Skipped: ")
     if report.failed and report.longrepr is not None:
-        return str(getattr(report.longrepr, "reprcrash", None) and report.longrepr.reprcrash.message or "")[:500]
+        crash = getattr(report.longrepr, "reprcrash", None)
+        return headline(crash.message if crash else str(report.longrepr), 500)
     return ""
 
 

@@ -1,25 +1,43 @@
 """The wire format between the parent (pytest) and a child process.
 
-Requests go to the child's stdin, one JSON object per line. Answers come back on a dedicated
-pipe (file descriptor number in HARNESS_RESULT_FD), never on stdout: torch_xla, XLA and JAX
-print to stdout/stderr freely, and those go to the child's log file untouched.
+Requests go to the child's stdin, answers come back on a dedicated pipe (file descriptor number
+in HARNESS_RESULT_FD), never on stdout: torch_xla, XLA and JAX print freely, and that goes to the
+child's log untouched. Every message is one line of strict JSON (no NaN/Infinity).
 
-Messages from the child:
-    {"kind": "ready", "pid": ..., "torch_xla": "2.9.0" | null, "preloaded": [...], "startup_s": ...}
-    {"kind": "verdict", "case": "...", "outcome": "ok" | "error", "exception": {...} | null,
-     "observations": {...}, "duration_s": ...}
+    parent -> child   {"kind": "request", "id": 7, "case": "...", "body": {...}, "kwargs": {...}}
+    child  -> parent  {"kind": "ready", "pid": ..., "torch_xla": "2.9.0" | null, ...}     once, at start
+                      {"kind": "startup-failed", "exception": {...}}                        instead of ready
+                      {"kind": "started", "id": 7}                                        request 7 read
+                      {"kind": "verdict", "id": 7, "outcome": "ok" | "error", ...}          request 7 done
+
+The ids let the parent check that every answer belongs to the case in flight: a second verdict,
+a verdict with another id or bytes that do not decode are a protocol failure of that case. The
+"started" acknowledgement draws the line between two cases run by one child: a child that dies
+after verdict 7 but before it acknowledged request 8 died of case 7, not of case 8.
+
+A message is at most MAX_MESSAGE_BYTES long; the child refuses to send larger observations with
+an error that says so, and the parent treats a longer line as a protocol failure.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import json
+from typing import Any, ClassVar
 
 RESULT_FD_ENV = "HARNESS_RESULT_FD"
+LIFELINE_FD_ENV = "HARNESS_LIFELINE_FD"  # read end of a pipe only the parent can write: EOF = parent gone
 PRELOAD_ENV = "HARNESS_PRELOAD"  # comma-separated "module:function" set-up hooks run at start
 BACKEND_ENV = "HARNESS_BACKEND"
 DEVICES_ENV = "HARNESS_DEVICES"
 FAKE_VERSION_ENV = "HARNESS_FAKE_TORCH_XLA"  # the torch_xla version a fake-backend child claims
+
+# 128 MiB: room for the HLO of a large model; past it, record less (a graph's excerpt, not all).
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+
+
+class ProtocolError(Exception):
+    """A line on the result pipe that is not a valid message."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,3 +66,120 @@ class ChildException:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "ChildException | None":
         return cls(**data) if data else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    kind: ClassVar[str] = "request"
+    id: int
+    case: str
+    body: dict[str, str]
+    kwargs: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    kind: ClassVar[str] = "ready"
+    pid: int
+    torch_xla: str | None
+    preloaded: list[str]
+    startup_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StartupFailed:
+    kind: ClassVar[str] = "startup-failed"
+    exception: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    kind: ClassVar[str] = "started"
+    id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    kind: ClassVar[str] = "verdict"
+    id: int
+    case: str
+    outcome: str  # "ok" | "error"
+    exception: dict[str, str] | None
+    observations: dict[str, Any]
+    duration_s: float
+    # False when the body left the process in a state the next case must not inherit (a lowered
+    # hard resource limit, a MemoryError, closed stdio, changed signal handlers): the parent then
+    # discards the child. `poisoned` says why.
+    reusable: bool = True
+    poisoned: str = ""
+
+
+MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Request, Ready, StartupFailed, Started, Verdict)}
+
+
+def encode(message: Any) -> bytes:
+    """One line of strict JSON; ValueError for NaN/Infinity, TypeError for non-JSON values."""
+    data = {"kind": message.kind, **dataclasses.asdict(message)}
+    return (json.dumps(data, allow_nan=False) + "\n").encode("utf-8")
+
+
+def decode(line: bytes) -> Any:
+    """The message a line holds; ProtocolError naming what is wrong with it otherwise."""
+    try:
+        data = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"undecodable line ({exc}): {_preview(line)}") from None
+    if not isinstance(data, dict) or data.get("kind") not in MESSAGE_TYPES:
+        raise ProtocolError(f"not a harness message: {_preview(line)}")
+    cls = MESSAGE_TYPES[data.pop("kind")]
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ProtocolError(f"malformed {cls.kind} message ({exc}): {_preview(line)}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _preview(line: bytes, limit: int = 200) -> str:
+    text = repr(bytes(line[:limit]))
+    return text + (f" ... ({len(line)} bytes)" if len(line) > limit else "")
+
+
+class LineBuffer:
+    """Splits a byte stream into lines in linear time, refusing lines over `max_bytes`.
+
+    Only the bytes added since the last search are scanned for a newline, and consumed lines are
+    dropped from the front in one step, so an 80 MB message costs one pass, not one per chunk.
+    """
+
+    def __init__(self, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._data = bytearray()
+        self._start = 0  # first unconsumed byte
+        self._scanned = 0  # bytes from _start already known to hold no newline
+
+    def feed(self, chunk: bytes) -> None:
+        if self._start and self._start > len(self._data) // 2:
+            del self._data[: self._start]
+            self._start = 0
+        self._data += chunk
+
+    def pending(self) -> int:
+        return len(self._data) - self._start
+
+    def next_line(self) -> bytes | None:
+        """The next complete line (without its newline), or None; ProtocolError when too long."""
+        at = self._data.find(b"\n", self._start + self._scanned)
+        if at < 0:
+            self._scanned = len(self._data) - self._start
+            if self._scanned > self.max_bytes:
+                raise ProtocolError(f"a message longer than the {self.max_bytes} byte limit")
+            return None
+        line = bytes(self._data[self._start:at])
+        self._start = at + 1
+        self._scanned = 0
+        if len(line) > self.max_bytes:
+            raise ProtocolError(f"a message of {len(line)} bytes, over the {self.max_bytes} byte limit")
+        return line

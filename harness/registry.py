@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import re
 import sys
 from functools import lru_cache
 from pathlib import Path
+from typing import Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import RegistryError
+from harness.evidence import headline
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,7 +36,13 @@ class KnownBug:
     signatures: tuple[re.Pattern[str], ...]
 
     def carried_by_release(self, version: str) -> bool:
-        return self.carried_by.contains(parse_version(version), prereleases=True)
+        """Whether `version` carries the bug. Nightlies (2.9.0.dev20250601) are placed by their date.
+
+        A development build of pytorch/xla's CI (2.9.0+git1a2b3c4, or any local label such as +cpu)
+        is judged as its public version, the release its branch becomes: `carried_by` windows are
+        written in releases and nightly dates, and a commit hash has no date to place it by.
+        """
+        return self.carried_by.contains(Version(parse_version(version).public), prereleases=True)
 
     def matching_signature(self, evidence: str) -> str | None:
         for pattern in self.signatures:
@@ -80,8 +89,41 @@ def load_registry(path: Path = REGISTRY_PATH) -> dict[str, KnownBug]:
 def get_entry(entry_id: str, path: Path = REGISTRY_PATH) -> KnownBug:
     registry = load_registry(path)
     if entry_id not in registry:
-        raise RegistryError(f"no known-bug entry {entry_id!r} in {path}; known: {', '.join(sorted(registry))}")
+        close = difflib.get_close_matches(entry_id, registry, n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise RegistryError(f"no known-bug entry {entry_id!r} in {path}; {hint}known: {', '.join(sorted(registry))}")
     return registry[entry_id]
+
+
+# Releases every entry set is checked at, on top of the entries' own boundary versions.
+SUPPORTED_RELEASES = ("2.4.0", "2.4.1", "2.5.0", "2.5.1", "2.6.0", "2.6.1", "2.7.0", "2.8.0", "2.8.1", "2.9.0")
+
+
+def check_disjoint(entries: Sequence[KnownBug]) -> None:
+    """Entries named by one case must not claim the same release: which one would judge it?
+
+    Windows are compared at every boundary version of their specifiers and at every supported
+    release: two PEP 440 windows that overlap always share one of those points.
+    """
+    if len(entries) < 2:
+        return
+    probes = set(SUPPORTED_RELEASES)
+    for entry in entries:
+        probes.update(spec.version for spec in entry.carried_by)
+    for probe in sorted(probes, key=parse_version):
+        claimants = [e.id for e in entries if e.carried_by_release(probe)]
+        if len(claimants) > 1:
+            raise RegistryError(
+                f"entries {' and '.join(claimants)} both claim torch_xla {probe}; one case can be judged "
+                f"against only one entry per release. Make their carried_by windows disjoint in {REGISTRY_PATH.name}.")
+
+
+def entry_for_release(entries: Sequence[KnownBug], version: str) -> KnownBug | None:
+    """The entry whose carried_by holds `version`, if any."""
+    for entry in entries:
+        if entry.carried_by_release(version):
+            return entry
+    return None
 
 
 class Verdict(enum.Enum):
@@ -98,29 +140,50 @@ class Judgement:
     verdict: Verdict
     message: str
     signature: str | None = None
+    entry: str | None = None  # the entry the case was judged against
 
 
-def judge(entry: KnownBug, version: str | None, evidence: str | None) -> Judgement:
-    """evidence is None when the case passed, else the failure text to match signatures in."""
+def judge(entries: KnownBug | Sequence[KnownBug], version: str | None, evidence: str | None) -> Judgement:
+    """Judge a case that names `entries` on `version`; evidence is None when the case passed.
+
+    The entry whose carried_by holds the release decides. Where none does, the case must pass,
+    and a failure with one of the entries' signatures is a regression of that entry.
+    """
+    entries = [entries] if isinstance(entries, KnownBug) else list(entries)
     if version is None:
-        return Judgement(Verdict.UNJUDGED, f"no torch_xla version known; registry entry {entry.id} not applied")
-    carried = entry.carried_by_release(version)
+        names = ", ".join(e.id for e in entries)
+        return Judgement(Verdict.UNJUDGED, f"no torch_xla version known; registry entry {names} not applied")
     where = f"torch_xla {version}"
+    carrier = entry_for_release(entries, version)
+    if carrier is not None:
+        return _judge_carried(carrier, where, evidence)
+    names = ", ".join(e.id for e in entries)
     if evidence is None:
-        if carried:
-            return Judgement(Verdict.UNEXPECTED_PASS, (
-                f"known bug {entry.id} ({entry.upstream_issue}) did not reproduce on {where}, which the "
-                f"registry says carries it (carried_by {entry.carried_by}). If it was fixed, update "
-                f"carried_by in harness/known_bugs.toml; if not, the case no longer detects it."))
-        return Judgement(Verdict.PASSED, f"{where} is outside {entry.id}'s carried_by ({entry.carried_by})")
+        windows = "; ".join(f"{e.id}: {e.carried_by}" for e in entries)
+        return Judgement(Verdict.PASSED, f"{where} is outside the carried_by of {windows}", entry=entries[0].id)
+    cause = headline(evidence)
+    for entry in entries:
+        signature = entry.matching_signature(evidence)
+        if signature:
+            return Judgement(Verdict.REGRESSED, (
+                f"REGRESSION? {where} fails with the signature of known bug {entry.id} ({signature!r}), "
+                f"which the registry says is fixed there ({entry.fix}): {cause}"), signature, entry.id)
+    return Judgement(Verdict.FAILED, f"failed on {where}; not the signature of {names}: {cause}", entry=entries[0].id)
+
+
+def _judge_carried(entry: KnownBug, where: str, evidence: str | None) -> Judgement:
+    if evidence is None:
+        return Judgement(Verdict.UNEXPECTED_PASS, (
+            f"known bug {entry.id} ({entry.upstream_issue}) did not reproduce on {where}, which the "
+            f"registry says carries it (carried_by {entry.carried_by}). If it was fixed, update "
+            f"carried_by in harness/known_bugs.toml; if not, the case no longer detects it."), entry=entry.id)
     signature = entry.matching_signature(evidence)
-    if carried and signature:
-        return Judgement(Verdict.REPRODUCED, f"known bug {entry.id} ({entry.upstream_issue}) on {where}: matched {signature!r}", signature)
+    cause = headline(evidence)
     if signature:
-        return Judgement(Verdict.REGRESSED, (
-            f"REGRESSION? {where} fails with the signature of known bug {entry.id} ({signature!r}), "
-            f"which the registry says is fixed there ({entry.fix})."), signature)
+        return Judgement(Verdict.REPRODUCED, f"known bug {entry.id} ({entry.upstream_issue}) on {where}: {cause} "
+                         f"(matched {signature!r})", signature, entry.id)
     expected = " | ".join(p.pattern for p in entry.signatures)
-    if carried:
-        return Judgement(Verdict.FAILED, f"{where} carries {entry.id}, but this failure matches none of its signatures ({expected}): a new failure")
-    return Judgement(Verdict.FAILED, f"failed on {where}; not the signature of {entry.id}")
+    return Judgement(Verdict.FAILED, (
+        f"{where} carries {entry.id}, but this failure matches none of its signatures ({expected}): "
+        f"a new failure: {cause}"), entry=entry.id)
+

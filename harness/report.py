@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from harness.results import VERDICTS_GLOB, CaseRecord
+from harness.results import VERDICTS_GLOB, CaseRecord, read_records
 
 # Long log tails would make the summary table unreadable; the full text is in the uploaded JSON.
 EVIDENCE_LIMIT = 400
@@ -64,19 +64,11 @@ def is_failure(record: CaseRecord) -> bool:
 def load_results(results_dir: Path) -> Results:
     """Read every verdicts file under results_dir, including per-host subfolders of a GKE run.
 
-    Unlike harness.results.read_records, a damaged line is counted instead of raised: the
-    summary of a run whose worker died mid-write is exactly the one people need to see.
+    A damaged line is counted instead of raised: the summary of a run whose worker died
+    mid-write is exactly the one people need to see.
     """
     results = Results(records=[])
-    for path in sorted(Path(results_dir).rglob(VERDICTS_GLOB)):
-        with path.open(encoding="utf-8") as fh:
-            for number, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    results.records.append(CaseRecord.from_dict(json.loads(line)))
-                except (ValueError, TypeError):
-                    results.unreadable.append(f"{path.relative_to(results_dir)}:{number}")
+    results.records = list(read_records(Path(results_dir), results.unreadable, recursive=True))
     return results
 
 

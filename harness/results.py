@@ -31,7 +31,14 @@ class CaseRecord:
     outcome: str  # "passed" | "failed" | "xfailed" | "skipped"
     reason: str = ""  # one line: why it failed / was skipped / which known bug it reproduced
     known_bug: str | None = None  # registry entry id the case was judged against, if any
-    evidence: str = ""  # the exception line, signal or log tail that decided the verdict
+    # The registry's judgement (harness.registry.Verdict): reproduced / passed / unexpected-pass /
+    # regressed / failed / unjudged; None for a case that names no entry. Readers use this
+    # instead of judging again.
+    registry_verdict: str | None = None
+    signature: str | None = None  # the registry signature the evidence matched
+    known_bugs: list[str] = dataclasses.field(default_factory=list)  # every entry the case names
+    # Cause first: "SIGABRT: F... Check failed: has_sharding()" or "TypeError: ...", then a bounded log tail.
+    evidence: str = ""
     torch_xla: str | None = None  # torch_xla version the child ran (None if no child ran)
     backend: str = ""
     devices: int | None = None
@@ -42,8 +49,12 @@ class CaseRecord:
     slice_id: int | None = None
     host_id: int | None = None
 
+    # Set when the case's child died or misbehaved after the verdict (before the next case
+    # started): the evidence of that fault. The outcome is then "failed".
+    late_fault: str = ""
+
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, allow_nan=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CaseRecord":
@@ -58,20 +69,58 @@ def family_of(nodeid: str) -> str:
 
 
 def write_record(results_dir: Path, record: CaseRecord, worker: str = "main") -> None:
-    results_dir.mkdir(parents=True, exist_ok=True)
-    path = results_dir / f"verdicts-{worker}.jsonl"
+    _append(results_dir / f"verdicts-{worker}.jsonl", record.to_json())
+
+
+def _append(path: Path, line: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as fh:
-        fh.write(record.to_json() + "\n")
+        fh.write(line + "\n")
         fh.flush()
         os.fsync(fh.fileno())  # a later crash of this process must not lose the verdict
 
 
-def read_records(results_dir: Path) -> Iterator[CaseRecord]:
-    for path in sorted(Path(results_dir).glob(VERDICTS_GLOB)):
+def write_amendment(results_dir: Path, nodeid: str, late_fault: str, worker: str = "main") -> None:
+    """Charge a fault found after a case's verdict to that case; read_records folds it in."""
+    _append(results_dir / f"verdicts-{worker}.jsonl", json.dumps({"amends": nodeid, "late_fault": late_fault}))
+
+
+def read_records(results_dir: Path, unreadable: list[str] | None = None, recursive: bool = False) -> Iterator[CaseRecord]:
+    """Every case's record, with later amendments (late faults) folded into it.
+
+    unreadable: when given, a damaged line (cut by a crash mid-write) is listed there as
+    "verdicts-gw1.jsonl:7" instead of raised. recursive: also read per-host subfolders (GKE).
+    """
+    root = Path(results_dir)
+    paths = root.rglob(VERDICTS_GLOB) if recursive else root.glob(VERDICTS_GLOB)
+    for path in sorted(paths):
+        records: dict[str, CaseRecord] = {}
         with path.open(encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    yield CaseRecord.from_dict(json.loads(line))
+            for number, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    data = json.loads(line)
+                    if "amends" in data:
+                        apply_amendment(records, data)
+                    else:
+                        record = CaseRecord.from_dict(data)
+                        records[record.nodeid] = record
+                except (ValueError, TypeError, KeyError, AttributeError):
+                    if unreadable is None:
+                        raise
+                    unreadable.append(f"{path.relative_to(root)}:{number}")
+        yield from records.values()
+
+
+def apply_amendment(records: dict[str, CaseRecord], data: dict[str, Any]) -> None:
+    record = records.get(data["amends"])
+    if record is None:
+        return  # the case's own record was lost (a run killed mid-write): nothing to amend
+    record.late_fault = data["late_fault"]
+    if record.outcome in ("passed", "xfailed"):
+        record.reason = f"its child failed after the verdict ({record.outcome} before that): {data['late_fault'].splitlines()[0]}"
+        record.outcome = "failed"
 
 
 def safe_filename(nodeid: str) -> str:

@@ -1,31 +1,37 @@
-"""Parent side of the child processes: start, talk to, time out and reap them.
+"""The parent's handle on one child process: start it, send it a case, read its answers, end it.
 
-One `ChildProcess` is one `python -m harness.child` in its own process group, with an explicit
-environment, its stdout/stderr in its own log file, and answers on a private pipe. A
-`ChildPool` keeps warm children keyed by their `ChildSpec` (environment + set-up hooks), because
-`import torch_xla` costs seconds and SPMD mode, functionalization and the device count are fixed
-once per process. A crash or a timeout is always charged to the case in flight, and that child
-is never reused.
+One `ChildProcess` is one `python -m harness.child` in a session of its own (harness.processes),
+with an explicit environment, its stdout/stderr in its own log file, answers on a private pipe
+(harness.protocol) and a lifeline pipe whose only write end the parent holds: when the parent
+goes, even by SIGKILL, the child's watchdog kills the child's whole process group.
+
+Who is charged with what:
+  * the child dies, times out or answers out of turn between "started" and its verdict: the case
+    in flight (CaseCrashed / CaseTimedOut / CaseProtocolError);
+  * the child dies or says anything after a verdict and before it acknowledged the next request:
+    the case that just ran (`LateFault`), and the next case is run in a new child.
+A death is seen from the child's own exit (pidfd), so a descendant that keeps the result pipe
+open (a forked copy of the body, a gloo rank) cannot turn a crash into a timeout.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from harness import protocol
-from harness.errors import CaseCrashed, CaseTimedOut, ChildStartError
+from harness import evidence, processes, protocol
+from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError
 
-LOG_TAIL_LINES = 40
-TERMINATE_GRACE_S = 5.0
+# A child acknowledges a request as soon as it reads it; one that does not within this time is
+# stuck in what its previous case left running.
+ACK_TIMEOUT_S = 30.0
+READ_CHUNK = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,203 +51,295 @@ class ChildSpec:
         return " ".join(f"{k}={v}" for k, v in sorted(interesting.items()))
 
 
-def signal_name(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return signal.Signals(-returncode).name
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
+class LateFault(Exception):
+    """The child misbehaved after the verdict of `case` and before acknowledging the next request."""
+
+    def __init__(self, case: str, evidence: str, log_tail: str) -> None:
+        super().__init__(f"case {case}: {evidence.splitlines()[0]}")
+        self.case = case
+        self.evidence = evidence
+        self.log_tail = log_tail
 
 
-def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
-    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+class _Exited:
+    """Sentinel: the child process has exited and every byte it sent has been read."""
 
 
-class _LineReader:
-    """Reads newline-terminated JSON messages from a pipe with a deadline."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buffer = b""
-
-    def read(self, deadline: float) -> dict[str, Any] | None:
-        """The next message; None on EOF (the child died); TimeoutError past the deadline."""
-        while b"\n" not in self.buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            ready, _, _ = select.select([self.fd], [], [], min(remaining, 1.0))
-            if not ready:
-                continue
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return json.loads(line)
+EXITED = _Exited()
 
 
 class ChildProcess:
     def __init__(self, spec: ChildSpec, log_dir: Path) -> None:
         self.spec = spec
         log_dir.mkdir(parents=True, exist_ok=True)
-        read_fd, write_fd = os.pipe()
+        result_read, result_write = os.pipe()
+        lifeline_read, self.lifeline = os.pipe()
         env = dict(spec.env)
-        env[protocol.RESULT_FD_ENV] = str(write_fd)
+        env[protocol.RESULT_FD_ENV] = str(result_write)
+        env[protocol.LIFELINE_FD_ENV] = str(lifeline_read)
         env[protocol.PRELOAD_ENV] = ",".join(spec.preload)
         self.log_path = log_dir / f"child-{time.time_ns()}.log"
         with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [spec.python, "-u", "-m", "harness.child"],
-                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                env=env, pass_fds=(write_fd,), start_new_session=True,
-            )
-        os.close(write_fd)  # so that the child's death reads as EOF here
-        self.reader = _LineReader(read_fd)
-        self.ready: dict[str, Any] | None = None
+            self.proc = processes.start_in_session(
+                [spec.python, "-u", "-m", "harness.child"], env=env, stdout=log,
+                stdin=subprocess.PIPE, pass_fds=(result_write, lifeline_read))
+        os.close(result_write)
+        os.close(lifeline_read)
+        self.result_fd = result_read
+        self.pidfd = _pidfd_open(self.proc.pid)
+        self.buffer = protocol.LineBuffer()
+        self.pipe_closed = False
+        self.ready: protocol.Ready | None = None
+        self.next_id = 1
+        self.last_case: str | None = None  # the case of the last verdict: owner of a late fault
+        self.last_offset = 0  # where that case's part of the log starts
         self.cases_run = 0
+        self.ended = False
+        self.timeout_s = 0.0
 
     @property
     def torch_xla(self) -> str | None:
-        return (self.ready or {}).get("torch_xla")
+        return self.ready.torch_xla if self.ready else None
 
-    def log_text(self, since: int = 0) -> str:
-        with self.log_path.open("rb") as fh:
-            fh.seek(since)
-            return fh.read().decode("utf-8", "replace")
+    def is_alive(self) -> bool:
+        return self.proc.poll() is None
 
     def log_size(self) -> int:
-        return self.log_path.stat().st_size
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    # ---------------------------------------------------------------- reading the result pipe
+
+    def _next_message(self, deadline: float) -> Any:
+        """The next message, EXITED, or TimeoutError; protocol.ProtocolError for a bad line."""
+        while True:
+            line = self.buffer.next_line()
+            if line is not None:
+                return protocol.decode(line)
+            if self.proc.poll() is not None:
+                if not self._drain():  # everything the child wrote is in; nothing more will come
+                    return EXITED
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            self._wait_readable(min(remaining, 1.0))
+
+    def _wait_readable(self, timeout: float) -> None:
+        watched = [] if self.pipe_closed else [self.result_fd]
+        if self.pidfd is not None:
+            watched.append(self.pidfd)
+        else:
+            timeout = min(timeout, 0.05)  # no pidfd (not Linux): poll for the exit
+        ready, _, _ = select.select(watched, [], [], timeout) if watched else ([], [], time.sleep(timeout))
+        if self.result_fd in ready:
+            self._read_chunk()
+
+    def _read_chunk(self) -> bool:
+        chunk = os.read(self.result_fd, READ_CHUNK)
+        if not chunk:
+            self.pipe_closed = True  # every writer closed it; the child's exit is next
+            return False
+        self.buffer.feed(chunk)
+        return True
+
+    def _drain(self) -> bool:
+        """Read whatever is already in the pipe without waiting; True if anything came."""
+        got = False
+        while not self.pipe_closed and select.select([self.result_fd], [], [], 0)[0]:
+            got = self._read_chunk() or got
+        return got
+
+    def _exit_description(self) -> str:
+        code = processes.wait_for_exit(self.proc, 5.0)
+        return processes.describe_exit(code)
+
+    # ---------------------------------------------------------------- start-up
 
     def wait_ready(self, timeout: float) -> None:
         if self.ready is not None:
             return
         try:
-            message = self.reader.read(time.monotonic() + timeout)
+            message = self._next_message(time.monotonic() + timeout)
         except TimeoutError:
-            self.kill()
+            self.end(grace_s=processes.TERMINATE_GRACE_S)
             raise ChildStartError(
                 f"child ({self.spec.describe()}) was not ready after {timeout:.0f}s; "
-                f"raise --case-timeout if start-up is slow here.\n--- log tail ---\n{tail(self.log_text())}"
-            ) from None
-        if message is None or message.get("kind") != "ready":
-            how = signal_name(self.proc.wait()) if message is None else "its set-up raised"
-            detail = "" if message is None else message["exception"]["traceback"]
-            raise ChildStartError(
-                f"child ({self.spec.describe()}) died before it was ready ({how}).\n"
-                f"{detail}--- log tail ---\n{tail(self.log_text())}"
-            )
-        self.ready = message
+                f"raise --case-timeout if start-up is slow here.\n--- log tail ---\n"
+                f"{evidence.log_tail(self.log_path)}") from None
+        except protocol.ProtocolError as exc:
+            self.end()
+            raise ChildStartError(f"child ({self.spec.describe()}) sent {exc} instead of 'ready'.\n"
+                                  f"--- log tail ---\n{evidence.log_tail(self.log_path)}") from None
+        if isinstance(message, protocol.Ready):
+            self.ready = message
+            return
+        if isinstance(message, protocol.StartupFailed):
+            how, detail = "its set-up raised", message.exception["traceback"]
+        elif message is EXITED:
+            how, detail = self._exit_description(), ""
+        else:
+            how, detail = f"it sent {message.kind} instead of ready", ""
+        self.end()
+        cause, _ = evidence.crash_evidence(how, self.log_path)
+        raise ChildStartError(f"child ({self.spec.describe()}) failed before it was ready: {cause}\n{detail}")
 
-    def is_alive(self) -> bool:
-        return self.proc.poll() is None
+    # ---------------------------------------------------------------- one case
 
-    def run(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """Send one request; the verdict, or CaseCrashed/CaseTimedOut (the child is then gone)."""
+    def begin(self, case: str, body: dict[str, str], kwargs: dict[str, Any], deadline: float) -> tuple[int, int]:
+        """Send the request and wait for its acknowledgement; (request id, log offset of the case).
+
+        Raises LateFault when what went wrong belongs to the previous case, else a CaseError.
+        """
+        self.timeout_s = max(0.0, deadline - time.monotonic())
+        request = protocol.Request(id=self.next_id, case=case, body=body, kwargs=kwargs)
+        self.next_id += 1
         offset = self.log_size()
-        assert self.proc.stdin is not None
+        previous = self.last_case
+        self._drain()
+        if self.buffer.pending() and previous:  # it spoke after its verdict, before being asked
+            raise self._late_fault(previous, "protocol failure: the child answered again after its verdict")
         try:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(protocol.encode(request))
             self.proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # the child died; the read below sees EOF and reports it
-        self.cases_run += 1
+        except (BrokenPipeError, ValueError, OSError):
+            pass  # the child is gone or closed stdin: the read below tells which
         try:
-            message = self.reader.read(time.monotonic() + timeout)
+            message = self._next_message(min(deadline, time.monotonic() + ACK_TIMEOUT_S) if previous else deadline)
         except TimeoutError:
-            self.kill()
-            log = tail(self.log_text(offset))
-            raise CaseTimedOut(
-                f"case {request['case']} timed out after {timeout:.0f}s; the child's process group "
-                f"got SIGTERM, then SIGKILL.\n--- child log (this case) ---\n{log}",
-                evidence=f"timeout after {timeout:.0f}s\n{log}", log_tail=log,
-            ) from None
-        if message is None:
-            how = signal_name(self.proc.wait())
-            log = tail(self.log_text(offset))
-            raise CaseCrashed(
-                f"child died with {how} while running case {request['case']}.\n"
-                f"--- child log (this case) ---\n{log}",
-                evidence=f"{how}\n{log}", log_tail=log,
-            )
-        message["log_tail"] = tail(self.log_text(offset))
+            if previous:
+                raise self._late_fault(previous, f"the child did not acknowledge the next request within "
+                                       f"{ACK_TIMEOUT_S:.0f}s (stuck in what this case left running)") from None
+            raise self._timed_out(case, deadline, offset) from None
+        except protocol.ProtocolError as exc:
+            if previous:
+                raise self._late_fault(previous, f"protocol failure: the child sent {exc} after its verdict") from None
+            raise self._protocol_failure(case, str(exc), offset) from None
+        if isinstance(message, protocol.Started) and message.id == request.id:
+            self.cases_run += 1
+            return request.id, offset
+        if message is EXITED:
+            how = self._exit_description()
+            if previous:
+                raise self._late_fault(previous, f"{how} after the verdict of this case, before the next case started")
+            raise self._crashed(case, how, offset)
+        what = f"sent {_describe(message)} when request {request.id} was due to be acknowledged"
+        if previous:
+            raise self._late_fault(previous, f"protocol failure: the child {what}")
+        raise self._protocol_failure(case, what, offset)
+
+    def finish(self, case: str, request_id: int, deadline: float, offset: int) -> protocol.Verdict:
+        """Wait for the verdict of the request in flight; a CaseError for anything else."""
+        try:
+            message = self._next_message(deadline)
+        except TimeoutError:
+            raise self._timed_out(case, deadline, offset) from None
+        except protocol.ProtocolError as exc:
+            raise self._protocol_failure(case, str(exc), offset) from None
+        if message is EXITED:
+            raise self._crashed(case, self._exit_description(), offset)
+        if not (isinstance(message, protocol.Verdict) and message.id == request_id):
+            raise self._protocol_failure(case, f"sent {_describe(message)} instead of verdict {request_id}", offset)
+        self._drain()
+        if self.buffer.pending():
+            raise self._protocol_failure(case, "sent more after its verdict (a second answer, or a forked "
+                                         "copy of the child answering)", offset)
+        code = self.proc.poll()
+        if code not in (None, 0):
+            raise self._crashed(case, f"{processes.describe_exit(code)} right after its verdict", offset)
+        self.last_case, self.last_offset = case, offset
         return message
 
-    def kill(self) -> None:
-        """SIGTERM the whole process group, then SIGKILL whatever is left."""
-        if self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(TERMINATE_GRACE_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        except ProcessLookupError:
-            pass
+    def post_mortem(self) -> LateFault | None:
+        """For an idle child: a LateFault of its last case if it died or spoke since that verdict."""
+        if self.last_case is None or self.ended:
+            return None
+        self._drain()
+        if self.buffer.pending():
+            return self._late_fault(self.last_case, "protocol failure: the child answered again after its verdict")
+        code = self.proc.poll()
+        if code is not None:
+            return self._late_fault(self.last_case, f"{processes.describe_exit(code)} after the verdict of this "
+                                    "case, while the child was idle")
+        return None
 
-    def close(self) -> None:
-        if self.proc.stdin and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()  # EOF: the child leaves its loop and exits
-            except BrokenPipeError:
-                pass
-        try:
-            self.proc.wait(TERMINATE_GRACE_S)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        os.close(self.reader.fd)
+    # ---------------------------------------------------------------- failures
+
+    def _crashed(self, case: str, how: str, offset: int) -> CaseCrashed:
+        self.end()
+        cause, tail = evidence.crash_evidence(how, self.log_path, offset)
+        return CaseCrashed(_message(cause, f"the child died while running case {case}"), evidence=cause, log_tail=tail)
+
+    def _timed_out(self, case: str, deadline: float, offset: int) -> CaseTimedOut:
+        self.end(grace_s=processes.TERMINATE_GRACE_S)  # SIGTERM first: faulthandler writes the stacks
+        cause, tail = evidence.crash_evidence(f"timeout after {self.timeout_s:.0f}s", self.log_path, offset)
+        return CaseTimedOut(_message(cause, f"case {case} ran too long; the child's process group got SIGTERM, "
+                                     "then SIGKILL"), evidence=cause, log_tail=tail)
+
+    def _protocol_failure(self, case: str, what: str, offset: int) -> CaseProtocolError:
+        self.end()
+        tail = evidence.log_tail(self.log_path, offset)
+        cause = f"protocol failure: the child {what}"
+        cause = f"{cause}\n--- log tail ---\n{tail}"
+        return CaseProtocolError(_message(cause, f"case {case}; the child was discarded"), evidence=cause, log_tail=tail)
+
+    def _late_fault(self, case: str, what: str) -> LateFault:
+        self.end()
+        cause, tail = evidence.crash_evidence(what, self.log_path, self.last_offset)
+        return LateFault(case, cause, tail)
+
+    # ---------------------------------------------------------------- ending
+
+    def end(self, grace_s: float = 0.0) -> int | None:
+        """End the child and its whole process group; idempotent. grace_s > 0: SIGTERM first."""
+        if not self.ended:
+            self.ended = True
+            if grace_s > 0:
+                processes.terminate_group(self.proc, grace_s)
+            else:
+                processes.kill_group_now(self.proc)
+            for fd in (self.lifeline, self.result_fd, self.pidfd):
+                if fd is not None:
+                    _close_quietly(fd)
+            if self.proc.stdin is not None:
+                try:
+                    self.proc.stdin.close()
+                except OSError:
+                    pass
+        return self.proc.poll()
+
+    def reaped(self) -> bool:
+        """True once an ended child's exit has been collected (no zombie left)."""
+        return self.proc.poll() is not None
 
 
-class ChildPool:
-    """Warm children keyed by spec; at most one per spec, since a process runs one case at a time.
+def _pidfd_open(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
-    exclusive: the device admits one process at a time (a TPU host: libtpu locks the chips), so
-    every idle child is closed before another one starts.
-    spares: when a case takes a fresh child, start the next one for the same spec right away, so
-    its import runs on an idle core while the case runs. A spare has run no case, so it is as
-    fresh as a new process. Off on exclusive devices and where every core is busy (xdist).
-    """
 
-    def __init__(self, log_dir: Path, startup_timeout: float, exclusive: bool = False, spares: bool = False) -> None:
-        self.log_dir = log_dir
-        self.startup_timeout = startup_timeout
-        self.exclusive = exclusive
-        self.spares_enabled = spares and not exclusive
-        self.idle: dict[ChildSpec, ChildProcess] = {}
-        self.spares: dict[ChildSpec, ChildProcess] = {}
-        self.started = 0
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
-    def prewarm(self, spec: ChildSpec) -> None:
-        """Start a child now (it imports in the background) so the first case finds it warm."""
-        if spec not in self.idle:
-            self.idle[spec] = self._start(spec)
 
-    def _start(self, spec: ChildSpec) -> ChildProcess:
-        if self.exclusive:
-            self.close()
-        self.started += 1
-        return ChildProcess(spec, self.log_dir)
+def _describe(message: Any) -> str:
+    if isinstance(message, (protocol.Verdict, protocol.Started)):
+        return f"{message.kind} {message.id}"
+    return getattr(message, "kind", repr(message))
 
-    def acquire(self, spec: ChildSpec, fresh: bool) -> ChildProcess:
-        child = self.spares.pop(spec, None) if fresh else self.idle.pop(spec, None)
-        if child is not None and not child.is_alive():
-            child = None  # it died between cases: that death belongs to no case, start anew
-        child = child or self._start(spec)
-        if fresh and self.spares_enabled:
-            self.spares[spec] = self._start(spec)
-        child.wait_ready(self.startup_timeout)
-        return child
 
-    def release(self, child: ChildProcess, reusable: bool) -> None:
-        if reusable and child.is_alive() and child.spec not in self.idle:
-            self.idle[child.spec] = child
-        else:
-            child.close()
+def _message(cause: str, context: str) -> str:
+    """The failure text: the cause's headline first (what pytest shows as the reason), then the log."""
+    headline, _, tail = cause.partition("\n--- log tail ---\n")
+    return f"{headline}\n({context})\n--- child log (this case) ---\n{tail}"
 
-    def close(self) -> None:
-        for child in [*self.idle.values(), *self.spares.values()]:
-            child.close()
-        self.idle.clear()
-        self.spares.clear()
+
+__all__ = ["ChildProcess", "ChildSpec", "LateFault", "CaseError"]

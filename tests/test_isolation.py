@@ -74,9 +74,10 @@ def test_after(spmd):
 ''')
     result = run(pytester, "--junitxml=junit.xml")
     result.assert_outcomes(passed=1, failed=1)
+    # The failure leads with the signal and the fatal line, then says which case's child it was.
     result.stdout.fnmatch_lines([
-        "*child died with SIGABRT while running case test_cases.py::test_aborts*",
-        "*Check failed: has_sharding()*",
+        "*CaseCrashed: SIGABRT: F1122 12:00:00.000 hlo_instruction.h:1234] Check failed: has_sharding()",
+        "*(the child died while running case test_cases.py::test_aborts)*",
     ])
     junit = ET.parse(pytester.path / "junit.xml").getroot()
     failures = [tc.get("name") for tc in junit.iter("testcase") if tc.find("failure") is not None]
@@ -94,7 +95,7 @@ def test_exit(spmd):
 ''')
     result = run(pytester)
     result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines(["*child died with SIGSEGV*", "*about to dereference NULL*", "*child died with exit code 7*"])
+    result.stdout.fnmatch_lines(["*CaseCrashed: SIGSEGV*", "*about to dereference NULL*", "*CaseCrashed: exit code 7*"])
 
 
 def test_hang_is_killed_after_the_timeout_with_the_log_tail_and_the_run_goes_on(pytester):
@@ -108,7 +109,8 @@ def test_after(spmd):
     result = run(pytester, "--case-timeout", "2")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
-        "*case test_cases.py::test_hangs timed out after 2s*SIGTERM*",
+        "*CaseTimedOut: timeout after 2s*",
+        "*case test_cases.py::test_hangs ran too long; the child's process group got SIGTERM, then SIGKILL*",
         "*entering a loop that never ends*",
     ])
     # faulthandler dumps the hung child's Python stack on SIGTERM: the user sees where it hung.

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from harness.backends import FakeBackend
-from harness.runner import ChildPool, ChildSpec
+from harness.pool import ChildPool
+from harness.processes import wait_for_exit
+from harness.runner import ChildSpec
 
 pytestmark = pytest.mark.selftest
 
@@ -52,7 +54,7 @@ def test_same_configuration_reuses_and_fresh_does_not(pool):
     fresh = children.acquire(spec(True), fresh=True)
     assert fresh is not first
     children.release(fresh, reusable=False)
-    assert not fresh.is_alive()
+    assert fresh.ended and wait_for_exit(fresh.proc, 10) is not None
     children.release(again, reusable=True)
     assert children.started == 2
 

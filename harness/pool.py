@@ -1,0 +1,111 @@
+"""Warm children keyed by their ChildSpec, and the guarantee that none outlives the run.
+
+`import torch_xla` costs seconds and SPMD mode, functionalization and the device count are fixed
+once per process, so children with the same spec are reused. Every child the pool starts stays
+in `live` until it has been ended, so closing the pool (pytest finishing, Ctrl-C, SIGTERM) ends
+busy children too, not only idle ones.
+
+exclusive: the device admits one process at a time (a TPU host: libtpu locks the chips), so
+every idle child is closed before another one starts.
+spares: when a case takes a fresh child, start the next one for the same spec right away, so
+its import runs on an idle core while the case runs. A spare has run no case, so it is as
+fresh as a new process. Off on exclusive devices and where every core is busy (xdist).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.runner import ChildProcess, ChildSpec, LateFault
+
+
+class ChildPool:
+    def __init__(self, log_dir: Path, startup_timeout: float, exclusive: bool = False, spares: bool = False) -> None:
+        self.log_dir = log_dir
+        self.startup_timeout = startup_timeout
+        self.exclusive = exclusive
+        self.spares_enabled = spares and not exclusive
+        self.idle: dict[ChildSpec, ChildProcess] = {}
+        self.spares: dict[ChildSpec, ChildProcess] = {}
+        self.live: list[ChildProcess] = []  # started and not yet ended, whatever they are doing
+        self.ended: list[ChildProcess] = []  # ended but maybe not yet reaped (no wait on the critical path)
+        self.started = 0
+
+    def prewarm(self, spec: ChildSpec) -> None:
+        """Start a child now (it imports in the background) so the first case finds it warm."""
+        if spec not in self.idle:
+            self.idle[spec] = self._start(spec)
+
+    def _start(self, spec: ChildSpec) -> ChildProcess:
+        if self.exclusive:
+            self._close_idle()
+        self.started += 1
+        child = ChildProcess(spec, self.log_dir)
+        self.live.append(child)
+        return child
+
+    def acquire(self, spec: ChildSpec, fresh: bool) -> ChildProcess:
+        """A ready child for spec: a spare or a new one when fresh, else the idle one if any."""
+        child = self.spares.pop(spec, None) if fresh else self.idle.pop(spec, None)
+        if child is not None and (child.ended or not child.is_alive()):
+            # It died while idle. A warm child has run a case: its death is that case's fault,
+            # which the caller learns from begin() (LateFault) if we hand it out; a spare that
+            # died has run nothing, and its start-up error shows in wait_ready.
+            if child.last_case is None:
+                self.discard(child)
+                child = None
+        child = child or self._start(spec)
+        if fresh and self.spares_enabled:
+            self.spares[spec] = self._start(spec)
+        self.reap()
+        child.wait_ready(self.startup_timeout)
+        return child
+
+    def replacement(self, spec: ChildSpec) -> ChildProcess:
+        """A new child for a case whose child turned out to be unfit (LateFault of its last case)."""
+        child = self._start(spec)
+        child.wait_ready(self.startup_timeout)
+        return child
+
+    def release(self, child: ChildProcess, reusable: bool) -> None:
+        if reusable and not child.ended and child.is_alive() and child.spec not in self.idle:
+            self.idle[child.spec] = child
+        else:
+            self.discard(child)
+
+    def discard(self, child: ChildProcess) -> None:
+        """End the child and its group now; its exit is collected later, off the critical path."""
+        child.end()
+        if child in self.live:
+            self.live.remove(child)
+            self.ended.append(child)
+
+    def reap(self) -> None:
+        self.ended = [c for c in self.ended if not c.reaped()]
+
+    def idle_deaths(self) -> list[LateFault]:
+        """Late faults of idle children that died or spoke since their last case (at session end)."""
+        faults = []
+        for spec, child in list(self.idle.items()):
+            fault = child.post_mortem()
+            if fault is not None:
+                faults.append(fault)
+                del self.idle[spec]
+                self.discard(child)
+        return faults
+
+    def _close_idle(self) -> None:
+        for child in [*self.idle.values(), *self.spares.values()]:
+            self.discard(child)
+        self.idle.clear()
+        self.spares.clear()
+
+    def close(self) -> None:
+        """End every child this pool started, busy ones included, and collect their exits."""
+        self.idle.clear()
+        self.spares.clear()
+        for child in list(self.live):
+            self.discard(child)
+        for child in self.ended:
+            child.proc.wait()
+        self.ended.clear()

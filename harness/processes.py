@@ -1,0 +1,146 @@
+"""The one way the harness starts, ends and describes processes.
+
+Every long-lived process the harness starts (a case child, a suite run of the release matrix, a
+pytest on a GKE host or a `--local` host) runs in a session of its own, so that ending it ends
+everything it started: `terminate_group` sends SIGTERM to the whole process group, waits, then
+SIGKILLs the group, and it does so even when the leader is already dead, because a descendant
+(a gloo rank, an inductor compile worker, a forked copy of a case body) may still be running.
+
+`signal_name` and `describe_exit` turn return codes into words, guarded for numbers that name no
+signal; `tail_text` and `tail_file` bound what is shown of a log in lines *and* bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, Mapping, Sequence
+
+TERMINATE_GRACE_S = 5.0
+TAIL_LINES = 40
+TAIL_BYTES = 8_000
+# How much of the end of a log file is read to find its tail: enough for TAIL_LINES normal lines.
+TAIL_READ_BYTES = 256_000
+
+
+def start_in_session(
+    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, stdout: IO | int | None = None,
+    stdin: IO | int | None = subprocess.DEVNULL, pass_fds: Sequence[int] = (), cwd: str | Path | None = None,
+    text: bool = False,
+) -> subprocess.Popen:
+    """Popen in a new session (its own process group, pgid == pid); stderr goes with stdout."""
+    return subprocess.Popen(
+        [str(c) for c in cmd], env=dict(env) if env is not None else None, cwd=cwd,
+        stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT, pass_fds=tuple(pass_fds),
+        start_new_session=True, text=text,
+    )
+
+
+def terminate_group(proc: subprocess.Popen, grace_s: float = TERMINATE_GRACE_S) -> int | None:
+    """End `proc` and every process left in its group; return the leader's return code.
+
+    SIGTERM first, so faulthandler in a case child can write its stacks, then SIGKILL for the
+    group whatever the leader did: descendants that ignore SIGTERM or outlive the leader go too.
+    """
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    try:
+        return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not refused; D state only
+        return None
+
+
+def kill_group_now(proc: subprocess.Popen) -> None:
+    """SIGKILL the group without waiting (interrupt paths, where nothing may block)."""
+    _signal_group(proc.pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is empty already (PermissionError: macOS says so for a zombie leader)
+
+
+def signal_name(number: int) -> str:
+    """SIGABRT for 6; 'signal 99' for a number that names no signal."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe_exit(returncode: int | None) -> str:
+    """'SIGABRT' for -6 (Popen's convention), 'exit code 7' for 7, 'still running' for None."""
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        return signal_name(-returncode)
+    if returncode > 128 and returncode - 128 in signal.valid_signals():
+        # A shell or a wrapper reports death by signal N as 128+N.
+        return f"exit code {returncode} ({signal_name(returncode - 128)})"
+    return f"exit code {returncode}"
+
+
+def tail_text(text: str, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> str:
+    """The last `lines` lines of `text`, at most `max_bytes` long, cut at a line boundary.
+
+    What was cut is said in a marker line, so a reader knows the tail is not the whole log. A
+    single line longer than `max_bytes` keeps its end (where an error message usually is).
+    """
+    body = text.rstrip("\n")
+    kept = body.splitlines()[-lines:] if body else []
+    out: list[str] = []
+    size = 0
+    for line in reversed(kept):
+        cost = len(line.encode("utf-8", "replace")) + 1
+        if size + cost > max_bytes:
+            if not out:  # one huge line: keep its end
+                keep = line[-max(0, max_bytes - 100):]
+                out.append(f"[... {len(line) - len(keep)} characters of this line cut ...]{keep}")
+            break
+        out.append(line)
+        size += cost
+    out.reverse()
+    cut = len(body.encode("utf-8", "replace")) - sum(len(line.encode("utf-8", "replace")) + 1 for line in out)
+    if cut > 0 and out:
+        out.insert(0, f"[... {max(cut, 0)} earlier bytes of the log cut ...]")
+    return "\n".join(out)
+
+
+def tail_file(path: Path, since: int = 0, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> str:
+    """tail_text of the part of a log file after byte `since`, reading only the end of a big file."""
+    try:
+        with open(path, "rb") as fh:
+            end = fh.seek(0, os.SEEK_END)
+            start = max(since, end - TAIL_READ_BYTES)
+            fh.seek(start)
+            data = fh.read()
+    except OSError:
+        return f"(no log at {path})"
+    text = data.decode("utf-8", "replace")
+    if start > since:  # the window starts mid-line; drop that partial line, say what was skipped
+        text = text.split("\n", 1)[1] if "\n" in text else text
+        tail = tail_text(text, lines, max_bytes)
+        if not tail.startswith("[... "):
+            tail = f"[... earlier bytes of the log cut ...]\n{tail}"
+        return tail
+    return tail_text(text, lines, max_bytes)
+
+
+def wait_for_exit(proc: subprocess.Popen, timeout_s: float) -> int | None:
+    """proc's return code, or None if it is still running after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        code = proc.poll()
+        if code is not None or time.monotonic() >= deadline:
+            return code
+        time.sleep(0.02)
