@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness import evidence
+from harness.evidence import headline
 from harness.backends import Backend
 from harness.errors import CaseError, CaseFailed, HarnessUsageError
 from harness.pool import ChildPool
@@ -93,7 +94,8 @@ def failure_from_verdict(case: str, verdict: Verdict, tail: str) -> CaseFailed:
     exc = ChildException.from_dict(verdict.exception)
     assert exc is not None
     return CaseFailed(
-        f"case {case} raised in its child:\n{exc.traceback}--- child log (this case) ---\n{tail}",
+        f"{headline(exc.line, 1000)}\n(raised by case {case} in its child)\n{exc.traceback}"
+        f"--- child log (this case) ---\n{tail}",
         evidence=exc.line, log_tail=tail,
     )
 

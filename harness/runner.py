@@ -217,7 +217,7 @@ class ChildProcess:
         except protocol.ProtocolError as exc:
             if previous:
                 raise self._late_fault(previous, f"protocol failure: the child sent {exc} after its verdict") from None
-            raise self._protocol_failure(case, str(exc), offset) from None
+            raise self._protocol_failure(case, f"sent {exc}", offset) from None
         if isinstance(message, protocol.Started) and message.id == request.id:
             self.cases_run += 1
             return request.id, offset
@@ -238,7 +238,7 @@ class ChildProcess:
         except TimeoutError:
             raise self._timed_out(case, deadline, offset) from None
         except protocol.ProtocolError as exc:
-            raise self._protocol_failure(case, str(exc), offset) from None
+            raise self._protocol_failure(case, f"sent {exc}", offset) from None
         if message is EXITED:
             raise self._crashed(case, self._exit_description(), offset)
         if not (isinstance(message, protocol.Verdict) and message.id == request_id):
