@@ -321,8 +321,10 @@ def test_nested_guards_leave_skip_set(spmd) -> None:
 
 
 PRESET_ROWS = [
-    # the public path every Pallas kernel takes
-    pytest.param("trace_pallas", marks=pytest.mark.known_bug("megascale-preset-dropped-by-trace-pallas"), id="via-trace-pallas"),
+    # the public path every Pallas kernel takes; before 2.6 there is no guard at all, so a preset
+    # 'false' is seen inside: judged as megascale-no-guard there, as the 2.6 entry from 2.6.0 on
+    pytest.param("trace_pallas", marks=[pytest.mark.known_bug("megascale-preset-dropped-by-trace-pallas"),
+                                        pytest.mark.known_bug("megascale-no-guard")], id="via-trace-pallas"),
     # the guard itself (2.7+)
     pytest.param("guard", marks=pytest.mark.known_bug("megascale-guard-deleted-by-nesting"), id="via-guard"),
 ]

@@ -19,12 +19,16 @@ from harness.processes import TAIL_BYTES, TAIL_LINES, TAIL_READ_BYTES, tail_text
 # (rank, pattern): the lowest rank found first in the log is the cause. A glog FATAL, a failed
 # CHECK or RET_CHECK is the cause itself; "Fatal Python error" is what faulthandler prints for
 # any fatal signal; glog ERROR lines are often noise, so they come last.
+# glog writes "F1122 12:00:00.000000 1234 file.cc:12] ..."; TSL/XLA's logger writes
+# "2026-11-22 15:40:33.234445: F external/xla/...] ..." (seen on torch_xla 2.5.1).
 FATAL_PATTERNS: tuple[tuple[int, re.Pattern[str]], ...] = (
     (0, re.compile(r"^F\d{4} \d\d:\d\d:\d\d")),
+    (0, re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: F ")),
     (0, re.compile(r"Check failed")),
     (0, re.compile(r"RET_CHECK")),
     (1, re.compile(r"^Fatal Python error")),
     (2, re.compile(r"^E\d{4} \d\d:\d\d:\d\d")),
+    (2, re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: E ")),
 )
 # How far into a case's log the fatal-line scan reads (a case may print tens of MB of HLO).
 SCAN_LIMIT_BYTES = 64 * 1024 * 1024

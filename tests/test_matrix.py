@@ -65,7 +65,13 @@ def registry(registry_path: Path):
 
 
 def rec(name: str, outcome: str, bug: str | None, version: str | None = "2.6.0", evidence: str = "") -> CaseRecord:
+    """A record as the plugin writes it, with the registry verdict it stores. In these tables the
+    only signature is "TypeError: boom"; a failure without evidence is the plugin's unexpected pass."""
+    verdict = {"xfailed": "reproduced", "passed": "passed"}.get(outcome)
+    if outcome == "failed":
+        verdict = "unexpected-pass" if not evidence else "regressed" if "TypeError: boom" in evidence else "failed"
     return CaseRecord(nodeid=f"cases/test_x.py::{name}", family="x", outcome=outcome, known_bug=bug,
+                      known_bugs=[bug] if bug else [], registry_verdict=verdict if bug else None,
                       evidence=evidence, torch_xla=version, reason=f"{outcome} reason")
 
 
@@ -549,3 +555,24 @@ def test_relative_out_reaches_the_suite_as_an_absolute_path(tmp_path: Path, regi
     FakeSuite.runs, FakeSuite.results_dirs = [], []
     main(["--releases", "2.6.0", "--out", "rel", "--cache", "cache", "--registry", str(registry_path)], deps)
     assert FakeSuite.results_dirs == [tmp_path / "rel" / "2.6.0"]
+
+
+def test_a_row_that_names_two_entries_counts_for_the_one_that_judged_it():
+    """The bug-4 trace_pallas row names megascale-no-guard (<2.6.0) and the 2.6 entry: on 2.5.1 the
+    first judges it, on 2.6.0 the second; the other entry's cell then says so and agrees."""
+    from harness.registry import load_registry
+
+    names = ["megascale-preset-dropped-by-trace-pallas", "megascale-no-guard"]
+
+    def row(version: str, judged_by: str) -> CaseRecord:
+        return CaseRecord(nodeid="cases/test_multislice.py::test_preset[via-trace-pallas]", family="multislice",
+                          outcome="xfailed", known_bug=judged_by, known_bugs=names, registry_verdict="reproduced",
+                          torch_xla=version)
+
+    matrix = build_matrix(load_registry(), [column("2.5.1", [row("2.5.1", names[1])]),
+                                            column("2.6.0", [row("2.6.0", names[0])])])
+    for entry, version, state in [(names[1], "2.5.1", State.REPRODUCED), (names[0], "2.5.1", State.ELSEWHERE),
+                                  (names[0], "2.6.0", State.REPRODUCED), (names[1], "2.6.0", State.ELSEWHERE)]:
+        cell = matrix.cell(entry, version)
+        assert cell.observed.state is state and cell.agrees, (entry, version, cell)
+    assert matrix.cell(names[0], "2.5.1").observed.detail == f"judged as {names[1]}"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import RegistryError
-from harness.registry import REGISTRY_PATH, Verdict, get_entry, judge, load_registry
+from harness.registry import REGISTRY_PATH, Verdict, check_disjoint, get_entry, judge, load_registry
 
 pytestmark = pytest.mark.selftest
 
@@ -117,3 +117,70 @@ def test_plugin_applies_the_registry_end_to_end(pytester, monkeypatch, version, 
     result.stdout.fnmatch_lines_random(lines)
     if version == "2.9.0":
         result.stdout.fnmatch_lines(["*REGRESSION? torch_xla 2.9.0 fails with the signature of known bug*"])
+
+
+# --------------------------------------------------------------------------------------------
+# A case that names several entries: the one whose carried_by holds the release judges it
+# --------------------------------------------------------------------------------------------
+
+NO_GUARD = "megascale-no-guard"  # <2.6.0
+PRESET = "megascale-preset-dropped-by-trace-pallas"  # >=2.6.0rc1,<2.7.0.dev20250313
+NOT_TRUE = "AssertionError: SKIP_MEGASCALE_PJRT_CLIENT was not 'true' while trace_pallas traced the kernel"
+NOT_RESTORED = "AssertionError: SKIP_MEGASCALE_PJRT_CLIENT not restored by trace_pallas: 'true' before, None after"
+
+
+@pytest.mark.parametrize("version, evidence, verdict, entry", [
+    # 2.5.1 has no guard at all: judged by megascale-no-guard, not by the 2.6 entry.
+    pytest.param("2.5.1", NOT_TRUE, Verdict.REPRODUCED, NO_GUARD, id="2.5.1-no-guard"),
+    # 2.6.0's inline guard pops a preset value: the 2.6 entry judges it.
+    pytest.param("2.6.0", NOT_RESTORED, Verdict.REPRODUCED, PRESET, id="2.6.0-preset-dropped"),
+    # 2.9.0 is outside both windows and passes.
+    pytest.param("2.9.0", None, Verdict.PASSED, PRESET, id="2.9.0-fixed"),  # recorded against the first named
+    # 2.9.0 failing with one entry's signature is that entry's regression.
+    pytest.param("2.9.0", NOT_RESTORED, Verdict.REGRESSED, PRESET, id="2.9.0-regressed"),
+    # 2.5.1 failing with the 2.6 entry's symptom only is not what 2.5.1 is known for.
+    pytest.param("2.5.1", NOT_RESTORED, Verdict.FAILED, NO_GUARD, id="2.5.1-other-symptom"),
+])
+def test_several_entries_are_judged_by_the_one_that_holds_the_release(version, evidence, verdict, entry):
+    judgement = judge([get_entry(PRESET), get_entry(NO_GUARD)], version, evidence)
+    assert (judgement.verdict, judgement.entry) == (verdict, entry), judgement.message
+
+
+def test_entries_that_claim_the_same_release_are_refused():
+    with pytest.raises(RegistryError, match="both claim torch_xla"):
+        check_disjoint([get_entry(SCALAR), get_entry("fsdpv2-scalar-output-spec")])
+    check_disjoint([get_entry(PRESET), get_entry(NO_GUARD)])  # disjoint windows: fine
+
+
+def test_an_unknown_entry_suggests_the_closest_ids():
+    with pytest.raises(RegistryError, match="did you mean fsdpv2-scalar-param-spec"):
+        get_entry("fsdpv2-scalar-param-specs")
+
+
+# --------------------------------------------------------------------------------------------
+# Development builds: pytorch/xla CI's +git<sha> wheels and dated nightlies
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version, carried", [
+    # A +git build is judged as its public version, the release its branch becomes.
+    pytest.param("2.6.0+git1a2b3c4", True, id="git-build-of-a-carrying-release"),
+    pytest.param("2.9.0+gitdeadbee", False, id="git-build-of-a-fixed-release"),
+    pytest.param("2.5.1+cu121", True, id="other-local-label"),
+    # Nightlies are placed by their date.
+    pytest.param("2.7.0.dev20250124", True, id="nightly-before-the-fix"),
+    pytest.param("2.7.0.dev20250125", False, id="nightly-of-the-fix-day"),
+    pytest.param("2.7.0.dev20250124+git1a2b3c4", True, id="nightly-with-a-local-label"),
+])
+def test_development_builds_are_placed_against_carried_by(version, carried):
+    assert get_entry(SCALAR).carried_by_release(version) is carried
+
+
+def test_the_judgement_message_keeps_the_exact_version_string():
+    message = judge(get_entry(SCALAR), "2.6.0+git1a2b3c4", "TypeError: unhashable type: 'list'").message
+    assert "torch_xla 2.6.0+git1a2b3c4" in message
+
+
+def test_a_version_that_is_not_pep_440_is_a_clear_error():
+    with pytest.raises(RegistryError, match="not a PEP 440 version"):
+        get_entry(SCALAR).carried_by_release("nightly-latest")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from harness.matrix.table import ColumnResult, Observation, State, observe
+from harness.matrix.table import ColumnResult, Observation, State, entries_of, observe
 from harness.registry import KnownBug
 
 
@@ -40,7 +40,7 @@ def compare(registry: Mapping[str, KnownBug], good: ColumnResult, bad: ColumnRes
 
 
 def _observe(entry: KnownBug | None, entry_id: str, column: ColumnResult) -> Observation:
-    records = [r for r in column.run.records if r.known_bug == entry_id]
+    records = [r for r in column.run.records if entry_id in entries_of(r)]
     if entry is None:  # a case names an id the registry lacks: still worth a line
         kinds = sorted({r.outcome for r in records})
         return Observation(State.UNEXPECTED, ", ".join(kinds) or "no case ran")

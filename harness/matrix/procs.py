@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence, TextIO
 
-# How long a killed process group gets between SIGTERM and SIGKILL.
+from harness import processes
+
+# How long a stopped pip or pytest gets between SIGTERM and SIGKILL (pytest ends its own children).
 TERMINATE_GRACE_S = 10.0
 
 
@@ -46,39 +47,25 @@ def run_logged(cmd: Sequence[str], log: Path, *, cwd: Path | None = None, env: M
     with log.open("a", encoding="utf-8") as fh:
         fh.write(f"$ {shlex.join(map(str, cmd))}\n")
         fh.flush()
-        # A new session, so a timeout can end pip's or pytest's children as well.
-        proc = subprocess.Popen(list(map(str, cmd)), cwd=cwd, env=dict(env) if env is not None else None,
-                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        # A session of its own, so a timeout or Ctrl-C ends pip's or pytest's children as well.
+        proc = processes.start_in_session(cmd, cwd=cwd, env=env, stdout=fh)
         try:
             while True:
                 try:
-                    return proc.wait(timeout=every_s)
+                    code = proc.wait(timeout=every_s)
+                    processes.kill_group_now(proc)  # whatever it left behind (its group outlives it)
+                    return code
                 except subprocess.TimeoutExpired:
                     elapsed = time.monotonic() - started
                     if timeout_s is not None and elapsed > timeout_s:
-                        _terminate_group(proc)
+                        processes.terminate_group(proc, TERMINATE_GRACE_S)
                         raise CommandTimedOut(f"{cmd[0]} ran past {timeout_s:.0f}s") from None
                     line = heartbeat(elapsed) if heartbeat else None
                     if line:
                         say(line)
         except BaseException:
-            if proc.poll() is None:  # interrupted (Ctrl-C): do not leave pip or pytest running
-                _terminate_group(proc)
+            processes.terminate_group(proc, TERMINATE_GRACE_S)  # interrupted (Ctrl-C): leave nothing running
             raise
-
-
-def _terminate_group(proc: subprocess.Popen) -> None:
-    for sig, wait_s in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def last_line_matching(log: Path, prefixes: tuple[str, ...]) -> str | None:
@@ -97,7 +84,4 @@ def last_line_matching(log: Path, prefixes: tuple[str, ...]) -> str | None:
 
 
 def tail(log: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no log at {log})"
+    return processes.tail_file(log, lines=lines)

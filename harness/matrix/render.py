@@ -13,7 +13,8 @@ DISAGREE = "⚠"
 LEGEND = (
     "Cells: **reproduced**: every case for the entry xfailed (the known bug is there); **fixed**: every case passed; "
     "**unexpected**: anything else, with the detail in brackets; **not run**: every case for the entry skipped "
-    "itself here (reason given; not counted as a disagreement); **no case**: no case tests the entry. "
+    "itself here (reason given; not counted as a disagreement); **no case**: no case tests the entry; "
+    "**n/a**: the entry's cases name another entry that holds this release and were judged by it. "
     "Numbers in brackets count cases. "
     f"The registry's prediction comes from the entry's `carried_by` in `harness/known_bugs.toml`; "
     f"{DISAGREE} marks a cell that disagrees with it, and the expected value follows."
@@ -24,6 +25,8 @@ def cell_text(cell: Cell) -> str:
     observed = cell.observed
     if observed.state is State.NOT_RUN:
         return f"not run ({_short(observed.detail)})"
+    if observed.state is State.ELSEWHERE and cell.agrees:
+        return f"n/a ({_short(observed.detail)})"
     if cell.agrees:
         ran = sum(1 for c in observed.cases if c.kind != "skipped")
         skipped = len(observed.cases) - ran

@@ -1,6 +1,7 @@
 """Registry entry x column: what each release did, what the registry predicts, and whether they agree.
 
-A cell is judged from the CaseRecords that name the entry (`known_bug`):
+A cell is read from the CaseRecords that name the entry, using the registry verdict the plugin
+stored in each (nothing is judged again here):
     reproduced   every case xfailed (failed with the entry's signature on a carrying release)
     fixed        every case passed
     unexpected   anything else, and the detail says which: a new failure, an unexpected pass, a
@@ -9,6 +10,7 @@ A cell is judged from the CaseRecords that name the entry (`known_bug`):
     not run      every case for the entry skipped itself (a TPU-only case on CPU, or a mechanism the
                  release does not have, e.g. no guard function in 2.6.x): shown with the skip reason
     no case      no case anywhere names the entry: the registry claims something nothing tests
+    n/a          the entry's cases name another entry that holds this release, and were judged by it
 Skipped cases are set aside when another case for the entry ran, and counted in the detail.
 The registry predicts `reproduced` where `carried_by` contains the column's torch_xla and `fixed`
 elsewhere. Every cell that differs from the prediction is a disagreement, except `not run`: a
@@ -25,7 +27,7 @@ from typing import Iterable, Mapping, Sequence
 
 from harness.errors import RegistryError
 from harness.matrix.suite import SuiteRun
-from harness.registry import KnownBug, Verdict, judge
+from harness.registry import KnownBug, Verdict
 from harness.results import CaseRecord
 
 
@@ -35,6 +37,9 @@ class State(str, enum.Enum):
     UNEXPECTED = "unexpected"
     NOT_RUN = "not run"
     NO_CASE = "no case"
+    # The entry's cases name another entry too, and that one holds this release: they were judged
+    # by it (the bug-4 trace_pallas row is megascale-no-guard's on 2.4-2.5, the 2.6 entry's after).
+    ELSEWHERE = "n/a"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,24 +116,26 @@ class Matrix:
         return self.cells[(entry_id, column)]
 
 
-def case_kind(record: CaseRecord, entry: KnownBug | None) -> str:
-    """The record's outcome, with a failure split by why the registry failed it."""
-    if record.outcome != "failed" or entry is None or record.torch_xla is None:
+def case_kind(record: CaseRecord) -> str:
+    """The record's outcome, a failure split by the registry verdict the plugin stored with it."""
+    if record.outcome != "failed" or record.late_fault:
         return record.outcome
-    if not record.evidence:
-        # The plugin fails a case that passed on a carrying release and leaves no evidence.
-        return "unexpected pass"
-    try:
-        verdict = judge(entry, record.torch_xla, record.evidence).verdict
-    except RegistryError:
-        return "failed"
-    return "regressed" if verdict is Verdict.REGRESSED else "failed"
+    return {"unexpected-pass": "unexpected pass", "regressed": "regressed"}.get(record.registry_verdict or "", "failed")
+
+
+def entries_of(record: CaseRecord) -> list[str]:
+    """The entries a record counts for: the one that judged it, or, where no named entry holds
+    the release (a pass, a skip), every entry the case names."""
+    named = record.known_bugs or ([record.known_bug] if record.known_bug else [])
+    if record.registry_verdict in (None, Verdict.PASSED.value):
+        return named
+    return [record.known_bug] if record.known_bug else named
 
 
 def observe(entry: KnownBug, records: Sequence[CaseRecord]) -> Observation:
     if not records:
         return Observation(State.UNEXPECTED, "no case ran")
-    cases = tuple(CaseOutcome(r.nodeid, case_kind(r, entry), r.reason) for r in records)
+    cases = tuple(CaseOutcome(r.nodeid, case_kind(r), r.reason) for r in records)
     skipped = [c for c in cases if c.kind == "skipped"]
     if len(skipped) == len(cases):
         return Observation(State.NOT_RUN, f"{len(skipped)} skipped: {skipped[0].reason}", cases)
@@ -153,19 +160,25 @@ def expected_state(entry: KnownBug, version: str | None) -> State | None:
 
 def build_matrix(registry: Mapping[str, KnownBug], columns: Sequence[ColumnResult]) -> Matrix:
     entries = list(registry.values())
-    tested = {r.known_bug for c in columns for r in c.run.records if r.known_bug}
+    tested = {e for c in columns for r in c.run.records for e in (r.known_bugs or [r.known_bug]) if e}
     cells: dict[tuple[str, str], Cell] = {}
     disagreements: list[Disagreement] = []
     not_run: list[Disagreement] = []
     for column in columns:
         disagreements += _column_problems(column, registry)
         by_entry: dict[str, list[CaseRecord]] = collections.defaultdict(list)
+        judged_by: dict[str, set[str]] = collections.defaultdict(set)  # entry -> entries that judged its cases here
         for record in column.run.records:
-            if record.known_bug:
-                by_entry[record.known_bug].append(record)
+            for entry_id in entries_of(record):
+                by_entry[entry_id].append(record)
+            for entry_id in set(record.known_bugs) - set(entries_of(record)):
+                judged_by[entry_id].add(record.known_bug or "?")
         for entry in entries:
             expected = expected_state(entry, column.torch_xla)
-            if entry.id in tested:
+            if entry.id in tested and not by_entry.get(entry.id) and judged_by.get(entry.id):
+                observed = Observation(State.ELSEWHERE, f"judged as {', '.join(sorted(judged_by[entry.id]))}")
+                expected = State.ELSEWHERE if expected is State.FIXED else expected
+            elif entry.id in tested:
                 observed = observe(entry, by_entry.get(entry.id, []))
             else:
                 observed = Observation(State.NO_CASE, "no case names this entry")
