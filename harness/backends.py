@@ -20,6 +20,7 @@ from typing import Protocol
 
 from harness import protocol
 from harness.errors import HarnessUsageError
+from harness.forkserver import TORCH_IMPORTS, XLA_IMPORTS
 
 # Set-up hook every XLA child runs before its first case: import torch_xla, switch SPMD on.
 XLA_SPMD_PRELOAD = "harness.xla:enable_spmd"
@@ -47,6 +48,9 @@ class Backend(Protocol):
 
     def preload(self) -> tuple[str, ...]:
         """Set-up hooks a warm child runs once before its first case."""
+
+    def fork_imports(self, preload: bool) -> tuple[str, ...] | None:
+        """What a fork server imports for this backend's children; None: exec each child fresh."""
 
     def capabilities(self) -> Capabilities:
         """What a case can count on; may start a probe child the first time."""
@@ -89,6 +93,10 @@ class CpuBackend:
     def preload(self) -> tuple[str, ...]:
         return (XLA_SPMD_PRELOAD,)
 
+    def fork_imports(self, preload: bool) -> tuple[str, ...] | None:
+        # A body that must see the process before torch_xla is imported gets a torch-only server.
+        return XLA_IMPORTS if preload else TORCH_IMPORTS
+
     def capabilities(self) -> Capabilities:
         return Capabilities(self.devices, _module_available("torch_xla"), _module_available("jax"))
 
@@ -115,6 +123,9 @@ class TpuBackend:
 
     def preload(self) -> tuple[str, ...]:
         return (XLA_SPMD_PRELOAD,)
+
+    def fork_imports(self, preload: bool) -> tuple[str, ...] | None:
+        return None  # fresh processes until forking is measured on a TPU host (libtpu, MegaScale)
 
     def capabilities(self) -> Capabilities:
         if self._caps is None:
@@ -158,6 +169,9 @@ class FakeBackend:
 
     def preload(self) -> tuple[str, ...]:
         return ()
+
+    def fork_imports(self, preload: bool) -> tuple[str, ...] | None:
+        return ()  # a server that imports nothing: the fork machinery, tested without torch
 
     def capabilities(self) -> Capabilities:
         return Capabilities(self.devices, has_xla=False, has_jax=False)

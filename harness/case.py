@@ -115,7 +115,8 @@ class SpmdRunner:
 
     def spec(self, functionalization: bool = True, preload: bool = True, env: dict[str, str] | None = None) -> ChildSpec:
         child_env = {**self.backend.child_env(functionalization), **(env or {})}
-        return ChildSpec.build(child_env, self.backend.preload() if preload else ())
+        return ChildSpec.build(child_env, self.backend.preload() if preload else (),
+                               fork_imports=self.backend.fork_imports(preload))
 
     def run(
         self,

@@ -32,6 +32,8 @@ SESSION_KEY = pytest.StashKey["HarnessSession"]()
 RUNNER_KEY = pytest.StashKey[SpmdRunner]()
 JUDGEMENT_KEY = pytest.StashKey[Judgement]()
 ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()
+FORK_SERVER_CHOICES = ("auto", "on", "off")
+FORK_SERVER_ENV = "HARNESS_FORK_SERVER"
 # Evidence kept in a record: the cause leads, so the head is kept (tails are bounded already).
 RECORD_EVIDENCE_LIMIT = 8000
 
@@ -67,6 +69,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="kill a child (its whole process group) whose case or start-up runs longer. Default: 180.")
     group.addoption("--results-dir", default="results", metavar="DIR",
                     help="where verdicts-*.jsonl, child logs and HLO excerpts go. Default: ./results.")
+    group.addoption("--fork-server", choices=FORK_SERVER_CHOICES, default=None,
+                    help="fork case children from a server that imported torch_xla once (harness/forkserver.py): "
+                         "auto (on for the cpu backend; tpu children are always fresh processes), on, off. "
+                         f"Default: ${FORK_SERVER_ENV} if set, else auto.")
 
 
 class HarnessSession:
@@ -79,13 +85,21 @@ class HarnessSession:
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         # Under xdist every core already runs a worker: spare children would only compete.
         self.pool = ChildPool(self.results_dir / "logs" / self.worker, startup_timeout=self.case_timeout,
-                              exclusive=self.backend.exclusive_device, spares=self.worker == "main")
+                              exclusive=self.backend.exclusive_device, spares=self.worker == "main",
+                              fork=_fork_server_wanted(config, self.backend))
         self.late_faults: list[LateFault] = []
 
     def charge_late_fault(self, fault: LateFault) -> None:
         """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""
         self.late_faults.append(fault)
         results.write_amendment(self.results_dir, fault.case, _bounded(fault.evidence), self.worker)
+
+
+def _fork_server_wanted(config: pytest.Config, backend: Backend) -> bool:
+    choice = config.getoption("fork_server") or os.environ.get(FORK_SERVER_ENV, "auto")
+    if choice not in FORK_SERVER_CHOICES:
+        raise pytest.UsageError(f"{FORK_SERVER_ENV}={choice!r}; choose one of {', '.join(FORK_SERVER_CHOICES)}")
+    return choice == "on" or (choice == "auto" and backend.name == "cpu")
 
 
 def _usable_results_dir(path: Path) -> Path:

@@ -16,15 +16,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from harness import forkserver
 from harness.runner import ChildProcess, ChildSpec, LateFault
 
 
 class ChildPool:
-    def __init__(self, log_dir: Path, startup_timeout: float, exclusive: bool = False, spares: bool = False) -> None:
+    def __init__(self, log_dir: Path, startup_timeout: float, exclusive: bool = False, spares: bool = False,
+                 fork: bool = False) -> None:
         self.log_dir = log_dir
         self.startup_timeout = startup_timeout
         self.exclusive = exclusive
         self.spares_enabled = spares and not exclusive
+        # Fork children from servers that imported torch_xla once (harness.forkserver); specs
+        # without fork_imports are exec'd fresh either way. Needs this process as subreaper.
+        self.fork = fork and forkserver.become_subreaper()
+        self.servers: dict[tuple, forkserver.ForkServer] = {}
         self.idle: dict[ChildSpec, ChildProcess] = {}
         self.spares: dict[ChildSpec, ChildProcess] = {}
         self.live: list[ChildProcess] = []  # started and not yet ended, whatever they are doing
@@ -40,9 +46,20 @@ class ChildPool:
         if self.exclusive:
             self._close_idle()
         self.started += 1
-        child = ChildProcess(spec, self.log_dir)
+        child = ChildProcess(spec, self.log_dir, self._server_for(spec))
         self.live.append(child)
         return child
+
+    def _server_for(self, spec: ChildSpec) -> forkserver.ForkServer | None:
+        if not self.fork or spec.fork_imports is None:
+            return None
+        key = forkserver.server_key(spec.python, dict(spec.env), spec.fork_imports)
+        server = self.servers.get(key)
+        if server is None or not server.is_alive():
+            server = forkserver.ForkServer(spec.python, dict(spec.env), spec.fork_imports,
+                                           self.log_dir, self.startup_timeout)
+            self.servers[key] = server
+        return server
 
     def acquire(self, spec: ChildSpec, fresh: bool) -> ChildProcess:
         """A ready child for spec: a spare or a new one when fresh, else the idle one if any."""
@@ -101,11 +118,14 @@ class ChildPool:
         self.spares.clear()
 
     def close(self) -> None:
-        """End every child this pool started, busy ones included, and collect their exits."""
+        """End every child and server this pool started, busy ones included, and collect their exits."""
         self.idle.clear()
         self.spares.clear()
         for child in list(self.live):
             self.discard(child)
+        for server in self.servers.values():
+            server.close()
+        self.servers.clear()
         for child in self.ended:
             child.proc.wait()
         self.ended.clear()

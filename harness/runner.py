@@ -27,6 +27,7 @@ from typing import Any
 
 from harness import evidence, processes, protocol
 from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError
+from harness.forkserver import ForkServer
 
 # A child acknowledges a request as soon as it reads it; one that does not within this time is
 # stuck in what its previous case left running.
@@ -41,10 +42,13 @@ class ChildSpec:
     env: tuple[tuple[str, str], ...]
     preload: tuple[str, ...] = ()
     python: str = sys.executable
+    # What a fork server for this child imports (harness.forkserver); None: exec a fresh process.
+    fork_imports: tuple[str, ...] | None = None
 
     @classmethod
-    def build(cls, env: dict[str, str], preload: tuple[str, ...] = (), python: str | None = None) -> "ChildSpec":
-        return cls(tuple(sorted(env.items())), tuple(preload), python or sys.executable)
+    def build(cls, env: dict[str, str], preload: tuple[str, ...] = (), python: str | None = None,
+              fork_imports: tuple[str, ...] | None = None) -> "ChildSpec":
+        return cls(tuple(sorted(env.items())), tuple(preload), python or sys.executable, fork_imports)
 
     def describe(self) -> str:
         interesting = {k: v for k, v in self.env if k.startswith(("PJRT_", "CPU_NUM", "XLA_", "HARNESS_BACKEND"))}
@@ -69,8 +73,10 @@ EXITED = _Exited()
 
 
 class ChildProcess:
-    def __init__(self, spec: ChildSpec, log_dir: Path) -> None:
+    def __init__(self, spec: ChildSpec, log_dir: Path, server: ForkServer | None = None) -> None:
+        """Start the child: exec'd fresh, or forked by `server` (harness.forkserver)."""
         self.spec = spec
+        self.forked = server is not None
         log_dir.mkdir(parents=True, exist_ok=True)
         result_read, result_write = os.pipe()
         lifeline_read, self.lifeline = os.pipe()
@@ -79,12 +85,21 @@ class ChildProcess:
         env[protocol.LIFELINE_FD_ENV] = str(lifeline_read)
         env[protocol.PRELOAD_ENV] = ",".join(spec.preload)
         self.log_path = log_dir / f"child-{time.time_ns()}.log"
-        with self.log_path.open("wb") as log:
-            self.proc = processes.start_in_session(
-                [spec.python, "-u", "-m", "harness.child"], env=env, stdout=log,
-                stdin=subprocess.PIPE, pass_fds=(result_write, lifeline_read))
-        os.close(result_write)
-        os.close(lifeline_read)
+        try:
+            with self.log_path.open("wb") as log:
+                if server is not None:
+                    self.proc: Any = server.spawn(env, log.fileno(), (result_write, lifeline_read))
+                else:
+                    self.proc = processes.start_in_session(
+                        [spec.python, "-u", "-m", "harness.child"], env=env, stdout=log,
+                        stdin=subprocess.PIPE, pass_fds=(result_write, lifeline_read))
+        except BaseException:
+            for fd in (result_read, self.lifeline):
+                os.close(fd)
+            raise
+        finally:
+            os.close(result_write)
+            os.close(lifeline_read)
         self.result_fd = result_read
         self.pidfd = _pidfd_open(self.proc.pid)
         self.buffer = protocol.LineBuffer()

@@ -1,0 +1,187 @@
+"""Children forked from a fork server behave like children exec'd fresh.
+
+On the fake backend (no torch_xla) the fork machinery itself: faults charged and named as for
+fresh children, post-fork environment applied, random generators reseeded, nothing left running.
+With torch_xla installed, equivalence: the same bodies give identical shardings and values in a
+forked and in a fresh child, functionalization on and off, on 2 and 4 devices.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.backends import CpuBackend, FakeBackend
+from harness.case import SpmdRunner
+from harness.pool import ChildPool
+
+pytestmark = pytest.mark.selftest
+
+needs_torch_xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None,
+                                     reason="torch_xla is not installed here (the fork equivalence needs it)")
+
+
+# --------------------------------------------------------------------------------------------
+# Bodies (run in the children)
+# --------------------------------------------------------------------------------------------
+
+
+def body_identity(ctx) -> None:
+    import random
+    import sys
+
+    ctx.record("pid", os.getpid())
+    ctx.record("ppid", os.getppid())
+    ctx.record("sid_is_pid", os.getsid(0) == os.getpid())
+    ctx.record("functionalization_env", os.environ.get("XLA_DISABLE_FUNCTIONALIZATION"))
+    ctx.record("devices_env", os.environ.get("HARNESS_DEVICES"))
+    ctx.record("random", random.random())
+    ctx.record("stdin_is_a_pipe", os.path.realpath(f"/proc/self/fd/0").startswith("pipe:")
+               or "pipe:" in os.readlink("/proc/self/fd/0"))
+    ctx.record("modules_before_body", sorted(m for m in ("torch", "torch_xla") if m in sys.modules))
+
+
+def body_fsdpv2_steps(ctx, steps: int) -> None:
+    """A small FSDPv2 model trained a few steps: shardings of every parameter and the losses."""
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    import torch_xla.distributed.spmd as xs
+    from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
+
+    from harness import xla
+
+    n = ctx.record("devices", xla.num_devices())
+    ctx.record("numpy_draw", int(np.random.randint(1 << 30)))
+    ctx.record("torch_initial_seed", int(torch.initial_seed()))
+    torch.manual_seed(0)
+    xs.set_global_mesh(xla.mesh((n, 1), ("fsdp", "model")))
+    model = SpmdFullyShardedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)))
+    for name, param in model.named_parameters():
+        ctx.record_sharding(name, xla.spec_of(param))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 16).to(xla.device()), torch.randn(8, 8).to(xla.device())
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        xla.sync()
+        losses.append(float(loss.detach().cpu()))
+    ctx.record("losses", losses)
+
+
+# --------------------------------------------------------------------------------------------
+# Fake backend: the machinery
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def runner_for(tmp_path):
+    pools = []
+
+    def make(backend, fork: bool, fresh_spares: bool = False) -> SpmdRunner:
+        pool = ChildPool(tmp_path / "logs", startup_timeout=120, fork=fork, spares=fresh_spares)
+        pools.append(pool)
+        return SpmdRunner(pool, backend, 300, "test_forkserver")
+
+    yield make
+    for pool in pools:
+        pool.close()
+
+
+def test_a_forked_child_is_adopted_in_its_own_session_with_its_own_environment(runner_for):
+    runner = runner_for(FakeBackend(4), fork=True)
+    on = runner.run(body_identity).values
+    off = runner.run(body_identity, functionalization=False).values
+    assert runner.pool.servers, "no fork server was started"
+    assert on["ppid"] == os.getpid() == off["ppid"], "the forked child was not adopted by this process"
+    assert on["sid_is_pid"] and on["stdin_is_a_pipe"]
+    assert (on["functionalization_env"], off["functionalization_env"]) == ("0", "1")
+    assert on["devices_env"] == "4"
+    assert on["pid"] != off["pid"] and len(runner.pool.servers) == 1, "post-fork variables must not key the server"
+
+
+def test_forked_children_do_not_share_random_state(runner_for):
+    runner = runner_for(FakeBackend(4), fork=True)
+    draws = {runner.run(body_identity, fresh=True).values["random"] for _ in range(3)}
+    assert len(draws) == 3
+
+
+def test_a_dead_server_is_replaced(runner_for):
+    runner = runner_for(FakeBackend(4), fork=True)
+    runner.run(body_identity, fresh=True)
+    (server,) = runner.pool.servers.values()
+    server.close()
+    assert runner.run(body_identity, fresh=True).values["ppid"] == os.getpid()
+    assert list(runner.pool.servers.values()) != [server]
+
+
+def test_faults_are_charged_and_named_as_for_fresh_children(pytester, monkeypatch):
+    monkeypatch.setenv("HARNESS_FORK_SERVER", "on")
+    pytester.makepyfile(test_cases='''
+import os, sys, threading, time
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_ok(ctx):
+    ctx.record("ppid", os.getppid())
+
+def body_abort(ctx):
+    print("F0101 00:00:00.000000 1 x.cc:1] Check failed: forked", file=sys.stderr, flush=True)
+    os.abort()
+
+def body_late(ctx):
+    threading.Thread(target=lambda: (time.sleep(0.3), os.abort())).start()
+
+def test_a_abort(spmd):
+    spmd.run(body_abort)
+
+def test_b_late(spmd):
+    spmd.run(body_late)
+
+def test_c_ok(spmd):
+    time.sleep(1.0)
+    assert spmd.run(body_ok).values["ppid"] == os.getpid()
+''')
+    result = pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: forked",
+                                 "FAULT test_cases.py::test_b_late: SIGABRT after the verdict of this case*"])
+    assert list((pytester.path / "results" / "logs" / "main").glob("forkserver-*.log")), "children were not forked"
+
+
+# --------------------------------------------------------------------------------------------
+# torch_xla: forked and fresh children agree
+# --------------------------------------------------------------------------------------------
+
+
+@needs_torch_xla
+@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("functionalization", [True, False], ids=["func-on", "func-off"])
+def test_forked_and_fresh_children_give_identical_shardings_and_values(runner_for, devices, functionalization):
+    results = {}
+    for fork in (True, False):
+        runner = runner_for(CpuBackend(devices), fork=fork)
+        result = runner.run(body_fsdpv2_steps, functionalization=functionalization, steps=3)
+        results[fork] = result
+    forked, fresh = results[True], results[False]
+    assert forked.values["devices"] == fresh.values["devices"] == devices
+    assert forked.shardings == fresh.shardings
+    assert forked.values["losses"] == fresh.values["losses"], "losses differ bit for bit"
+    if functionalization:  # a 2-D weight is sharded over fsdp (func-off: bug 2b may leave it; equal is what counts)
+        weight = next(name for name in forked.shardings if name.endswith("0.weight"))
+        assert forked.shardings[weight].startswith("{devices="), forked.shardings
+
+
+@needs_torch_xla
+def test_forked_torch_xla_children_do_not_share_random_state(runner_for):
+    runner = runner_for(CpuBackend(2), fork=True)
+    values = [runner.run(body_fsdpv2_steps, fresh=True, steps=1).values for _ in range(2)]
+    assert values[0]["numpy_draw"] != values[1]["numpy_draw"]
+    assert values[0]["torch_initial_seed"] != values[1]["torch_initial_seed"]
