@@ -3,11 +3,14 @@
     .venv/bin/python benchmarks/time_to_verdict.py [--repeat 1] [-- extra pytest args]
 
 Rows:
-  serial       pytest -m spmd, one process, warm children per environment
-  xdist -n 2   the same under pytest-xdist with two workers
-  floor        the same case bodies replayed (harness.replay) in one bare Python process per
-               environment configuration (plus one per case that needs a fresh process):
-               no pytest, no pipes, no pool; what isolation cannot beat
+  serial / -n 2, forked   pytest -m spmd, children forked from a fork server (the default on CPU)
+  serial / -n 2, fresh    the same with --fork-server=off: every child imports torch_xla itself
+  floor (bare replay)     the same case bodies replayed (harness.replay) in one bare Python process
+                          per environment configuration (plus one per case that needs a fresh
+                          process): no pytest, no pipes, no pool
+  floor (bodies)          the bodies' own durations as the children measured them (body_s in the
+                          records of the serial forked run), summed; for -n 2, halved
+  one bare process        import torch_xla, use_spmd, one sharded step, in one process
 Columns: wall time, time to the first verdict on disk, cases, peak memory of the process tree.
 This is a benchmark, not a test: it asserts nothing and prints numbers.
 """
@@ -101,7 +104,7 @@ def median_of(runs: list[Measurement]) -> Measurement:
     return chosen
 
 
-def table(rows: list[Measurement], floor: Measurement) -> str:
+def table(rows: list[Measurement], floor: Measurement, extra: list[Measurement]) -> str:
     lines = [
         "| run | wall (s) | × floor | first verdict (s) | cases | per-case overhead (s) | peak RSS (GB) | exit |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -114,7 +117,29 @@ def table(rows: list[Measurement], floor: Measurement) -> str:
             f"| {m.label} | {m.wall:.1f} | {ratio:.2f} | {first} | {m.cases or '–'} | "
             f"{overhead:+.2f} | {m.peak_rss / 2**30:.2f} | {exit_column(m, floor)} |"
         )
+    for m in extra:
+        rss = f"{m.peak_rss / 2**30:.2f}" if m.peak_rss else "–"
+        lines.append(f"| {m.label} | {m.wall:.1f} | {m.wall / floor.wall:.2f} | – | {m.cases or '–'} | – | {rss} | – |")
     return "\n".join(lines)
+
+
+BARE_STEP = (
+    "import torch, torch_xla, torch_xla.runtime as xr, torch_xla.distributed.spmd as xs, numpy as np; "
+    "xr.use_spmd(); n = xr.global_runtime_device_count(); "
+    "mesh = xs.Mesh(np.arange(n), (n, 1), ('fsdp', 'model')); "
+    "t = torch.randn(16, 32).to(torch_xla.device()); xs.mark_sharding(t, mesh, ('fsdp', None)); "
+    "(t * 2).sum().cpu()"
+)
+
+
+def bodies_floor(results_dir: Path, label: str, workers: int) -> Measurement:
+    from harness.results import read_records
+
+    m = Measurement(label)
+    records = list(read_records(results_dir))
+    m.wall = sum(r.body_s for r in records) / workers
+    m.cases = len(records)
+    return m
 
 
 def main() -> int:
@@ -123,15 +148,19 @@ def main() -> int:
     parser.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (after --)")
     args = parser.parse_args()
     python = sys.executable
+    sys.path.insert(0, str(REPO))
     with tempfile.TemporaryDirectory(prefix="spmd-bench-") as tmp:
-        serial_dir, xdist_dir = Path(tmp, "serial"), Path(tmp, "xdist")
         base = [python, "-m", "pytest", "-m", "spmd", "-q", "-p", "no:cacheprovider", *args.pytest_args]
         print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; repo {REPO}", flush=True)
-        rows = {
-            "serial": (base + [f"--results-dir={serial_dir}"], serial_dir),
-            "xdist -n 2": (base + ["-n", "2", f"--results-dir={xdist_dir}"], xdist_dir),
-            "floor (bare replay)": ([python, "-m", "harness.replay", f"--results-dir={serial_dir}"], None),
-        }
+        rows: dict[str, tuple[list[str], Path | None]] = {}
+        for mode in ("on", "off"):
+            name = "forked" if mode == "on" else "fresh"
+            for workers, extra in (("serial", []), ("-n 2", ["-n", "2"])):
+                folder = Path(tmp, f"{name}-{workers.replace(' ', '')}")
+                rows[f"{workers}, {name}"] = (base + extra + [f"--fork-server={mode}", f"--results-dir={folder}"], folder)
+        serial_dir = rows["serial, forked"][1]
+        rows["floor (bare replay)"] = ([python, "-m", "harness.replay", f"--results-dir={serial_dir}"], None)
+        rows["one bare process"] = ([python, "-c", BARE_STEP], None)
         measured = {}
         for label, (argv, results_dir) in rows.items():
             runs = []
@@ -139,10 +168,14 @@ def main() -> int:
                 runs.append(measure(label, argv, results_dir))
                 print(f"{label} run {attempt + 1}/{args.repeat}: {runs[-1].wall:.1f}s", flush=True)
             measured[label] = median_of(runs)
-        serial, xdist, floor = measured.values()
-        floor.cases = serial.cases
+        floor = measured.pop("floor (bare replay)")
+        floor.cases = measured["serial, forked"].cases
+        bare = measured.pop("one bare process")
+        extra_rows = [bodies_floor(serial_dir, "floor (bodies), serial", 1),
+                      bodies_floor(serial_dir, "floor (bodies), 2 cores", 2), bare]
         print()
-    print(table([serial, xdist], floor))
+    print(table(list(measured.values()), floor, extra_rows))
+    print(f"\n-n 2 forked = {measured['-n 2, forked'].wall / bare.wall:.1f} x one bare torch_xla process")
     return 0
 
 

@@ -316,6 +316,7 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
         signature=judgement.signature if judgement else None,
         evidence=_bounded(_evidence(call) or ""), torch_xla=_child_version(item), backend=harness.backend.name,
         devices=harness.backend.capabilities().devices, duration_s=round(report.duration, 3),
+        body_s=round(sum(r.duration_s for r in runner.results), 3) if runner else 0.0,
         shardings=shardings,
     )
     results.write_record(harness.results_dir, record, harness.worker)

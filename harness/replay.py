@@ -68,14 +68,15 @@ def command_for(spec: dict[str, Any], requests_file: Path) -> tuple[list[str], d
 def run_group_here(requests_file: Path) -> int:
     """Inside the replay process: the set-up hooks once, then each body in turn."""
     from harness.child import run_preload_hooks, run_request
+    from harness.protocol import Request
 
     run_preload_hooks()
     failures = 0
-    for request in json.loads(requests_file.read_text(encoding="utf-8")):
-        verdict = run_request(request)
-        exc = verdict["exception"]
+    for number, entry in enumerate(json.loads(requests_file.read_text(encoding="utf-8")), start=1):
+        verdict = run_request(Request(id=number, case=entry["case"], body=entry["body"], kwargs=entry["kwargs"]))
+        exc = verdict.exception
         status = "ok" if exc is None else f"{exc['type']}: {exc['message'].splitlines()[0][:200] if exc['message'] else ''}"
-        print(f"[replay] {verdict['duration_s']:7.2f}s {request['case']}: {status}", flush=True)
+        print(f"[replay] {verdict.duration_s:7.2f}s {entry['case']}: {status}", flush=True)
         failures += exc is not None
     return 1 if failures else 0
 

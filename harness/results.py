@@ -42,7 +42,8 @@ class CaseRecord:
     torch_xla: str | None = None  # torch_xla version the child ran (None if no child ran)
     backend: str = ""
     devices: int | None = None
-    duration_s: float = 0.0
+    duration_s: float = 0.0  # the test as pytest timed it (waits for children included)
+    body_s: float = 0.0  # the case bodies' own time, as their children measured it
     # Sharding spec per named tensor as the child observed it, e.g. {"fc.weight": "{devices=[4,1]0,1,2,3}"}.
     shardings: dict[str, str] = dataclasses.field(default_factory=dict)
     # Where the host ran (filled in by the GKE worker and the --local launcher).

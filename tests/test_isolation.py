@@ -8,6 +8,7 @@ JUnit XML and the results folder.
 from __future__ import annotations
 
 import json
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -260,3 +261,17 @@ def test_local(spmd):
     result = run(pytester)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*must be a module-level function*"])
+
+
+def test_replay_reruns_the_journalled_bodies_in_bare_processes(pytester):
+    write_cases(pytester, '''
+def test_ok(spmd):
+    spmd.run(body_ok)
+
+def test_raises(spmd):
+    spmd.run(body_raise)
+''')
+    run(pytester)
+    replay = pytester.run(sys.executable, "-m", "harness.replay", "--results-dir", str(pytester.path / "results"))
+    assert replay.ret == 1  # one body raises
+    replay.stdout.fnmatch_lines(["*test_cases.py::test_ok: ok*", "*test_cases.py::test_raises: ValueError: the body said no*"])
