@@ -19,6 +19,10 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+import pytest
+
+from harness.processes import describe_exit
+
 VERDICTS_GLOB = "verdicts-*.jsonl"
 
 
@@ -126,3 +130,21 @@ def apply_amendment(records: dict[str, CaseRecord], data: dict[str, Any]) -> Non
 
 def safe_filename(nodeid: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:180]
+
+
+def suite_exit_problem(code: int | None) -> str | None:
+    """Why a pytest run's exit code means its cases were not all judged; None for 0 and 1.
+
+    0 (all passed) and 1 (some failed) are a suite that ran as a whole; anything else
+    (interrupted, internal error, usage error, nothing collected, a signal) makes its records
+    suspect, whatever they say.
+    """
+    if code in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        return None
+    if code is None or code < 0:
+        return f"pytest died of {describe_exit(code)}"
+    try:
+        meaning = pytest.ExitCode(code).name.lower().replace("_", " ")
+    except ValueError:
+        meaning = "not one of pytest's exit codes"
+    return f"pytest exited {code} ({meaning})"

@@ -156,7 +156,7 @@ def test_column_problems_are_disagreements(registry):
     other_failure = column("2.6.0", healthy("2.6.0") + [rec("smoke", "failed", None, evidence="boom")])
     matrix = build_matrix(registry, [crashed, wrong_version, other_failure])
     messages = [d.message for d in matrix.disagreements if d.entry is None]
-    assert any("pytest exited 2 (interrupted or a collection error)" in m for m in messages)
+    assert any("pytest exited 2 (interrupted)" in m for m in messages)
     assert any("ran torch_xla 2.8.0, but the column is 2.9.0" in m for m in messages)
     assert any("test_x.py::smoke failed on 2.6.0 (no registry entry)" in m for m in messages)
 

@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence, TextIO
 
-from harness.errors import RegistryError
+from harness.errors import HarnessUsageError, RegistryError
 from harness.matrix import columns as cols
 from harness.matrix import compare as cmp
 from harness.matrix import envs, measure, render
 from harness.matrix.envs import EnvCache, Installer, PipInstaller
-from harness.matrix.errors import MatrixError, MatrixUsageError
+from harness.matrix.errors import MatrixError
 from harness.matrix.procs import Progress
 from harness.matrix.suite import PytestSuite, SuiteRunner
 from harness.matrix.table import build_matrix
@@ -42,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting: only main() decides the exit code."""
 
     def error(self, message: str) -> NoReturn:
-        raise MatrixUsageError(f"{message}\n{self.format_usage().strip()}")
+        raise HarnessUsageError(f"{message}\n{self.format_usage().strip()}")
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         if message:
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None, deps: Deps | None = None) -> int:
         return _run(run_parser().parse_args(head), extra, command, deps)
     except _HelpShown:
         return EXIT_AGREE
-    except (MatrixUsageError, RegistryError) as exc:
+    except (HarnessUsageError, RegistryError) as exc:
         print(f"harness.matrix: usage error: {exc}", file=deps.stderr)
         return EXIT_USAGE
     except MatrixError as exc:

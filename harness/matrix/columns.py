@@ -14,7 +14,7 @@ from typing import Sequence
 from packaging.version import InvalidVersion, Version
 
 from harness.matrix.envs import read_wheel_folder
-from harness.matrix.errors import MatrixUsageError
+from harness.errors import HarnessUsageError
 from harness.results import VERDICTS_GLOB
 
 
@@ -34,10 +34,10 @@ def parse_releases(text: str | None) -> list[str]:
         try:
             Version(release)
         except InvalidVersion:
-            raise MatrixUsageError(f"--releases: {release!r} is not a version; give torch_xla releases like 2.6.0,2.7.0,2.9.0") from None
+            raise HarnessUsageError(f"--releases: {release!r} is not a version; give torch_xla releases like 2.6.0,2.7.0,2.9.0") from None
     duplicates = sorted({r for r in releases if releases.count(r) > 1})
     if duplicates:
-        raise MatrixUsageError(f"--releases names {', '.join(duplicates)} twice")
+        raise HarnessUsageError(f"--releases names {', '.join(duplicates)} twice")
     return releases
 
 
@@ -47,9 +47,9 @@ def parse_assignments(option: str, values: Sequence[str]) -> dict[str, Path]:
     for value in values:
         name, sep, path = value.partition("=")
         if not sep or not name or not path:
-            raise MatrixUsageError(f"{option} {value!r}: expected NAME=PATH, e.g. {option} 2.9.0=/path/to/venv")
+            raise HarnessUsageError(f"{option} {value!r}: expected NAME=PATH, e.g. {option} 2.9.0=/path/to/venv")
         if name in out:
-            raise MatrixUsageError(f"{option} names {name} twice")
+            raise HarnessUsageError(f"{option} names {name} twice")
         out[name] = Path(path).expanduser().absolute()  # the suite runs from the repo root, not from here
     return out
 
@@ -66,14 +66,14 @@ def build_columns(releases: Sequence[str], envs: dict[str, Path], wheels: Sequen
                   results: dict[str, Path]) -> list[ColumnSpec]:
     unknown = sorted(set(envs) - set(releases))
     if unknown:
-        raise MatrixUsageError(f"--env names {', '.join(unknown)}, which --releases does not list "
+        raise HarnessUsageError(f"--env names {', '.join(unknown)}, which --releases does not list "
                                f"({', '.join(releases) or 'none'}); --env replaces the build of a listed release")
     columns = []
     for release in releases:
         if release in envs:
             venv = envs[release]
             if not (venv / "bin" / "python").exists():
-                raise MatrixUsageError(f"--env {release}={venv}: no {venv / 'bin' / 'python'}; give the venv's folder")
+                raise HarnessUsageError(f"--env {release}={venv}: no {venv / 'bin' / 'python'}; give the venv's folder")
             columns.append(ColumnSpec(release, "env", release, venv))
         else:
             columns.append(ColumnSpec(release, "release", release))
@@ -85,10 +85,10 @@ def build_columns(releases: Sequence[str], envs: dict[str, Path], wheels: Sequen
     names = [c.name for c in columns]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise MatrixUsageError(f"two columns are both named {', '.join(duplicates)} (a release and a wheel folder "
+        raise HarnessUsageError(f"two columns are both named {', '.join(duplicates)} (a release and a wheel folder "
                                f"of the same torch_xla?); keep one")
     if not columns:
-        raise MatrixUsageError("nothing to measure: give --releases, --wheels DIR or --results NAME=DIR")
+        raise HarnessUsageError("nothing to measure: give --releases, --wheels DIR or --results NAME=DIR")
     return columns
 
 
@@ -97,7 +97,7 @@ def results_column(name: str, folder: Path, option: str) -> ColumnSpec:
         return ColumnSpec(name, "results", None, folder)
     nested = sorted(p.name for p in folder.glob("*/") if is_results_dir(p)) if folder.is_dir() else []
     hint = f"; it has results folders {', '.join(nested)} inside: pass one of those" if nested else ""
-    raise MatrixUsageError(f"{option} {folder}: no {VERDICTS_GLOB} there{hint}")
+    raise HarnessUsageError(f"{option} {folder}: no {VERDICTS_GLOB} there{hint}")
 
 
 def dir_column(name: str, folder: Path, option: str) -> ColumnSpec:

@@ -23,7 +23,8 @@ from typing import Callable, Protocol, Sequence
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
-from harness.matrix.errors import EnvBuildError, EnvMismatchError, MatrixUsageError, NotEnoughDiskError
+from harness.errors import HarnessUsageError
+from harness.matrix.errors import EnvBuildError, EnvMismatchError, NotEnoughDiskError
 from harness.matrix.procs import CommandTimedOut, last_line_matching, run_logged, tail
 
 if sys.version_info >= (3, 11):
@@ -87,19 +88,19 @@ class WheelFolder:
 
 def read_wheel_folder(folder: Path) -> WheelFolder:
     if not folder.is_dir():
-        raise MatrixUsageError(f"--wheels {folder}: not a folder. Give the folder that holds the torch and torch_xla wheels.")
+        raise HarnessUsageError(f"--wheels {folder}: not a folder. Give the folder that holds the torch and torch_xla wheels.")
     wheels = tuple(sorted(folder.glob("*.whl")))
     xla = []
     for wheel in wheels:
         try:
             name, version, _build, _tags = parse_wheel_filename(wheel.name)
         except InvalidWheelFilename as exc:
-            raise MatrixUsageError(f"--wheels {folder}: {wheel.name} is not a valid wheel filename ({exc})") from None
+            raise HarnessUsageError(f"--wheels {folder}: {wheel.name} is not a valid wheel filename ({exc})") from None
         if name == canonicalize_name("torch_xla"):
             xla.append((wheel, str(version)))
     if len(xla) != 1:
         found = ", ".join(w.name for w in wheels) or "no .whl files"
-        raise MatrixUsageError(f"--wheels {folder}: needs exactly one torch_xla wheel, found {len(xla)} ({found}). "
+        raise HarnessUsageError(f"--wheels {folder}: needs exactly one torch_xla wheel, found {len(xla)} ({found}). "
                                f"Download the build's wheel artifact (torch and torch_xla) into its own folder.")
     return WheelFolder(path=folder, torch_xla_version=xla[0][1], wheels=wheels)
 

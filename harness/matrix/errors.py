@@ -1,20 +1,16 @@
 """Typed errors of the release matrix. Each message says what broke and what to do next.
 
-The CLI maps them to exit codes: usage errors to 2, everything that stopped an environment from
+The CLI maps them to exit codes: usage errors (harness.errors.HarnessUsageError) to 2, everything that stopped an environment from
 being built or a suite from running to 3 (1 is reserved for "ran, and disagrees").
 """
 
 from __future__ import annotations
 
-from harness.errors import HarnessError, HarnessUsageError
+from harness.errors import HarnessError
 
 
 class MatrixError(HarnessError):
     """Something stopped the matrix from being measured (not a disagreement: those are results)."""
-
-
-class MatrixUsageError(HarnessUsageError):
-    """A bad option or argument; the message names what is accepted."""
 
 
 class NotEnoughDiskError(MatrixError):

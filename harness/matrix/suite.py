@@ -14,16 +14,12 @@ from typing import Callable, Protocol, Sequence
 
 from harness.matrix.errors import SuiteRunError
 from harness.matrix.procs import CommandTimedOut, run_logged
-from harness.results import VERDICTS_GLOB, CaseRecord, read_records
+from harness.results import VERDICTS_GLOB, CaseRecord, read_records, suite_exit_problem
 
 SUITE_LOG = "pytest.log"
 # Only the case folder: an env built for the matrix has the harness's light deps, not the `test`
 # extra that some self-tests under tests/ import, and the SPMD cases all live in cases/.
 SUITE_PATHS = ("cases",)
-# pytest's exit codes: 0 all passed, 1 some failed. Anything else means the suite did not run as a
-# whole (interrupted, internal error, usage error, nothing collected) and the column is suspect.
-PYTEST_NORMAL_EXITS = (0, 1)
-PYTEST_EXIT_MEANINGS = {2: "interrupted or a collection error", 3: "internal error", 4: "usage error", 5: "no tests collected"}
 
 
 @dataclasses.dataclass
@@ -39,9 +35,9 @@ class SuiteRun:
     @property
     def problem(self) -> str | None:
         """Why this column cannot be trusted as a whole, or None."""
-        if self.exit_code is not None and self.exit_code not in PYTEST_NORMAL_EXITS:
-            meaning = PYTEST_EXIT_MEANINGS.get(self.exit_code, "unexpected exit code")
-            return f"pytest exited {self.exit_code} ({meaning}); see {self.log}"
+        problem = suite_exit_problem(self.exit_code) if self.exit_code is not None else None
+        if problem:
+            return f"{problem}; see {self.log}"
         if not self.records:
             return f"no case records in {self.results_dir}" + (f"; see {self.log}" if self.log else "")
         return None
