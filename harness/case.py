@@ -23,7 +23,7 @@ from harness.evidence import headline
 from harness.backends import Backend
 from harness.errors import CaseError, CaseFailed, HarnessUsageError
 from harness.pool import ChildPool
-from harness.protocol import BodyRef, ChildException, Verdict
+from harness.protocol import BodyRef, ChildException, Verdict, json_problem
 from harness.runner import ChildProcess, ChildSpec, LateFault
 
 # Called with each LateFault: the plugin charges it to the case it names.
@@ -81,12 +81,11 @@ def body_ref(body: Callable[..., Any]) -> BodyRef:
 def checked_kwargs(body: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """kwargs travel to the child as JSON: refuse, naming the key, what would not arrive intact."""
     for key, value in kwargs.items():
-        try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError) as exc:
+        problem = json_problem(value)
+        if problem:
             raise HarnessUsageError(
-                f"argument {key}={value!r:.80} of case body {body.__qualname__} is not strict JSON ({exc}); "
-                f"pass numbers, text, lists and dicts of them (the body runs in another process)") from None
+                f"argument {key}={value!r:.80} of case body {body.__qualname__} is not strict JSON ({problem}); "
+                f"pass numbers, text, lists and dicts of them (the body runs in another process)")
     return kwargs
 
 

@@ -179,10 +179,9 @@ def _not_json(observations: dict[str, Any]) -> str:
     """Which recorded value is not strict JSON (a list recorded early and appended to later)."""
     for kind, entries in observations.items():
         for key, value in entries.items():
-            try:
-                json.dumps(value, allow_nan=False)
-            except (TypeError, ValueError) as exc:
-                return (f"ctx {kind} {key!r} is not strict JSON ({exc}); record numbers, text, lists and "
+            problem = protocol.json_problem(value)
+            if problem:
+                return (f"ctx {kind} {key!r} is not strict JSON ({problem}); record numbers, text, lists and "
                         f"dicts of them, and write NaN/Infinity as text")
     return "the observations are not strict JSON"
 

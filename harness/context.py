@@ -7,7 +7,6 @@ HLO text, small JSON values. Those travel back to the parent in the verdict.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -57,9 +56,8 @@ def _checked_text(method: str, key: str, value: Any) -> str:
 
 def _check_json(method: str, key: str, value: Any) -> None:
     """Strict JSON only: a repr or an Infinity would reach the results folder and break readers."""
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    problem = protocol.json_problem(value)
+    if problem:
         raise HarnessUsageError(
-            f"ctx.{method}({key!r}, ...): the value is not strict JSON ({exc}); record numbers, text, "
-            f"lists and dicts of them, and write NaN/Infinity as text (e.g. str(loss))") from None
+            f"ctx.{method}({key!r}, ...): the value is not strict JSON ({problem}); record numbers, text, "
+            f"lists and dicts of them, and write NaN/Infinity as text (e.g. str(loss))")

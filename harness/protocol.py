@@ -117,6 +117,15 @@ class Verdict:
 MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Request, Ready, StartupFailed, Started, Verdict)}
 
 
+def json_problem(value: Any) -> str | None:
+    """Why `value` cannot travel in a message (a set, an object, NaN or Infinity), or None."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
 def encode(message: Any) -> bytes:
     """One line of strict JSON; ValueError for NaN/Infinity, TypeError for non-JSON values."""
     data = {"kind": message.kind, **dataclasses.asdict(message)}
