@@ -11,7 +11,7 @@ Rows:
   floor (bodies)          the bodies' own durations as the children measured them (body_s in the
                           records of the serial forked run), summed; for -n 2, halved
   one bare process        import torch_xla, use_spmd, one sharded step, in one process
-Columns: wall time, time to the first verdict on disk, cases, peak memory of the process tree.
+Columns: wall time, time to the first verdict on disk, cases, peak memory (PSS) of the process tree.
 This is a benchmark, not a test: it asserts nothing and prints numbers.
 """
 
@@ -32,26 +32,39 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def tree_rss_bytes(root: int) -> int:
-    """Resident memory of `root` and all its descendants, read from /proc."""
+    """Memory of `root` and all its descendants, read from /proc, as proportional set size (PSS).
+
+    PSS, not RSS: forked children share the fork server's pages copy-on-write, and RSS would count
+    every shared page once per process. Where smaps_rollup cannot be read, RSS stands in.
+    """
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
+    size: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             stat = Path(f"/proc/{entry}/stat").read_text()
-            statm = Path(f"/proc/{entry}/statm").read_text()
+            size[int(entry)] = _pss_bytes(entry)
         except OSError:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry))
-        rss[int(entry)] = int(statm.split()[1]) * PAGE
     total, stack = 0, [root]
     while stack:
         pid = stack.pop()
-        total += rss.get(pid, 0)
+        total += size.get(pid, 0)
         stack.extend(children.get(pid, []))
     return total
+
+
+def _pss_bytes(pid: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
 
 
 class Measurement:
@@ -106,7 +119,7 @@ def median_of(runs: list[Measurement]) -> Measurement:
 
 def table(rows: list[Measurement], floor: Measurement, extra: list[Measurement]) -> str:
     lines = [
-        "| run | wall (s) | × floor | first verdict (s) | cases | per-case overhead (s) | peak RSS (GB) | exit |",
+        "| run | wall (s) | × floor | first verdict (s) | cases | per-case overhead (s) | peak PSS (GB) | exit |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in rows + [floor]:

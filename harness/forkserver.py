@@ -117,7 +117,7 @@ class ForkServer:
                                                    stdout=log, pass_fds=(theirs.fileno(),))
         theirs.close()
         self.sock.settimeout(startup_timeout)
-        self.ready = self._receive("ready")
+        self.ready: dict[str, Any] | None = None  # awaited at the first spawn: starting never blocks
 
     def _receive(self, what: str) -> dict[str, Any]:
         data = b""
@@ -146,6 +146,8 @@ class ForkServer:
 
     def spawn(self, env: Mapping[str, str], log_fd: int, pass_fds: tuple[int, ...]) -> AdoptedProcess:
         """A new child with `env` (post-fork variables), stdout/stderr on log_fd, `pass_fds` open."""
+        if self.ready is None:
+            self.ready = self._receive("ready")
         stdin_read, stdin_write = os.pipe()
         request = {"env": {k: v for k, v in env.items() if k in POST_FORK_VARIABLES}, "fds": list(pass_fds)}
         try:

@@ -88,6 +88,7 @@ class HarnessSession:
                               exclusive=self.backend.exclusive_device, spares=self.worker == "main",
                               fork=_fork_server_wanted(config, self.backend))
         self.late_faults: list[LateFault] = []
+        self.early_start_done = False
 
     def charge_late_fault(self, fault: LateFault) -> None:
         """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""
@@ -203,6 +204,17 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     for fault in harness.late_faults:
         terminalreporter.line(f"FAULT {fault.case}: {headline(fault.evidence)}", red=True)
         terminalreporter.line(fault.log_tail)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """At the first SPMD case collected, start the import (a fork server's): it overlaps collection."""
+    harness = item.config.stash[SESSION_KEY]
+    if harness.early_start_done or not item.get_closest_marker("spmd") or item.config.option.collectonly:
+        return
+    harness.early_start_done = True
+    if harness.pool.fork and not harness.backend.exclusive_device and harness.backend.capabilities().has_xla:
+        runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
+        harness.pool.prewarm(runner.spec(functionalization=True))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -38,8 +38,11 @@ class ChildPool:
         self.started = 0
 
     def prewarm(self, spec: ChildSpec) -> None:
-        """Start a child now (it imports in the background) so the first case finds it warm."""
-        if spec not in self.idle:
+        """Start importing now, in the background, so the first case finds it done: the fork
+        server for spec when children are forked (forking itself is cheap), else a child."""
+        if self.fork and spec.fork_imports is not None:
+            self._server_for(spec)
+        elif spec not in self.idle:
             self.idle[spec] = self._start(spec)
 
     def _start(self, spec: ChildSpec) -> ChildProcess:
