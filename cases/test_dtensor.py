@@ -208,8 +208,11 @@ def _gloo_rank(rank: int, world_size: int, queue) -> None:
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import parallelize_module
+
+    from harness import xla
+
+    DTensor = xla.dtensor().DTensor  # torch.distributed.tensor (torch 2.5+) or ._tensor (2.4)
 
     # No destroy_process_group(): on torch 2.6 ~ProcessGroupGloo joins its worker thread while
     # holding the GIL, and that thread may be freeing a tensor (needs the GIL): seen deadlocking
@@ -239,13 +242,29 @@ def _gloo_rank(rank: int, world_size: int, queue) -> None:
 
 
 def body_parallelize_module_gloo(ctx, world_size: int) -> None:
+    import torch
     import torch.multiprocessing as mp
 
+    ctx.record("torch", torch.__version__)
     # fork: the ranks share this child's imports (no torch_xla here) instead of importing torch again.
     queue = mp.get_context("fork").SimpleQueue()
     mp.start_processes(_gloo_rank, args=(world_size, queue), nprocs=world_size, start_method="fork")
     reports = sorted((queue.get() for _ in range(world_size)), key=lambda r: r["rank"])
     ctx.record("ranks", reports)
+
+
+def _skip_where_torch_cannot_run_one_rank(result, world_size: int) -> None:
+    """torch before 2.6 builds no einsum strategy on a mesh dimension of size 1, so DTensor's mm
+    on a 1-rank mesh dies in gen_einsum_strategies (fixed by pytorch/pytorch#139134, torch 2.6).
+    That reference cannot run there; the 2-rank row still does. Any other failure stays red."""
+    from packaging.version import Version
+
+    torch = result.values.get("torch")
+    message = result.exception.message if result.exception else ""
+    if (world_size == 1 and torch and Version(torch).release < (2, 6)
+            and "IndexError" in message and "gen_einsum_strategies" in message):
+        pytest.skip(f"torch {torch}: DTensor's gen_einsum_strategies raises IndexError on a 1-rank mesh "
+                    "(pytorch/pytorch#139134, fixed in torch 2.6); the 2-rank reference runs on this release")
 
 
 def _free_port() -> int:
@@ -261,8 +280,10 @@ def _free_port() -> int:
 def test_parallelize_module_on_gloo_cpu_mesh(spmd, world_size: int) -> None:
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     # Fresh, without torch_xla: torch.distributed's process group is once per process.
-    result = spmd.run(body_parallelize_module_gloo, preload=False, env=env, timeout=120, world_size=world_size)
-    ranks = result.values["ranks"]
+    result = spmd.run(body_parallelize_module_gloo, preload=False, env=env, timeout=120, world_size=world_size,
+                      check=False)
+    _skip_where_torch_cannot_run_one_rank(result, world_size)
+    ranks = result.raise_for_outcome().values["ranks"]
     assert [r["rank"] for r in ranks] == list(range(world_size))
     expected_layout = {
         "in_proj.weight": (["Shard(dim=0)"], [HIDDEN // world_size, IN_FEATURES]),
@@ -283,22 +304,23 @@ def test_parallelize_module_on_gloo_cpu_mesh(spmd, world_size: int) -> None:
 
 def body_per_parameter_workaround(ctx, steps: int) -> None:
     import torch
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     from harness import xla
 
+    dt = xla.dtensor()  # torch.distributed.tensor (torch 2.5+) or ._tensor (2.4)
+
     placements = {
-        "in_proj.weight": [Shard(0)],
-        "in_proj.bias": [Shard(0)],
-        "out_proj.weight": [Shard(1)],
-        "out_proj.bias": [Replicate()],
+        "in_proj.weight": [dt.Shard(0)],
+        "in_proj.bias": [dt.Shard(0)],
+        "out_proj.weight": [dt.Shard(1)],
+        "out_proj.bias": [dt.Replicate()],
     }
     model, reference, x = _toy_model_and_reference()
     model = model.to(xla.device())
     mesh = _xla_mesh()
     for name, param in model.named_parameters():
         # Marks the sharding on `param` in place; the returned wrapper is deliberately unused.
-        distribute_tensor(param, mesh, placements[name])
+        dt.distribute_tensor(param, mesh, placements[name])
     _record_param_specs(ctx, model)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=SGD_LR)
@@ -363,13 +385,14 @@ def _weight_op(op: str, w, x):
 
 def body_distributed_weight_op(ctx, op: str) -> None:
     import torch
-    from torch.distributed.tensor import Shard, distribute_tensor
 
     from harness import xla
 
+    dt = xla.dtensor()  # torch.distributed.tensor (torch 2.5+) or ._tensor (2.4)
+
     torch.manual_seed(0)
     w_cpu, x_cpu = torch.randn(16, 32), torch.randn(8, 32)
-    w = distribute_tensor(w_cpu.to(xla.device()), _xla_mesh(), [Shard(0)])
+    w = dt.distribute_tensor(w_cpu.to(xla.device()), _xla_mesh(), [dt.Shard(0)])
     ctx.record_sharding("w", xla.spec_of(getattr(w, "global_tensor", w)))
     out = _weight_op(op, w, x_cpu.to(xla.device()))
     _assert_close(f"{op} on the distributed weight", out, _weight_op(op, w_cpu, x_cpu))

@@ -24,7 +24,7 @@ from harness.registry import get_entry
 pytestmark = pytest.mark.spmd
 
 VAR = "SKIP_MEGASCALE_PJRT_CLIENT"
-NO_GUARD_API = "has no guard function (2.6.x sets and pops the variable inline in trace_pallas)"
+NO_GUARD_API = "has no guard function to nest or patch (none before 2.6; 2.6.x sets and pops the variable inline in trace_pallas)"
 
 
 # --------------------------------------------------------------------------------------------

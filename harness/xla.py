@@ -68,3 +68,18 @@ def sync() -> None:
         import torch_xla.core.xla_model as xm
 
         xm.mark_step()
+
+
+def dtensor() -> Any:
+    """The DTensor API module: `Shard`, `Replicate`, `DTensor`, `distribute_tensor`.
+
+    Public as torch.distributed.tensor from torch 2.5; torch 2.4 has that package (for
+    `.parallel`) but keeps these names in torch.distributed._tensor.
+    """
+    import torch.distributed.tensor as public
+
+    if hasattr(public, "distribute_tensor"):
+        return public
+    import torch.distributed._tensor as private
+
+    return private
