@@ -576,3 +576,21 @@ def test_a_row_that_names_two_entries_counts_for_the_one_that_judged_it():
         cell = matrix.cell(entry, version)
         assert cell.observed.state is state and cell.agrees, (entry, version, cell)
     assert matrix.cell(names[0], "2.5.1").observed.detail == f"judged as {names[1]}"
+
+
+def test_identical_large_files_of_cached_envs_become_hard_links(tmp_path):
+    from harness.matrix.share import MIN_SHARED_BYTES, share_identical_files
+
+    same = b"x" * MIN_SHARED_BYTES
+    old, new = tmp_path / "old", tmp_path / "new"
+    for env, other_bytes in ((old, b"a"), (new, b"b")):
+        (env / "lib").mkdir(parents=True)
+        (env / "lib" / "libcudnn.so").write_bytes(same)
+        (env / "lib" / "libtorch.so").write_bytes(other_bytes * MIN_SHARED_BYTES)  # same name, other bytes
+        (env / "lib" / "small.py").write_bytes(b"print()")
+    freed = share_identical_files(new, [old, new])
+    assert freed == MIN_SHARED_BYTES
+    assert (new / "lib" / "libcudnn.so").stat().st_ino == (old / "lib" / "libcudnn.so").stat().st_ino
+    assert (new / "lib" / "libtorch.so").stat().st_ino != (old / "lib" / "libtorch.so").stat().st_ino
+    assert (new / "lib" / "libcudnn.so").read_bytes() == same
+    assert share_identical_files(new, [old]) == 0  # already shared

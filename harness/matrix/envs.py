@@ -26,6 +26,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from harness.errors import HarnessUsageError
 from harness.matrix.errors import EnvBuildError, EnvMismatchError, NotEnoughDiskError
 from harness.matrix.procs import CommandTimedOut, last_line_matching, run_logged, tail
+from harness.matrix.share import share_identical_files
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -245,6 +246,9 @@ class EnvCache:
         self.installer.pip_install(python_of(env), ["--no-deps", "-e", str(self.repo)], log)
         versions = self.installer.installed_versions(python_of(env))
         verify_versions(request.label, env, versions, request.torch_xla)
+        freed = share_identical_files(env, [p for p in self.root.iterdir() if (p / MARKER).exists()])
+        if freed:
+            self.say(f"{request.label}: {freed / 1e9:.1f} GB of files identical to other cached environments now shared (hard links)")
         marker = {"key": request.key, "requirements": list(request.requirements), "versions": versions,
                   "built_s": round(time.monotonic() - started, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         tmp = env / (MARKER + ".tmp")
