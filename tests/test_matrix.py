@@ -594,3 +594,15 @@ def test_identical_large_files_of_cached_envs_become_hard_links(tmp_path):
     assert (new / "lib" / "libtorch.so").stat().st_ino != (old / "lib" / "libtorch.so").stat().st_ino
     assert (new / "lib" / "libcudnn.so").read_bytes() == same
     assert share_identical_files(new, [old]) == 0  # already shared
+
+
+def test_the_readme_table_is_written_between_its_markers_only(registry):
+    from harness.matrix.render import README_BEGIN, README_END, replace_in_readme
+
+    matrix = build_matrix(registry, [column("2.6.0", healthy("2.6.0")), column("2.7.0", healthy("2.7.0"))])
+    text = f"intro\n{README_BEGIN}\nold table\n{README_END}\noutro\n"
+    out = replace_in_readme(text, matrix, "python -m harness.matrix --releases 2.6.0,2.7.0")
+    assert out.startswith("intro\n") and out.endswith(f"{README_END}\noutro\n") and "old table" not in out
+    assert "| `fixed-in-2.7` | `<2.7.0` | reproduced (1) | fixed (1) |" in out
+    with pytest.raises(ValueError, match="markers"):
+        replace_in_readme("no markers here", matrix, "cmd")

@@ -92,6 +92,8 @@ def run_parser() -> _Parser:
                    help="a column read from an earlier run's results folder (nothing is run for it)")
     p.add_argument("--table", type=Path, default=None, metavar="FILE.md",
                    help=f"write the Markdown table here and the JSON beside it (default: OUT/{TABLE_NAME})")
+    p.add_argument("--readme", type=Path, default=None, metavar="README.md",
+                   help="also write the entry table into this file, between its release-matrix markers")
     _common(p)
     return p
 
@@ -170,6 +172,12 @@ def _run(args: argparse.Namespace, extra: Sequence[str], command: str, deps: Dep
     table.with_suffix(".json").write_text(render.dumps(matrix, command))
     print(markdown, file=deps.stdout)
     progress.say(f"wrote {table} and {table.with_suffix('.json')}")
+    if args.readme:
+        try:
+            args.readme.write_text(render.replace_in_readme(args.readme.read_text(), matrix, command))
+        except (OSError, ValueError) as exc:
+            raise HarnessUsageError(f"--readme {args.readme}: {exc}") from None
+        progress.say(f"wrote the table into {args.readme}")
     if not matrix.agrees:
         progress.say(f"{render.DISAGREE} {len(matrix.disagreements)} disagreement(s) with the registry (listed under the table)")
         return EXIT_DISAGREE
