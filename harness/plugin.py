@@ -24,6 +24,7 @@ from harness.case import SpmdRunner
 from harness.errors import CaseError, RegistryError
 from harness.evidence import headline
 from harness.pool import ChildPool
+from harness.processes import signal_name
 from harness.registry import Judgement, KnownBug, Verdict, check_disjoint, get_entry, judge
 from harness.requirements import unmet_needs
 from harness.runner import LateFault
@@ -141,7 +142,7 @@ def _stop_on_sigterm(config: pytest.Config) -> None:
         return  # someone else (xdist, a wrapper) handles it
 
     def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"pytest received {signal.Signals(signum).name}")
+        raise KeyboardInterrupt(f"pytest received {signal_name(signum)}")
 
     signal.signal(signal.SIGTERM, interrupt)
     config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))

@@ -13,13 +13,15 @@ Exit codes: 0 every host passed; 1 a failure (case, host, sharding disagreement,
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
 from typing import IO, Sequence
 
 from harness.gke import accelerators, manifest
-from harness.gke.errors import ConfigError, GkeHarnessError, KubeApiError
+from harness.errors import HarnessUsageError
+from harness.gke.errors import GkeHarnessError, KubeApiError
 from harness.gke.worker import DEFAULT_SUITE
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_API, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -33,8 +35,8 @@ def duration(text: str) -> float:
         seconds = float(text[:-1]) * unit if unit else float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 900, 90m or 3h") from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive, finite duration")
     return seconds
 
 
@@ -81,7 +83,7 @@ def main(argv: Sequence[str] | None = None, out: IO[str] = sys.stdout) -> int:
     args = parser.parse_args(argv)
     try:
         return _worker(args, out) if args.command == "worker" else _run(args, out)
-    except ConfigError as exc:
+    except HarnessUsageError as exc:
         parser.exit(EXIT_USAGE, f"{parser.prog}: error: {exc}\n")
     except KubeApiError as exc:
         print(f"error: Kubernetes API: {exc}", file=sys.stderr)
@@ -108,7 +110,7 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
     if args.local:
         return _run_local(args, accel, slices, out)
     if not args.image:
-        raise ConfigError("--image is required (build k8s/image/Dockerfile and push it), or use --local")
+        raise HarnessUsageError("--image is required (build k8s/image/Dockerfile and push it), or use --local")
     from harness.gke import launcher
 
     cfg = launcher.RunConfig(accel=accel, slices=slices, image=args.image, out_dir=Path("."), namespace=args.namespace,

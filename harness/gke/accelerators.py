@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from harness.gke.errors import ConfigError
+from harness.errors import HarnessUsageError
 
 MIN_SLICES = 2  # the fan-out exists for multi-slice (bug 4); one slice is what upstream CI covers
 MAX_SLICES = 8  # above this a typo would reserve many node pools; raise it deliberately if needed
@@ -30,11 +30,11 @@ class AcceleratorType:
         dims = _parse_topology(self.topology)
         chips = math.prod(dims)
         if self.chips_per_host <= 0 or chips != self.chips_per_host * self.hosts_per_slice:
-            raise ConfigError(
+            raise HarnessUsageError(
                 f"{self.name} {self.topology}: {chips} chips cannot be {self.hosts_per_slice} hosts x "
                 f"{self.chips_per_host} chips; fix the table entry")
         if self.hosts_per_slice < 2:
-            raise ConfigError(f"{self.name} {self.topology}: multi-slice needs multi-host slices")
+            raise HarnessUsageError(f"{self.name} {self.topology}: multi-slice needs multi-host slices")
 
     @property
     def overlay(self) -> str:
@@ -49,7 +49,7 @@ class AcceleratorType:
 def _parse_topology(topology: str) -> tuple[int, ...]:
     parts = topology.split("x")
     if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ConfigError(f"topology {topology!r} must look like 4x4 or 2x2x2")
+        raise HarnessUsageError(f"topology {topology!r} must look like 4x4 or 2x2x2")
     return tuple(int(p) for p in parts)
 
 
@@ -72,19 +72,19 @@ def topologies_of(name: str) -> list[str]:
 
 
 def lookup(name: str, topology: str) -> AcceleratorType:
-    """The table entry for `name` and `topology`, or a ConfigError listing what is valid."""
+    """The table entry for `name` and `topology`, or a HarnessUsageError listing what is valid."""
     if name not in accelerator_names():
-        raise ConfigError(f"unknown accelerator {name!r}; valid: {', '.join(accelerator_names())}")
+        raise HarnessUsageError(f"unknown accelerator {name!r}; valid: {', '.join(accelerator_names())}")
     for accel in ACCELERATORS:
         if accel.name == name and accel.topology == topology:
             return accel
-    raise ConfigError(
+    raise HarnessUsageError(
         f"unsupported topology {topology!r} for {name}; valid: {', '.join(topologies_of(name))}")
 
 
 def check_slices(slices: int) -> int:
     if not MIN_SLICES <= slices <= MAX_SLICES:
-        raise ConfigError(
+        raise HarnessUsageError(
             f"--slices {slices} is out of range; valid: {MIN_SLICES}..{MAX_SLICES} "
             f"(at least 2 for multi-slice; more than {MAX_SLICES} is almost surely a typo)")
     return slices

@@ -1,14 +1,16 @@
-"""Typed errors of the GKE fan-out. The CLI maps them to exit codes; nothing below it exits."""
+"""Typed errors of the GKE fan-out. The CLI maps them to exit codes; nothing below it exits.
+
+A bad accelerator, topology, slice count or option is the harness's one usage error,
+harness.errors.HarnessUsageError (exit 2).
+"""
 
 from __future__ import annotations
 
+from harness.errors import HarnessError
 
-class GkeHarnessError(Exception):
+
+class GkeHarnessError(HarnessError):
     """Base class: every message says what went wrong and what to do about it."""
-
-
-class ConfigError(GkeHarnessError, ValueError):
-    """A bad accelerator, topology, slice count or option: a usage error (exit 2)."""
 
 
 class KubeApiError(GkeHarnessError):

@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator, TypeVar
 import urllib3.exceptions
 from kubernetes import client, watch
 
-from harness.gke.errors import ConfigError, JobSetExistsError, KubeApiError
+from harness.errors import HarnessUsageError
+from harness.gke.errors import JobSetExistsError, KubeApiError
 from harness.gke.manifest import CONTAINER, JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Manifest
 
 T = TypeVar("T")
@@ -75,7 +76,7 @@ class Kube:
                     raise
                 config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException as exc:
-            raise ConfigError(f"no usable Kubernetes credentials ({exc}); run `gcloud container clusters "
+            raise HarnessUsageError(f"no usable Kubernetes credentials ({exc}); run `gcloud container clusters "
                               "get-credentials CLUSTER` or pass --kubeconfig/--context") from exc
         return cls(client.ApiClient(configuration), **kwargs)
 

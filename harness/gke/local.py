@@ -16,18 +16,18 @@ import concurrent.futures
 import dataclasses
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any, Sequence
 
+from harness import processes
+from harness.errors import HarnessUsageError
 from harness.gke import aggregate as agg
 from harness.gke import manifest
 from harness.gke.accelerators import AcceleratorType
 from harness.gke.collect import report_from_log
-from harness.gke.errors import ConfigError
 from harness.gke.hostreport import HostReport
 from harness.gke.worker import DEFAULT_SUITE
 
@@ -50,7 +50,7 @@ class LocalConfig:
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
-            raise ConfigError(f"--parallel {self.parallel}: must be at least 1")
+            raise HarnessUsageError(f"--parallel {self.parallel}: must be at least 1")
 
 
 def pod_metadata(name: str, slices: int, slice_id: int, host_id: int) -> dict[str, Any]:
@@ -80,7 +80,7 @@ def resolve_env(container: manifest.Manifest, meta: dict[str, Any]) -> dict[str,
             continue
         match = _FIELD_RE.match(path)
         if not match or match.group(2) not in meta[match.group(1)]:
-            raise ConfigError(f"--local cannot resolve env {entry['name']} from {path}; teach local.pod_metadata")
+            raise HarnessUsageError(f"--local cannot resolve env {entry['name']} from {path}; teach local.pod_metadata")
         env[entry["name"]] = meta[match.group(1)][match.group(2)]
     return env
 
@@ -131,14 +131,15 @@ def _run_host(cfg: LocalConfig, container: manifest.Manifest, slice_id: int, hos
 
 
 def _run(argv: list[str], env: dict[str, str], log: IO[str], timeout_s: float) -> str:
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = processes.start_in_session(argv, env=env, stdout=log)
     try:
         code = proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        processes.terminate_group(proc)
         return f"killed after {timeout_s:.0f}s"
-    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+    finally:  # Ctrl-C included: no host process outlives the launcher
+        processes.terminate_group(proc)
+    return processes.describe_exit(code)
 
 
 def _say(out: IO[str], line: str) -> None:

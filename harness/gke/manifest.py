@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from harness.gke.accelerators import AcceleratorType
-from harness.gke.errors import ConfigError
+from harness.errors import HarnessUsageError
 
 Manifest = dict[str, Any]
 
@@ -50,7 +50,7 @@ def load_base(base_dir: Path | None = None) -> list[Manifest]:
 
 def check_name(name: str) -> str:
     if not _NAME_RE.match(name):
-        raise ConfigError(
+        raise HarnessUsageError(
             f"JobSet name {name!r} must be a DNS label of at most 40 characters "
             "(lower-case letters, digits, '-'; starting with a letter)")
     return name

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -25,13 +24,13 @@ import time
 from pathlib import Path
 from typing import IO, Sequence
 
+from harness import processes
+from harness.errors import HarnessUsageError
 from harness.gke import bucket, report_channel
-from harness.gke.errors import ConfigError
 from harness.gke.hostreport import HostReport
-from harness.results import VERDICTS_GLOB, CaseRecord, read_records
+from harness.results import VERDICTS_GLOB, CaseRecord, read_records, suite_exit_problem
 
 DEFAULT_SUITE = "{python} -m pytest -m spmd"
-PYTEST_DONE = (0, 1)  # pytest ran and judged every case (1: some failed); anything else is a crash
 TAIL_LINES = 40
 KILL_GRACE_S = 10.0
 
@@ -64,7 +63,7 @@ def _int_value(name: str, value: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ConfigError(f"{name}={value!r} is not an integer; check the pod's env wiring") from None
+        raise HarnessUsageError(f"{name}={value!r} is not an integer; check the pod's env wiring") from None
 
 
 @dataclasses.dataclass
@@ -112,7 +111,7 @@ def run_worker(opts: WorkerOptions, env: dict[str, str], out: IO[str]) -> int:
 def _check_results_dir(results_dir: Path) -> None:
     results_dir.mkdir(parents=True, exist_ok=True)
     if any(results_dir.glob(VERDICTS_GLOB)):
-        raise ConfigError(f"{results_dir} already holds verdicts; give the worker an empty --results-dir")
+        raise HarnessUsageError(f"{results_dir} already holds verdicts; give the worker an empty --results-dir")
 
 
 def _run_suite(argv: list[str], placement: Placement, opts: WorkerOptions, env: dict[str, str],
@@ -121,8 +120,7 @@ def _run_suite(argv: list[str], placement: Placement, opts: WorkerOptions, env: 
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", start_new_session=True)
+        proc = processes.start_in_session(argv, env=env, stdout=subprocess.PIPE, text=True)
     except OSError as exc:
         report.error = f"could not start the suite: {exc}"
         return report
@@ -147,28 +145,20 @@ def _pump(stream: IO[str] | None, out: IO[str], tail: collections.deque[str]) ->
 
 
 def _wait(proc: subprocess.Popen[str], timeout_s: float) -> bool:
-    """Wait for the suite; past the timeout, SIGTERM its process group, then SIGKILL. True if it ended."""
+    """Wait for the suite; past the timeout, end its process group (SIGTERM, then SIGKILL). True if it ended."""
     try:
         proc.wait(timeout_s)
         return True
     except subprocess.TimeoutExpired:
-        pass
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(KILL_GRACE_S)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    return False
+        processes.terminate_group(proc, KILL_GRACE_S)
+        return False
+    finally:
+        processes.kill_group_now(proc)  # whatever the suite left behind goes with it
 
 
 def _set_exit(report: HostReport, returncode: int | None) -> None:
     if returncode is not None and returncode < 0:
-        report.signal = signal.Signals(-returncode).name
+        report.signal = processes.signal_name(-returncode)
     elif returncode is not None:
         report.exit_code = returncode
 
@@ -178,8 +168,9 @@ def _suite_error(report: HostReport) -> str | None:
         return f"suite still running after the suite timeout; killed ({report.signal or 'exited'})"
     if report.signal:
         return f"suite died of {report.signal}"
-    if report.exit_code not in PYTEST_DONE:
-        return f"suite exited {report.exit_code} (pytest: 2 interrupted, 3 internal error, 4 usage, 5 no tests)"
+    problem = suite_exit_problem(report.exit_code)
+    if problem:
+        return f"suite: {problem}"
     if not report.records:
         return "suite ran but recorded no case (is the spmd plugin installed and --results-dir honoured?)"
     return None

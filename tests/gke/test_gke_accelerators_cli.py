@@ -8,7 +8,7 @@ import pytest
 
 from harness.gke import accelerators
 from harness.gke.__main__ import duration, main
-from harness.gke.errors import ConfigError
+from harness.errors import HarnessUsageError
 
 pytestmark = pytest.mark.selftest
 
@@ -32,7 +32,7 @@ def test_table(name: str, topology: str, hosts: int, chips: int) -> None:
     (dict(name="x", gke_accelerator="a", topology="4by4", chips_per_host=4, hosts_per_slice=4), "look like"),
 ])
 def test_bad_rows_are_rejected(row: dict, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(HarnessUsageError, match=message):
         accelerators.AcceleratorType(**row)
 
 

@@ -126,7 +126,7 @@ def test_namespace_and_bucket_are_applied_everywhere() -> None:
 
 @pytest.mark.parametrize("name", ["Bad_Name", "x" * 41, "1abc", "abc-"])
 def test_bad_jobset_names_are_usage_errors(name: str) -> None:
-    with pytest.raises(manifest.ConfigError, match="DNS label"):
+    with pytest.raises(manifest.HarnessUsageError, match="DNS label"):
         manifest.render(accelerators.ACCELERATORS[0], 2, "img", name=name)
 
 
