@@ -20,11 +20,10 @@
 # always fails.
 set -euo pipefail
 
-# pytorch/xla PR wheels pin nightly jax/jaxlib in their pallas extra; those live here, not on PyPI.
-JAX_NIGHTLY_LINKS=(
-  -f https://storage.googleapis.com/jax-releases/jax_nightly_releases.html
-  -f https://storage.googleapis.com/jax-releases/jaxlib_nightly_releases.html
-)
+# pytorch/xla PR wheels pin nightly jax/jaxlib in their pallas extra. Those are published to JAX's
+# artifact-registry index, which pytorch/xla's own README installs from with `--pre --index-url`;
+# here it is an extra index beside PyPI, because the wheels' other dependencies come from PyPI.
+JAX_NIGHTLY_INDEX=https://us-python.pkg.dev/ml-oss-artifacts-published/jax/simple/
 PYTEST_NO_TESTS_COLLECTED=5
 
 wheels_dir=${SPMD_WHEELS_DIR:-}
@@ -65,15 +64,27 @@ single_wheel() {
   echo "${matches[0]}"
 }
 
+# Wheels built for another Python cannot be installed: say so in the first seconds, naming both.
+check_python_of_wheels() {
+  local python=${PYTHON:-python3}
+  [[ -x $venv/bin/python ]] && python=$venv/bin/python
+  "$python" -m harness.wheeltags --check "$wheels_dir" || exit 2
+}
+
 install() {
+  local torch_wheel xla_wheel
+  if [[ -n $wheels_dir ]]; then
+    torch_wheel=$(single_wheel 'torch-*.whl')
+    xla_wheel=$(single_wheel 'torch_xla-*.whl')
+    check_python_of_wheels
+  fi
   [[ -x $venv/bin/python ]] || "${PYTHON:-python3}" -m venv "$venv"
   local pip=("$venv/bin/python" -m pip install --disable-pip-version-check)
   if [[ -n $wheels_dir ]]; then
-    local torch_wheel xla_wheel
-    torch_wheel=$(single_wheel 'torch-*.whl')
-    xla_wheel=$(single_wheel 'torch_xla-*.whl')
-    # One resolver pass, so nothing pulls PyPI's torch over the PR's build.
-    "${pip[@]}" "${JAX_NIGHTLY_LINKS[@]}" -e . "$torch_wheel" "${xla_wheel}[pallas]"
+    # The PR's torch and torch_xla with the nightly jax their pallas extra pins (--pre as upstream
+    # does); then the harness, whose own dependencies name no torch and want no pre-releases.
+    "${pip[@]}" --pre --extra-index-url "$JAX_NIGHTLY_INDEX" "$torch_wheel" "${xla_wheel}[pallas]"
+    "${pip[@]}" -e .
   else
     "${pip[@]}" -e '.[xla]'
   fi

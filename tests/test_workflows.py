@@ -18,6 +18,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -41,7 +42,7 @@ WIF_AUTH_ACTION = "google-github-actions/auth@"
 # What a `run:` line may do: call a repo script, the harness CLI, or a README command.
 ALLOWED_RUN_LINE = re.compile(
     r"^(bash (?P<script>scripts/[\w.-]+\.sh|\.ci/run)"
-    r"|(\.venv/bin/)?python -m harness(\.[\w.]+)?"
+    r"|(\.venv/bin/)?python3? -m harness(\.[\w.]+)?"
     r"|\.venv/bin/pytest)(\s|$)"
 )
 
@@ -256,8 +257,15 @@ def test_reusable_workflow_keeps_the_inputs_torch_xla_passes():
 
 
 def test_reusable_workflow_only_runs_the_ci_script():
-    (line,) = run_lines(WORKFLOWS_DIR / "spmd-regression.yml")
-    assert line == "bash scripts/ci-spmd.sh"
+    # Besides the script, one line asks the harness which Python the wheels need.
+    assert list(run_lines(WORKFLOWS_DIR / "spmd-regression.yml")) == [
+        'python3 -m harness.wheeltags "$WHEELS_DIR" >> "$GITHUB_OUTPUT"', "bash scripts/ci-spmd.sh"]
+
+
+def test_ci_script_installs_nightly_jax_from_jaxs_index_as_upstream_does():
+    script = (REPO_ROOT / "scripts" / "ci-spmd.sh").read_text()
+    assert "https://us-python.pkg.dev/ml-oss-artifacts-published/jax/simple/" in script
+    assert "jax_nightly_releases.html" not in script and '--pre --extra-index-url "$JAX_NIGHTLY_INDEX"' in script
 
 
 def test_harness_ci_runs_the_readme_test_command_on_prs_and_main():
@@ -439,3 +447,70 @@ def test_nightly_script_needs_an_image_or_a_repository_to_build_one(stub_launche
     proc = run_nightly_script(hermetic_env(tmp_path, VENV=str(stub_launcher_venv)))
     assert proc.returncode == 2
     assert "WORKER_IMAGE_REPOSITORY" in proc.stderr
+
+
+# --- the Python of the wheels (pytorch/xla builds cp312) -----------------------------------------
+
+
+def wheel_folder(tmp_path: Path, *names: str) -> Path:
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    for name in names:
+        (folder / name).touch()
+    return folder
+
+
+@pytest.mark.parametrize("names, version", [
+    (("torch-2.10.0a0+git1234-cp312-cp312-linux_x86_64.whl", "torch_xla-2.10.0+gitabc-cp312-cp312-linux_x86_64.whl"), "3.12"),
+    (("torch_xla-2.9.0-cp311-cp311-manylinux_2_28_x86_64.whl", "some_pure-1.0-py3-none-any.whl"), "3.11"),
+])
+def test_the_python_of_the_wheels_is_read_from_their_tags(tmp_path: Path, names, version):
+    from harness.wheeltags import python_of_wheels
+
+    assert python_of_wheels(wheel_folder(tmp_path, *names)) == version
+
+
+def test_mixed_or_missing_python_tags_are_refused(tmp_path: Path):
+    from harness.errors import HarnessUsageError
+    from harness.wheeltags import python_of_wheels
+
+    mixed = wheel_folder(tmp_path, "torch-2.9.0-cp311-cp311-linux_x86_64.whl", "torch_xla-2.9.0-cp312-cp312-linux_x86_64.whl")
+    with pytest.raises(HarnessUsageError, match="different Pythons"):
+        python_of_wheels(mixed)
+    with pytest.raises(HarnessUsageError, match="no CPython-specific wheel"):
+        python_of_wheels(tmp_path)
+
+
+def test_ci_script_refuses_wheels_for_another_python_before_installing(stub_venv: Path, tmp_path: Path):
+    other = "3.12" if sys.version_info[:2] != (3, 12) else "3.11"
+    tag = "cp" + other.replace(".", "")
+    wheels = wheel_folder(tmp_path, f"torch-2.10.0a0+git1-{tag}-{tag}-linux_x86_64.whl",
+                          f"torch_xla-2.10.0+git2-{tag}-{tag}-linux_x86_64.whl")
+    started = time.monotonic()
+    proc = run_ci_script(stub_venv, hermetic_env(tmp_path), "--wheels", str(wheels))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"are for Python {other}" in proc.stderr and f"this job's Python is {sys.version_info[0]}.{sys.version_info[1]}" in proc.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_the_workflow_sets_up_the_python_the_wheels_need():
+    workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
+    inputs = triggers(workflow)["workflow_call"]["inputs"]
+    assert inputs["python-version"]["default"] == "", "an empty default follows the wheels' cpXY tag"
+    steps = workflow["jobs"]["spmd"]["steps"]
+    names = [s.get("name", "") for s in steps]
+    assert names.index("Download the torch_xla wheels") < names.index("Set up Python")
+    setup = steps[names.index("Set up Python")]
+    assert "steps.wheel-python.outputs.version" in setup["with"]["python-version"]
+
+
+def test_the_calling_snippets_name_only_inputs_the_workflow_has():
+    """The snippet in the workflow's header and the one in README must not drift from its inputs."""
+    inputs = set(triggers(load(WORKFLOWS_DIR / "spmd-regression.yml"))["workflow_call"]["inputs"])
+    header = "\n".join(line[2:] for line in (WORKFLOWS_DIR / "spmd-regression.yml").read_text().splitlines()
+                       if line.startswith("#   "))
+    readme = (REPO_ROOT / "README.md").read_text()
+    snippet = readme[readme.index("uses: OWNER/spmd-regression-harness"):].split("```")[0]
+    for text in (header, snippet):
+        used = set(re.findall(r"^\s+([a-z-]+):", text.split("with:", 1)[1], flags=re.MULTILINE))
+        assert used and used <= inputs, f"snippet names inputs the workflow lacks: {used - inputs}"
