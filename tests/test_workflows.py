@@ -514,3 +514,34 @@ def test_the_calling_snippets_name_only_inputs_the_workflow_has():
     for text in (header, snippet):
         used = set(re.findall(r"^\s+([a-z-]+):", text.split("with:", 1)[1], flags=re.MULTILINE))
         assert used and used <= inputs, f"snippet names inputs the workflow lacks: {used - inputs}"
+
+
+# --- the image build context (the nightly builds from the repository root) ----------------------
+
+
+def docker_ignored(path: str, patterns: list[str]) -> bool:
+    """Whether Docker leaves `path` out of the build context: the last matching pattern wins, `!`
+    re-includes, a pattern matching a folder covers what is in it, `**` spans folders."""
+    ignored = False
+    for raw in patterns:
+        negate = raw.startswith("!")
+        pattern = raw[1:] if negate else raw
+        regex = re.escape(pattern.rstrip("/")).replace(r"\*\*/", "(.*/)?").replace(r"\*", "[^/]*")
+        parts = path.split("/")
+        if any(re.fullmatch(regex, "/".join(parts[:i])) for i in range(1, len(parts) + 1)):
+            ignored = not negate
+    return ignored
+
+
+def test_the_build_context_holds_what_the_dockerfile_copies_and_no_credentials():
+    patterns = [line.strip() for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    dockerfile = (REPO_ROOT / "k8s" / "image" / "Dockerfile").read_text()
+    copied = [src for line in dockerfile.splitlines() if line.startswith("COPY ") for src in line.split()[1:-1]]
+    assert copied, "the Dockerfile copies nothing?"
+    for source in copied:
+        assert not docker_ignored(source.rstrip("/") + ("/x.py" if source.endswith("/") else ""), patterns), source
+    for secret in ("gha-creds-0123abcd.json", "harness/gha-creds-x.json", ".venv/bin/python", "results/verdicts-main.jsonl",
+                   "harness/__pycache__/plugin.cpython-311.pyc"):
+        assert docker_ignored(secret, patterns), f"{secret} would be sent to the image build"
+    assert "gha-creds-*.json" in (REPO_ROOT / ".gitignore").read_text().split()
