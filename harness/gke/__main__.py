@@ -55,7 +55,8 @@ def _add_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slices", type=int, default=2, help=f"{accelerators.MIN_SLICES}..{accelerators.MAX_SLICES} (default 2)")
     p.add_argument("--image", help="worker image (built from k8s/image/Dockerfile); required unless --local")
     p.add_argument("--namespace", default=manifest.BASE_NAME)
-    p.add_argument("--name", default="", help="JobSet name (default: spmd-<random>)")
+    p.add_argument("--name", default="", help="JobSet name, at most 26 characters with k8s/base: JobSet's coordinator "
+                   "label <name>-slice-0-0.<name> must fit 63 (default: spmd-<random>)")
     p.add_argument("--timeout", type=duration, default=duration("3h"), help="whole run, e.g. 90m (default 3h)")
     p.add_argument("--keep", action="store_true", help="do not delete the JobSet at the end")
     p.add_argument("--dry-run", action="store_true", help="print the manifests and exit")

@@ -29,6 +29,8 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 RETRYABLE_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+JOBSET_CRD = f"{JOBSET_PLURAL}.{JOBSET_GROUP}"
+JOBSET_MIN_VERSION = "0.6"  # spec.coordinator
 CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
 
 
@@ -101,18 +103,43 @@ class Kube:
 
     # -- namespace and service account -----------------------------------------------------------
     def ensure(self, doc: Manifest) -> None:
-        """Create a Namespace or ServiceAccount unless it exists (they outlive runs)."""
-        if doc["kind"] == "Namespace":
-            call = lambda: self._core.create_namespace(doc)  # noqa: E731
-        elif doc["kind"] == "ServiceAccount":
-            call = lambda: self._core.create_namespaced_service_account(doc["metadata"]["namespace"], doc)  # noqa: E731
+        """Make sure a Namespace or ServiceAccount exists (they outlive runs): read it, create it
+        only when it is missing. An account that may use an existing namespace need not be
+        allowed to create one; where it may not even read it, it is assumed to exist (a missing
+        one then shows at the JobSet's creation, with a message saying so)."""
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        ns = doc["metadata"].get("namespace", "")
+        if kind == "Namespace":
+            read, create = (lambda: self._core.read_namespace(name)), (lambda: self._core.create_namespace(doc))
+            scope = "cluster-wide (namespaces are not namespaced)"
+        elif kind == "ServiceAccount":
+            read = lambda: self._core.read_namespaced_service_account(name, ns)  # noqa: E731
+            create = lambda: self._core.create_namespaced_service_account(ns, doc)  # noqa: E731
+            scope = f"in namespace {ns}"
         else:
-            raise ValueError(f"ensure() handles Namespace and ServiceAccount, not {doc['kind']}")
+            raise ValueError(f"ensure() handles Namespace and ServiceAccount, not {kind}")
         try:
-            self._retry(f"create {doc['kind']} {doc['metadata']['name']}", call, retry_conflicts=False)
+            self._retry(f"read {kind} {name}", read)
+            return
         except client.ApiException as exc:
-            if exc.status != 409:
-                raise _api_error(f"create {doc['kind']} {doc['metadata']['name']}", exc) from exc
+            if exc.status not in (403, 404):
+                raise _api_error(f"read {kind} {name}", exc) from exc
+            readable = exc.status == 404
+        try:
+            self._retry(f"create {kind} {name}", create, retry_conflicts=False)
+        except client.ApiException as exc:
+            if exc.status == 409:
+                return
+            if exc.status == 403 and not readable:
+                self._log(f"[kube] cannot read or create {kind} {name} (HTTP 403); assuming it exists")
+                return
+            if exc.status == 403:
+                raise KubeApiError(
+                    f"{kind} {name} does not exist and this account may not create it: it lacks `create` on "
+                    f"{kind.lower()}s {scope}. Create it once with an account that may "
+                    f"(kubectl create {kind.lower()} {name}{' -n ' + ns if ns else ''}), or use one that exists "
+                    f"(--namespace).", 403) from exc
+            raise _api_error(f"create {kind} {name}", exc) from exc
 
     # -- JobSet ----------------------------------------------------------------------------------
     def create_jobset(self, jobset: Manifest) -> Manifest:
@@ -125,6 +152,13 @@ class Kube:
             try:
                 return self._retry(f"create JobSet {ns}/{name}", create, retry_conflicts=False)
             except client.ApiException as exc:
+                if exc.status == 404:
+                    raise self._jobset_missing(ns) from exc
+                if exc.status == 403:
+                    raise KubeApiError(
+                        f"create JobSet {ns}/{name}: HTTP 403: this account lacks `create` on "
+                        f"jobsets.{JOBSET_GROUP} in namespace {ns} (and get/list/watch/delete for the rest of "
+                        "the run); grant it a Role there (see k8s/README.md)", 403) from exc
                 if exc.status != 409:
                     raise _api_error(f"create JobSet {ns}/{name}", exc) from exc
             existing = self.get_jobset(ns, name)
@@ -138,6 +172,24 @@ class Kube:
             self._log(f"JobSet {ns}/{name}: conflict while the old one is going away; retrying")
             policy.sleep(policy.delay(attempt))
         raise KubeApiError(f"create JobSet {ns}/{name}: still conflicting after {policy.attempts} attempts", 409)
+
+    def _jobset_missing(self, ns: str) -> KubeApiError:
+        """Why creating a JobSet answered 404: the JobSet CRD is not installed, or the namespace is gone."""
+        try:
+            client.ApiextensionsV1Api(self._core.api_client).read_custom_resource_definition(JOBSET_CRD)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return KubeApiError(
+                    f"JobSet is not installed on this cluster (no CustomResourceDefinition {JOBSET_CRD}). Install "
+                    f"JobSet {JOBSET_MIN_VERSION} or newer (spec.coordinator needs it), e.g. kubectl apply "
+                    "--server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/v0.8.2/manifests.yaml",
+                    404)
+            return KubeApiError(
+                f"creating a JobSet in namespace {ns} answered HTTP 404: either JobSet is not installed "
+                f"(install JobSet {JOBSET_MIN_VERSION}+; the CRD {JOBSET_CRD} could not be read here: HTTP "
+                f"{exc.status}) or namespace {ns} does not exist", 404)
+        return KubeApiError(f"creating a JobSet answered HTTP 404 although JobSet is installed: namespace {ns} "
+                            "does not exist; create it or pass --namespace of one that does", 404)
 
     def get_jobset(self, ns: str, name: str) -> Manifest | None:
         try:

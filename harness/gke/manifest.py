@@ -28,8 +28,8 @@ BASE_IMAGE = "spmd-harness-worker"  # the image name kustomize's `images:` repla
 REPLICATED_JOB = "slice"
 CONTAINER = "worker"
 GCS_ENV = "SPMD_HARNESS_GCS_URI"
-# JobSet pod hostnames are <jobset>-<replicatedJob>-<job>-<pod>; they must fit a 63-char DNS label.
-_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL_MAX = 63
 
 
 def k8s_dir() -> Path:
@@ -48,11 +48,40 @@ def load_base(base_dir: Path | None = None) -> list[Manifest]:
     return docs
 
 
-def check_name(name: str) -> str:
+def coordinator_label(jobset: Manifest, name: str) -> str:
+    """The value JobSet puts in the `jobset.sigs.k8s.io/coordinator` label for a JobSet `name`:
+    `<name>-<replicatedJob>-<jobIndex>-<podIndex>.<subdomain>`, the subdomain defaulting to the name."""
+    coordinator = jobset["spec"]["coordinator"]
+    subdomain = (jobset["spec"].get("network") or {}).get("subdomain") or name
+    return f"{name}-{coordinator['replicatedJob']}-{coordinator['jobIndex']}-{coordinator['podIndex']}.{subdomain}"
+
+
+def max_name_length(jobset: Manifest) -> int:
+    """The longest JobSet name whose coordinator label fits a 63-character label value.
+
+    JobSet 0.11+ rejects a longer label when the JobSet is created; older versions accept the
+    JobSet and then fail to create its Jobs. Computed from the template, so a change of the
+    replicatedJob name or the subdomain moves the limit with it.
+    """
+    length = 1
+    while len(coordinator_label(jobset, "a" * (length + 1))) <= DNS_LABEL_MAX:
+        length += 1
+    return length
+
+
+def check_name(name: str, jobset: Manifest | None = None) -> str:
+    """`name` if it can name the JobSet rendered from k8s/base, else a usage error with the numbers."""
+    template = jobset or find(load_base(), "JobSet")
+    limit = max_name_length(template)
     if not _NAME_RE.match(name):
         raise HarnessUsageError(
-            f"JobSet name {name!r} must be a DNS label of at most 40 characters "
-            "(lower-case letters, digits, '-'; starting with a letter)")
+            f"JobSet name {name!r} must be a DNS label: lower-case letters, digits and '-', starting "
+            f"with a letter and ending with a letter or digit, at most {limit} characters")
+    if len(name) > limit:
+        raise HarnessUsageError(
+            f"JobSet name {name!r} has {len(name)} characters; at most {limit} fit: JobSet labels every pod "
+            f"with the coordinator address {coordinator_label(template, name)!r} "
+            f"({len(coordinator_label(template, name))} characters), and a label value may have {DNS_LABEL_MAX}")
     return name
 
 
@@ -63,7 +92,7 @@ def render(accel: AcceleratorType, slices: int, image: str, *, name: str = BASE_
     for doc in docs:
         _set_namespace(doc, namespace)
         if doc["kind"] == "JobSet":
-            doc["metadata"]["name"] = check_name(name)
+            doc["metadata"]["name"] = check_name(name, doc)
             _shape_jobset(doc, accel, slices)
             _set_container(doc, image, gcs_uri)
     return docs

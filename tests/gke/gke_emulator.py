@@ -73,6 +73,9 @@ class PatchedEmulator(k8s.KubernetesEmulator):
             "namespaced": True, "kind": "JobSet", "subresources": {"status"}}
         self.pod_logs: dict[tuple[str, str], str] = {}
         self.namespaces: dict[str, dict[str, Any]] = {}
+        # Namespaces are served by this class (see __call__), so their faults are an HTTP status
+        # per action: {"FETCH": 403} answers every namespace read with 403.
+        self.namespace_statuses: dict[str, int] = {}
         self.faults: list[Fault] = []
         self.expired_watches = 0  # how many upcoming watches answer 410 Gone
         self.requests_seen: list[tuple[str, str, str]] = []  # (action, plural, name) in order
@@ -95,18 +98,31 @@ class PatchedEmulator(k8s.KubernetesEmulator):
 
     # -- request handling -----------------------------------------------------------------------
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
-        if raw_request.path.rstrip("/") == "/api/v1/namespaces" and raw_request.method == "POST":
+        path = raw_request.path.rstrip("/")
+        if path == "/api/v1/namespaces" and raw_request.method == "POST":
             return await self._create_namespace(raw_request)
+        if path.startswith("/api/v1/namespaces/") and path.count("/") == 4 and raw_request.method == "GET":
+            return await self._read_namespace(path.rsplit("/", 1)[1])
         return await super().__call__(raw_request)
 
     async def _create_namespace(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         body = await raw_request.json()
         name = body["metadata"]["name"]
         self.requests_seen.append(("CREATE", "namespaces", name))
+        if self.namespace_statuses.get("CREATE"):
+            return await self._render_error(k8s.KubernetesError(status=self.namespace_statuses["CREATE"], reason="Injected"))
         if name in self.namespaces:
             return await self._render_error(k8s.KubernetesObjectConflictError())
         self.namespaces[name] = body
         return aiohttp.web.json_response(body, status=201)
+
+    async def _read_namespace(self, name: str) -> aiohttp.web.StreamResponse:
+        self.requests_seen.append(("FETCH", "namespaces", name))
+        if self.namespace_statuses.get("FETCH"):
+            return await self._render_error(k8s.KubernetesError(status=self.namespace_statuses["FETCH"], reason="Injected"))
+        if name not in self.namespaces:
+            return await self._render_error(k8s.KubernetesObjectNotFoundError())
+        return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Namespace", **self.namespaces[name]})
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None:

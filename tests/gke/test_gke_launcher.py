@@ -22,7 +22,7 @@ from gke_controller import FakeJobSetController, Host, Scenario
 from gke_emulator import JOBSETS, PODS, EmulatorThread, Fault, is_create, is_delete, is_list
 from harness.gke import accelerators, launcher, manifest
 from harness.gke.__main__ import main
-from harness.gke.errors import JobSetExistsError
+from harness.gke.errors import JobSetExistsError, KubeApiError
 from harness.gke.kube import Kube
 
 pytestmark = pytest.mark.selftest
@@ -192,3 +192,43 @@ def test_cli_end_to_end(emulator, api, tmp_path) -> None:
     assert code == 1, out.getvalue()
     assert "VERDICT: FAILED (1 failure(s) over 4 hosts" in out.getvalue()
     assert not jobset_exists(emulator, "spmd-cli")
+
+
+# -- permissions and prerequisites -------------------------------------------------------------------
+
+
+def test_an_existing_namespace_is_read_not_created(emulator, api, kube, tmp_path) -> None:
+    emulator.emulator.namespaces["nightly"] = {"metadata": {"name": "nightly"}}
+    emulator.emulator.namespace_statuses["CREATE"] = 403  # this account may not create namespaces
+    result, _ = run(emulator, api, kube, config(tmp_path), Scenario())
+    assert result.ok, result.failures
+    assert seen(emulator, "CREATE", "namespaces") == 0 and seen(emulator, "FETCH", "namespaces") == 1
+
+
+def test_a_missing_namespace_that_may_not_be_created_names_the_permission(emulator, api, kube, tmp_path) -> None:
+    emulator.emulator.namespace_statuses["CREATE"] = 403
+    with pytest.raises(KubeApiError, match="Namespace nightly does not exist and this account may not create it: "
+                                           "it lacks `create` on namespaces"):
+        launcher.run(config(tmp_path), kube, io.StringIO())
+    assert not jobset_exists(emulator)
+
+
+def test_a_namespace_that_may_be_neither_read_nor_created_is_assumed_to_exist(emulator, api, kube, kube_log,
+                                                                             tmp_path) -> None:
+    emulator.emulator.namespace_statuses.update(FETCH=403, CREATE=403)
+    result, _ = run(emulator, api, kube, config(tmp_path), Scenario())
+    assert result.ok, result.failures
+    assert any("cannot read or create Namespace nightly (HTTP 403); assuming it exists" in line for line in kube_log)
+
+
+def test_jobset_not_installed_says_what_to_install(emulator, api, kube, tmp_path) -> None:
+    emulator.emulator.fail_next(Fault(is_create(JOBSETS), 404))
+    with pytest.raises(KubeApiError, match=r"JobSet is not installed on this cluster \(no CustomResourceDefinition "
+                                           r"jobsets.jobset.x-k8s.io\). Install JobSet 0.6 or newer"):
+        launcher.run(config(tmp_path), kube, io.StringIO())
+
+
+def test_no_permission_to_create_jobsets_names_it(emulator, api, kube, tmp_path) -> None:
+    emulator.emulator.fail_next(Fault(is_create(JOBSETS), 403))
+    with pytest.raises(KubeApiError, match="lacks `create` on jobsets.jobset.x-k8s.io in namespace nightly"):
+        launcher.run(config(tmp_path), kube, io.StringIO())

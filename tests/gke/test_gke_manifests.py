@@ -124,10 +124,27 @@ def test_namespace_and_bucket_are_applied_everywhere() -> None:
     assert {"name": manifest.GCS_ENV, "value": "gs://b/p"} in env
 
 
-@pytest.mark.parametrize("name", ["Bad_Name", "x" * 41, "1abc", "abc-"])
+@pytest.mark.parametrize("name", ["Bad_Name", "1abc", "abc-"])
 def test_bad_jobset_names_are_usage_errors(name: str) -> None:
     with pytest.raises(manifest.HarnessUsageError, match="DNS label"):
         manifest.render(accelerators.ACCELERATORS[0], 2, "img", name=name)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("accel", SHAPES)
+def test_the_name_limit_fits_each_overlays_coordinator_label(accel: accelerators.AcceleratorType) -> None:
+    """The longest accepted name makes a coordinator label of at most 63 characters in the JobSet
+    that `kubectl kustomize` renders for the overlay; one character more is refused, with the numbers."""
+    built = subprocess.run(["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / accel.overlay)],
+                           capture_output=True, text=True, timeout=60, check=True).stdout
+    jobset = by_kind(list(yaml.safe_load_all(built)))["JobSet"]
+    limit = manifest.max_name_length(jobset)
+    longest = "a" * limit
+    assert len(manifest.coordinator_label(jobset, longest)) <= 63
+    assert manifest.render(accel, 2, "img", name=longest)
+    with pytest.raises(manifest.HarnessUsageError, match=f"has {limit + 1} characters; at most {limit} fit"):
+        manifest.render(accel, 2, "img", name=longest + "a")
+    assert len(manifest.coordinator_label(jobset, longest + "a")) > 63
 
 
 def test_dockerfile_installs_the_pinned_tpu_pair_and_the_worker() -> None:
