@@ -360,6 +360,19 @@ def test_big(spmd):
     run(pytester).assert_outcomes(passed=1)
 
 
+def test_an_80_mb_verdict_arrives_well_within_the_case_timeout(pytester):
+    """Reading a verdict is linear: 80 MB once took 33 s after the body ended, past this timeout;
+    it takes under a second now (benchmarks/verdict_transfer.py has the numbers)."""
+    write(pytester, '''
+def body_big(ctx):
+    ctx.record_hlo("big", "y" * 80_000_000)
+
+def test_big(spmd):
+    assert len(spmd.run(body_big).hlo["big"]) == 80_000_000
+''')
+    run(pytester, "--case-timeout=20").assert_outcomes(passed=1)
+
+
 def test_observations_over_the_limit_are_a_clear_error(pytester):
     write(pytester, '''
 from harness.protocol import MAX_MESSAGE_BYTES
