@@ -1,10 +1,11 @@
-"""The optional second report channel: a copy of each host's report in a GCS bucket.
+"""The optional second report channel: each GKE worker copies its host report to a GCS bucket.
 
-Hook only, skipped unless configured (--gcs-uri or SPMD_HARNESS_GCS_URI). The pod log block is
-the channel the launcher reads; the bucket copy is for people and for runs whose logs are gone.
-It needs `google-cloud-storage` in the image and Workload Identity on the ServiceAccount
-(k8s/base/serviceaccount.yaml); neither is available to this repository's tests, so nothing here
-is exercised in CI beyond "not configured", and a failure is reported, never hidden.
+Skipped unless configured (--gcs-uri or SPMD_HARNESS_GCS_URI, which the launcher sets in the pod
+env). The pod log block is the channel the launcher reads; the bucket copy is for people and for
+runs whose logs are gone. The worker image installs `google-cloud-storage` (pyproject's `tpu`
+extra) and authenticates through Workload Identity on the ServiceAccount
+(k8s/base/serviceaccount.yaml). Tested with the real client against a local GCS emulator
+(`STORAGE_EMULATOR_HOST`, tests/gke/test_gke_bucket.py). A failure is reported, never hidden.
 """
 
 from __future__ import annotations
