@@ -18,10 +18,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from harness import results
+from harness import baseline, results
 from harness.backends import BACKEND_NAMES, Backend, make_backend
 from harness.case import SpmdRunner
-from harness.errors import CaseError, RegistryError
+from harness.errors import CaseError, HarnessError, RegistryError
 from harness.evidence import headline
 from harness.pool import ChildPool
 from harness.processes import signal_name
@@ -33,6 +33,7 @@ SESSION_KEY = pytest.StashKey["HarnessSession"]()
 RUNNER_KEY = pytest.StashKey[SpmdRunner]()
 JUDGEMENT_KEY = pytest.StashKey[Judgement]()
 ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()
+SHARDING_CHANGES_KEY = pytest.StashKey[list[str]]()
 FORK_SERVER_CHOICES = ("auto", "on", "off")
 FORK_SERVER_ENV = "HARNESS_FORK_SERVER"
 # Evidence kept in a record: the cause leads, so the head is kept (tails are bounded already).
@@ -42,6 +43,7 @@ MARKERS = (
     "spmd: an SPMD regression case that runs torch_xla in a child process",
     "needs(backend=None, devices=0, jax=False, multislice=False, xla=True, reason=''): what a case needs from the backend; unmet needs skip with the numbers",
     "known_bug(entry_id): judge this case against a known-bug registry entry; several markers: the entry whose carried_by holds the child's torch_xla judges it",
+    "no_sharding_baseline(reason): keep this case out of the sharding baseline (its recorded tensors vary by design)",
 )
 
 
@@ -70,6 +72,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="kill a child (its whole process group) whose case or start-up runs longer. Default: 180.")
     group.addoption("--results-dir", default="results", metavar="DIR",
                     help="where verdicts-*.jsonl, child logs and HLO excerpts go. Default: ./results.")
+    group.addoption("--shardings-baseline", default=None, metavar="PATH",
+                    help="the sharding baseline to compare passing cases with. Default: "
+                         "baselines/shardings/<backend>-<devices>.json")
+    group.addoption("--update-shardings", action="store_true",
+                    help="rewrite the baseline entries of the cases that ran and passed, and print what changed")
     group.addoption("--fork-server", choices=FORK_SERVER_CHOICES, default=None,
                     help="fork case children from a server that imported torch_xla once (harness/forkserver.py): "
                          "auto (on for the cpu backend; tpu children are always fresh processes), on, off. "
@@ -90,6 +97,25 @@ class HarnessSession:
                               fork=_fork_server_wanted(config, self.backend))
         self.late_faults: list[LateFault] = []
         self.early_start_done = False
+        self.baseline_path = Path(config.getoption("shardings_baseline") or baseline.default_path(
+            self.backend.name, config.getoption("devices") if self.backend.name != "tpu" else 0)).resolve()
+        self.update_shardings: bool = config.getoption("update_shardings")
+        if self.update_shardings and (config.getoption("numprocesses", None) or hasattr(config, "workerinput")):
+            raise pytest.UsageError("--update-shardings writes one file: run it without -n")
+        self._baseline: baseline.Baseline | None = None
+        self._baseline_loaded = False
+        self.shardings_seen: dict[str, tuple[dict[str, str], str | None]] = {}  # update mode
+        self.cases_without_entry: list[str] = []
+
+    def baseline(self) -> baseline.Baseline | None:
+        if not self._baseline_loaded:
+            self._baseline_loaded = True
+            try:
+                self._baseline = baseline.Baseline.load(self.baseline_path, self.backend.name,
+                                                        self.backend.capabilities().devices)
+            except HarnessError as exc:
+                raise pytest.UsageError(str(exc)) from None
+        return self._baseline
 
     def charge_late_fault(self, fault: LateFault) -> None:
         """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""
@@ -102,6 +128,24 @@ def _fork_server_wanted(config: pytest.Config, backend: Backend) -> bool:
     if choice not in FORK_SERVER_CHOICES:
         raise pytest.UsageError(f"{FORK_SERVER_ENV}={choice!r}; choose one of {', '.join(FORK_SERVER_CHOICES)}")
     return choice == "on" or (choice == "auto" and backend.name == "cpu")
+
+
+def _summarise_baseline(terminalreporter: Any, harness: HarnessSession) -> None:
+    updated = getattr(harness, "shardings_updated", None)
+    if updated is not None:
+        changed = {case: changes for case, changes in updated.items() if changes}
+        terminalreporter.section(f"sharding baseline {harness.baseline_path} rewritten for {len(updated)} case(s)")
+        for case, changes in changed.items():
+            terminalreporter.line(f"{case}:")
+            for change in changes:
+                terminalreporter.line(f"  {change}")
+        if not changed:
+            terminalreporter.line("no sharding changed")
+    elif harness.cases_without_entry:
+        terminalreporter.section("cases without a sharding baseline entry (not compared)")
+        for case in harness.cases_without_entry:
+            terminalreporter.line(case)
+        terminalreporter.line(f"add them with --update-shardings ({harness.baseline_path})")
 
 
 def _usable_results_dir(path: Path) -> Path:
@@ -193,13 +237,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     for fault in harness.pool.idle_deaths():
         harness.charge_late_fault(fault)
+    if harness.update_shardings and harness.shardings_seen:
+        base = harness.baseline() or baseline.Baseline.empty(
+            harness.baseline_path, harness.backend.name, harness.backend.capabilities().devices)
+        harness.shardings_updated = {case: base.update(case, observed, version)
+                                     for case, (observed, version) in sorted(harness.shardings_seen.items())}
+        base.save()
     if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     harness = config.stash.get(SESSION_KEY, None)
-    if harness is None or not harness.late_faults:
+    if harness is None:
+        return
+    _summarise_baseline(terminalreporter, harness)
+    if not harness.late_faults:
         return
     terminalreporter.section("faults after a case's verdict (charged to that case)", red=True)
     for fault in harness.late_faults:
@@ -267,6 +320,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report: pytest.TestReport = yield
     if call.when == "call":
         _apply_registry(item, call, report)
+        _compare_shardings(item, report)
     if item.get_closest_marker("spmd") and (call.when == "call" or (call.when == "setup" and not report.passed)):
         _write_record(item, call, report)
     return report
@@ -305,6 +359,45 @@ def _apply_registry(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
         report.sections.append(("known-bug registry", judgement.message))
 
 
+def _compare_shardings(item: pytest.Item, report: pytest.TestReport) -> None:
+    """After the registry: a passing case's shardings against its baseline entry (harness.baseline)."""
+    harness = item.config.stash[SESSION_KEY]
+    runner = item.stash.get(RUNNER_KEY, None)
+    if (report.outcome != "passed" or hasattr(report, "wasxfail") or runner is None
+            or item.get_closest_marker("no_sharding_baseline")):
+        return
+    observed: dict[str, str] = {}
+    for result in runner.results:
+        observed.update(result.shardings)
+    if not observed:
+        return
+    version = _child_version(item)
+    if harness.update_shardings:
+        harness.shardings_seen[item.nodeid] = (observed, version)
+        return
+    base = harness.baseline()
+    if base is None:
+        return
+    changes = base.compare(item.nodeid, observed)
+    if changes is None:
+        harness.cases_without_entry.append(item.nodeid)
+        return
+    if not changes:
+        return
+    lines = [str(c) for c in changes]
+    item.stash[SHARDING_CHANGES_KEY] = lines
+    listing = "\n".join(f"  {line}" for line in lines)
+    if baseline.is_drift(changes) and base.on_release_line(version):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"sharding drift: {len(lines)} tensor(s) differ from {base.path.name} (taken on torch_xla "
+            f"{base.torch_xla}; this run: {version}):\n{listing}\nIf the change is intended, rewrite the "
+            f"entry: pytest '{item.nodeid}' --update-shardings")
+    else:
+        why = "new tensors" if not baseline.is_drift(changes) else f"torch_xla {version} is not on {base.torch_xla}'s release line"
+        report.sections.append((f"sharding changes (reported, not failed: {why})", listing))
+
+
 def _outcome_of(report: pytest.TestReport) -> str:
     if hasattr(report, "wasxfail"):
         return "xfailed" if report.skipped else "xpassed"
@@ -330,7 +423,7 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
         evidence=_bounded(_evidence(call) or ""), torch_xla=_child_version(item), backend=harness.backend.name,
         devices=harness.backend.capabilities().devices, duration_s=round(report.duration, 3),
         body_s=round(sum(r.duration_s for r in runner.results), 3) if runner else 0.0,
-        shardings=shardings,
+        shardings=shardings, sharding_changes=item.stash.get(SHARDING_CHANGES_KEY, []),
     )
     results.write_record(harness.results_dir, record, harness.worker)
 

@@ -50,6 +50,8 @@ class CaseRecord:
     body_s: float = 0.0  # the case bodies' own time, as their children measured it
     # Sharding spec per named tensor as the child observed it, e.g. {"fc.weight": "{devices=[4,1]0,1,2,3}"}.
     shardings: dict[str, str] = dataclasses.field(default_factory=dict)
+    # How the shardings differ from the case's baseline entry (harness.baseline), one line per tensor.
+    sharding_changes: list[str] = dataclasses.field(default_factory=list)
     # Where the host ran (filled in by the GKE worker and the --local launcher).
     slice_id: int | None = None
     host_id: int | None = None
