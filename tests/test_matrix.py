@@ -606,3 +606,19 @@ def test_the_readme_table_is_written_between_its_markers_only(registry):
     assert "| `fixed-in-2.7` | `<2.7.0` | reproduced (1) | fixed (1) |" in out
     with pytest.raises(ValueError, match="markers"):
         replace_in_readme("no markers here", matrix, "cmd")
+
+
+def test_sharding_changes_between_consecutive_columns_list_moved_tensors_only():
+    from harness.matrix.shardings import consecutive_changes
+
+    def rec_with(name: str, shardings: dict[str, str]) -> CaseRecord:
+        return CaseRecord(nodeid=f"cases/test_x.py::{name}", family="x", outcome="passed", shardings=shardings)
+
+    old = column("2.6.0", [rec_with("a", {"w": "{devices=[4,1]0,1,2,3}", "out": "{replicated}"}),
+                           rec_with("b", {"w": "{devices=[4,1]<=[4]}"})])
+    new = column("2.7.0", [rec_with("a", {"w": "{devices=[1,4]0,1,2,3}", "out": "{replicated}", "extra": ""}),
+                           rec_with("b", {"w": "{devices=[4,1]0,1,2,3}"})])
+    (step,) = consecutive_changes([old, new])
+    assert [(m.case.split("::")[1], m.tensor, m.before, m.after) for m in step.moved] == [
+        ("a", "w", "{devices=[4,1]0,1,2,3}", "{devices=[1,4]0,1,2,3}")]  # b's iota form is the same sharding
+    assert step.one_sided == 1
