@@ -218,7 +218,7 @@ def test_faulty(spmd):
     spmd.run({body})
 
 def test_after(spmd):
-    time.sleep(1.0)
+    time.sleep(2.5)  # well past the fault, also on a loaded machine
     assert healthy(spmd) not in PIDS
 ''')
     result = run(pytester)
@@ -245,7 +245,7 @@ def test_faulty(spmd):
     spmd.run(body_crashes_in_the_background)
 
 def test_after(spmd):
-    time.sleep(1.5)  # the crash happens while the child is idle
+    time.sleep(2.5)  # the crash happens while the child is idle, also on a loaded machine
     healthy(spmd)
 ''')
     result = run(pytester)
@@ -270,7 +270,7 @@ def body_crashes_in_the_background(ctx):
 
 def test_last(spmd):
     spmd.run(body_crashes_in_the_background)
-    time.sleep(1.0)
+    time.sleep(2.5)  # well past the fault, also on a loaded machine
 ''')
     result = run(pytester)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -555,14 +555,14 @@ def test_3_crashes_later(spmd):
     spmd.run(body_crashes_later)
 
 def test_4_garbles(spmd):
-    time.sleep(1.0)
+    time.sleep(2.5)  # well past the fault, also on a loaded machine
     spmd.run(body_garbles)
 
 def test_5_answers_twice(spmd):
     spmd.run(body_answers_twice)
 
 def test_6_healthy(spmd):
-    time.sleep(1.0)
+    time.sleep(2.5)  # well past the fault, also on a loaded machine
     healthy(spmd)
 ''')
     result = run(pytester, "--case-timeout=3")
