@@ -26,11 +26,11 @@ from packaging.version import InvalidVersion, Version
 from harness.errors import HarnessUsageError
 from harness.sharding import ShardingParseError, format_sharding, parse_sharding
 
-BASELINE_DIR = Path(__file__).resolve().parents[1] / "baselines" / "shardings"
+BASELINE_DIR = Path("baselines") / "shardings"  # under the repository root (pytest's rootdir)
 
 
-def default_path(backend: str, devices: int) -> Path:
-    return BASELINE_DIR / f"{backend}-{devices}.json"
+def default_path(root: Path, backend: str, devices: int) -> Path:
+    return root / BASELINE_DIR / f"{backend}-{devices}.json"
 
 
 def canonical(spec: str) -> str:

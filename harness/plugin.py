@@ -97,8 +97,8 @@ class HarnessSession:
                               fork=_fork_server_wanted(config, self.backend))
         self.late_faults: list[LateFault] = []
         self.early_start_done = False
-        self.baseline_path = Path(config.getoption("shardings_baseline") or baseline.default_path(
-            self.backend.name, config.getoption("devices") if self.backend.name != "tpu" else 0)).resolve()
+        self._baseline_option: str | None = config.getoption("shardings_baseline")
+        self._rootpath = config.rootpath
         self.update_shardings: bool = config.getoption("update_shardings")
         if self.update_shardings and (config.getoption("numprocesses", None) or hasattr(config, "workerinput")):
             raise pytest.UsageError("--update-shardings writes one file: run it without -n")
@@ -106,6 +106,13 @@ class HarnessSession:
         self._baseline_loaded = False
         self.shardings_seen: dict[str, tuple[dict[str, str], str | None]] = {}  # update mode
         self.cases_without_entry: list[str] = []
+
+    @property
+    def baseline_path(self) -> Path:
+        """--shardings-baseline, else the backend's file under the repository (pytest's rootdir)."""
+        if self._baseline_option:
+            return Path(self._baseline_option).resolve()
+        return baseline.default_path(self._rootpath, self.backend.name, self.backend.capabilities().devices)
 
     def baseline(self) -> baseline.Baseline | None:
         if not self._baseline_loaded:

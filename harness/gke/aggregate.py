@@ -217,7 +217,19 @@ def summary_markdown(result: Aggregate, meta: dict[str, Any]) -> str:
         lines.append(f"| {r.label} | {r.pod or '-'} | " + " | ".join(map(str, counts)) + f" | {status} |")
     if result.failures:
         lines += ["", f"## Failures ({len(result.failures)})", ""] + [f"- {_cell(f)}" for f in result.failures]
+    changes = baseline_changes(result)
+    if changes:
+        lines += ["", f"## Sharding changes against the baseline, reported ({len(changes)})", "",
+                  "Drift on the baseline's release line fails the case on its host (listed above); these are "
+                  "the rest: new tensors, or another release line.", ""] + [f"- {_cell(c)}" for c in changes]
     return "\n".join(lines) + "\n"
+
+
+def baseline_changes(result: Aggregate) -> list[str]:
+    """Every host compares its cases with the sharding baseline (harness.baseline, in each host's
+    pytest); what a passing case reported there, per host."""
+    return [f"{r.label}: {c.nodeid}: {change}" for r in result.hosts for c in r.records
+            if c.outcome != "failed" for change in c.sharding_changes]
 
 
 def _cell(text: str) -> str:

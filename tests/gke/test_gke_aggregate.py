@@ -83,3 +83,13 @@ def test_outputs_carry_slice_and_host(tmp_path: Path) -> None:
     assert "FAILED" in summary and "SIGABRT" in summary and "sharded differently" in summary
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["ok"] is False and len(data["hosts"]) == 2
+
+
+def test_changes_against_the_baseline_that_hosts_reported_are_summarised() -> None:
+    reports = [host(s, h, {"w": "{devices=[4,1]0,1,2,3}"}) for s in range(2) for h in range(2)]
+    reports[3].records[0].sharding_changes = ["block_output: new, {devices=[4,1]0,1,2,3} (not in the baseline)"]
+    result = agg.aggregate(reports, 2, 2)
+    assert result.ok  # reported, not failed: drift on the release line fails the case on its host
+    summary = agg.summary_markdown(result, {})
+    assert "## Sharding changes against the baseline, reported (1)" in summary
+    assert f"slice1-host1: {CASE}: block_output: new" in summary
