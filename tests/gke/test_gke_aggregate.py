@@ -92,4 +92,4 @@ def test_changes_against_the_baseline_that_hosts_reported_are_summarised() -> No
     assert result.ok  # reported, not failed: drift on the release line fails the case on its host
     summary = agg.summary_markdown(result, {})
     assert "## Sharding changes against the baseline, reported (1)" in summary
-    assert f"slice1-host1: {CASE}: block_output: new" in summary
+    assert f"slice1.host1: {CASE}: block_output: new" in summary
