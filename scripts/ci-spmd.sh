@@ -21,8 +21,8 @@
 set -euo pipefail
 
 # pytorch/xla PR wheels pin nightly jax/jaxlib in their pallas extra. Those are published to JAX's
-# artifact-registry index, which pytorch/xla's own README installs from with `--pre --index-url`;
-# here it is an extra index beside PyPI, because the wheels' other dependencies come from PyPI.
+# artifact-registry index; pytorch/xla's CI (_test.yml) installs the wheels first and then their
+# pallas extra with `--pre --index-url` of that index, which also serves what jax depends on.
 JAX_NIGHTLY_INDEX=https://us-python.pkg.dev/ml-oss-artifacts-published/jax/simple/
 PYTEST_NO_TESTS_COLLECTED=5
 
@@ -81,9 +81,11 @@ install() {
   [[ -x $venv/bin/python ]] || "${PYTHON:-python3}" -m venv "$venv"
   local pip=("$venv/bin/python" -m pip install --disable-pip-version-check)
   if [[ -n $wheels_dir ]]; then
-    # The PR's torch and torch_xla with the nightly jax their pallas extra pins (--pre as upstream
-    # does); then the harness, whose own dependencies name no torch and want no pre-releases.
-    "${pip[@]}" --pre --extra-index-url "$JAX_NIGHTLY_INDEX" "$torch_wheel" "${xla_wheel}[pallas]"
+    # As pytorch/xla's CI does: the PR's torch and torch_xla (their dependencies from PyPI), then
+    # the nightly jax/jaxlib their pallas extra pins, from JAX's index only; then the harness,
+    # whose own dependencies name no torch and want no pre-releases.
+    "${pip[@]}" "$torch_wheel" "$xla_wheel"
+    "${pip[@]}" --pre --index-url "$JAX_NIGHTLY_INDEX" "${xla_wheel}[pallas]"
     "${pip[@]}" -e .
   else
     "${pip[@]}" -e '.[xla]'

@@ -262,12 +262,6 @@ def test_reusable_workflow_only_runs_the_ci_script():
         'python3 -m harness.wheeltags "$WHEELS_DIR" >> "$GITHUB_OUTPUT"', "bash scripts/ci-spmd.sh"]
 
 
-def test_ci_script_installs_nightly_jax_from_jaxs_index_as_upstream_does():
-    script = (REPO_ROOT / "scripts" / "ci-spmd.sh").read_text()
-    assert "https://us-python.pkg.dev/ml-oss-artifacts-published/jax/simple/" in script
-    assert "jax_nightly_releases.html" not in script and '--pre --extra-index-url "$JAX_NIGHTLY_INDEX"' in script
-
-
 def test_harness_ci_runs_the_readme_test_command_on_prs_and_main():
     workflow = load(WORKFLOWS_DIR / "harness-ci.yml")
     assert set(triggers(workflow)) == {"pull_request", "push"}
@@ -391,6 +385,38 @@ def test_ci_script_wants_exactly_one_torch_xla_wheel(stub_venv: Path, tmp_path: 
     proc = run_ci_script(stub_venv, hermetic_env(tmp_path), "--wheels", str(wheels))
     assert proc.returncode == 2
     assert "expected one torch_xla-*.whl" in proc.stderr
+
+
+STUB_PIP_PYTHON = """#!/bin/sh
+# Stands in for the venv's python: `-m pip` is recorded (one JSON line per call), all else runs.
+if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then
+  shift 2
+  exec "{python}" -c 'import json, sys; open(sys.argv[1], "a").write(json.dumps(sys.argv[2:]) + "\\n")' "$STUB_PIP_LOG" "$@"
+fi
+exec "{python}" "$@"
+"""
+JAX_NIGHTLY_INDEX = "https://us-python.pkg.dev/ml-oss-artifacts-published/jax/simple/"
+
+
+def test_ci_script_installs_the_wheels_then_nightly_jax_from_jaxs_index_as_upstream_does(
+        stub_venv: Path, tmp_path: Path):
+    # pytorch/xla's _test.yml: the wheels, then `pip install --pre 'torch_xla[pallas]' --index-url <JAX's
+    # index>`; not the retired jax_nightly_releases.html link page.
+    executable(stub_venv / "bin" / "python", STUB_PIP_PYTHON.format(python=sys.executable))
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    wheels = wheel_folder(tmp_path, f"torch-2.10.0a0+git1-{tag}-{tag}-linux_x86_64.whl",
+                          f"torch_xla-2.10.0+git2-{tag}-{tag}-linux_x86_64.whl")
+    pip_log = tmp_path / "pip.jsonl"
+    env = hermetic_env(tmp_path, STUB_PIP_LOG=str(pip_log), STUB_RECORDS=jsonl(PASSED_CASE))
+    proc = run_ci_script(stub_venv, env, "--wheels", str(wheels), "--results", str(tmp_path / "results"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = [json.loads(line) for line in pip_log.read_text().splitlines()]
+    torch_wheel, xla_wheel = (str(w) for w in sorted(wheels.glob("*.whl")))
+    assert [call[-2:] for call in calls] == [[torch_wheel, xla_wheel], [JAX_NIGHTLY_INDEX, f"{xla_wheel}[pallas]"],
+                                             ["-e", "."]]
+    jax_call = calls[1]
+    assert "--pre" in jax_call and jax_call[jax_call.index("--index-url") + 1] == JAX_NIGHTLY_INDEX
+    assert not {"--extra-index-url", "-f", "--find-links"} & {arg for call in calls for arg in call}
 
 
 # --- scripts/nightly-multislice.sh, with a stub launcher -----------------------------------------
