@@ -50,7 +50,8 @@ def check_interpreter(folder: Path, version: tuple[int, int] = sys.version_info[
     if needed != have:
         raise HarnessUsageError(
             f"the wheels in {folder} are for Python {needed} (cp{needed.replace('.', '')}), but this job's Python "
-            f"is {have}: set the workflow input python-version: '{needed}' (or leave it empty to follow the wheels)")
+            f"is {have}: on the runner (container: ''), leave the workflow input python-version empty to follow "
+            f"the wheels or set it to '{needed}'; in a container, use an image with Python {needed}")
 
 
 def main(argv: list[str] | None = None) -> int:

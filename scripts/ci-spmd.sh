@@ -4,6 +4,7 @@
 #
 #   bash scripts/ci-spmd.sh                      # the pinned PyPI torch/torch_xla (pyproject's xla extra)
 #   bash scripts/ci-spmd.sh --wheels /tmp/wheels # torch + torch_xla wheels built by a torch_xla PR
+#   bash scripts/ci-spmd.sh --wheels /tmp/wheels --image us-central1-docker.pkg.dev/tpu-pytorch-releases/docker/development:3.12_tpuvm
 #
 # Options (each also settable through the environment variable in brackets):
 #   --wheels DIR     folder with one torch-*.whl and one torch_xla-*.whl   [SPMD_WHEELS_DIR]
@@ -11,6 +12,9 @@
 #   --results DIR    results folder (default results)                       [SPMD_RESULTS_DIR]
 #   --workers N      pytest-xdist workers (default 2)                       [SPMD_WORKERS]
 #   --venv DIR       virtualenv to create/use (default .venv)               [SPMD_VENV]
+#   --python-version X.Y  refuse to start unless python3 (or $PYTHON) is X.Y [SPMD_PYTHON_VERSION]
+#   --image IMAGE    run all of the above inside this image (docker run), as pytorch/xla tests its
+#                    wheels in its development image; venv default .venv-image  [SPMD_IMAGE]
 #   --skip-install   use the virtualenv as it is
 #   -- ARGS          passed on to pytest
 #
@@ -31,6 +35,8 @@ devices=${SPMD_DEVICES:-4}
 results_dir=${SPMD_RESULTS_DIR:-}
 workers=${SPMD_WORKERS:-2}
 venv=${SPMD_VENV:-}
+python_version=${SPMD_PYTHON_VERSION:-}
+image=${SPMD_IMAGE:-}
 skip_install=false
 pytest_extra=()
 
@@ -45,6 +51,8 @@ parse_args() {
       --results) results_dir=${2:?--results needs a folder}; shift 2 ;;
       --workers) workers=${2:?--workers needs a number}; shift 2 ;;
       --venv) venv=${2:?--venv needs a folder}; shift 2 ;;
+      --python-version) python_version=${2:?--python-version needs X.Y}; shift 2 ;;
+      --image) image=${2:?--image needs an image reference}; shift 2 ;;
       --skip-install) skip_install=true; shift ;;
       --) shift; pytest_extra=("$@"); break ;;
       -h|--help) usage; exit 0 ;;
@@ -64,15 +72,31 @@ single_wheel() {
   echo "${matches[0]}"
 }
 
+# The interpreter this run installs into: the venv's once it exists, else the one it is made from.
+job_python() {
+  if [[ -x $venv/bin/python ]]; then echo "$venv/bin/python"; else echo "${PYTHON:-python3}"; fi
+}
+
 # Wheels built for another Python cannot be installed: say so in the first seconds, naming both.
 check_python_of_wheels() {
-  local python=${PYTHON:-python3}
-  [[ -x $venv/bin/python ]] && python=$venv/bin/python
-  "$python" -m harness.wheeltags --check "$wheels_dir" || exit 2
+  "$(job_python)" -m harness.wheeltags --check "$wheels_dir" || exit 2
+}
+
+# The workflow's python-version input. On the runner, setup-python installed exactly that; in a
+# container job the image brings its own Python, which no input changes: say so before anything.
+check_requested_python() {
+  [[ -z $python_version ]] && return 0
+  local have
+  have=$("$(job_python)" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  [[ $have == "$python_version" ]] ||
+    die "python-version is $python_version, but this job's Python is $have (in a container job, the image's):" \
+        "leave python-version empty, pick an image with Python $python_version (input container)," \
+        "or run on the runner with container: ''"
 }
 
 install() {
   local torch_wheel xla_wheel
+  check_requested_python
   if [[ -n $wheels_dir ]]; then
     torch_wheel=$(single_wheel 'torch-*.whl')
     xla_wheel=$(single_wheel 'torch_xla-*.whl')
@@ -115,6 +139,30 @@ report() {
   "$venv/bin/python" -m harness.report "$results_dir" "${annotate[@]}"
 }
 
+# This same script, inside `image`: the repository, the wheels, the results folder and the job
+# summary are mounted at the same paths, so every path means the same on both sides. The caller's
+# uid runs it (files stay theirs), with a HOME and USER an unknown uid lacks in the image.
+run_in_image() {
+  command -v docker > /dev/null || die "--image needs docker on PATH (or run without --image / container: '')"
+  local mounts=(-v "$PWD:$PWD") env=(-e HOME=/tmp -e "USER=${USER:-spmd}")
+  [[ -n $wheels_dir ]] && mounts+=(-v "$wheels_dir:$wheels_dir:ro")
+  [[ $results_dir == "$PWD"/* ]] || { mkdir -p "$results_dir"; mounts+=(-v "$results_dir:$results_dir"); }
+  [[ $venv == "$PWD"/* ]] || { mkdir -p "$venv"; mounts+=(-v "$venv:$venv"); }
+  if [[ -n ${GITHUB_STEP_SUMMARY:-} ]]; then
+    mounts+=(-v "$GITHUB_STEP_SUMMARY:$GITHUB_STEP_SUMMARY")
+    env+=(-e GITHUB_STEP_SUMMARY)
+  fi
+  [[ -n ${GITHUB_ACTIONS:-} ]] && env+=(-e GITHUB_ACTIONS)
+  local inner=(bash scripts/ci-spmd.sh --devices "$devices" --results "$results_dir" --workers "$workers"
+               --venv "$venv")
+  [[ -n $wheels_dir ]] && inner+=(--wheels "$wheels_dir")
+  [[ -n $python_version ]] && inner+=(--python-version "$python_version")
+  [[ $skip_install == true ]] && inner+=(--skip-install)
+  # --shm-size: what pytorch/xla's _test.yml gives its test containers.
+  exec docker run --rm --shm-size 16g --user "$(id -u):$(id -g)" "${mounts[@]}" "${env[@]}" -w "$PWD" \
+    "$image" "${inner[@]}" -- "${pytest_extra[@]}"
+}
+
 # Paths given by the caller are relative to where they ran the script; defaults to the repo root.
 absolute() {
   if [[ -z $1 || $1 == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi
@@ -127,6 +175,8 @@ main() {
   venv=$(absolute "$venv")
   cd "$(dirname "$0")/.."
   results_dir=${results_dir:-$PWD/results}
+  # A venv made in the image points at the image's Python: keep it apart from the host's .venv.
+  if [[ -n $image ]]; then venv=${venv:-$PWD/.venv-image}; run_in_image; fi
   venv=${venv:-$PWD/.venv}
   [[ $skip_install == true ]] || install
   clear_results

@@ -530,16 +530,93 @@ def test_the_workflow_sets_up_the_python_the_wheels_need():
     assert "steps.wheel-python.outputs.version" in setup["with"]["python-version"]
 
 
-def test_the_calling_snippets_name_only_inputs_the_workflow_has():
-    """The snippet in the workflow's header and the one in README must not drift from its inputs."""
-    inputs = set(triggers(load(WORKFLOWS_DIR / "spmd-regression.yml"))["workflow_call"]["inputs"])
+def test_ci_script_refuses_a_requested_python_it_does_not_have_before_installing(stub_venv: Path, tmp_path: Path):
+    # In a container job the image's Python is used whatever python-version says: refuse, naming both.
+    executable(stub_venv / "bin" / "python", STUB_PIP_PYTHON.format(python=sys.executable))
+    have = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    other = "3.12" if have != "3.12" else "3.11"
+    pip_log = tmp_path / "pip.jsonl"
+    proc = run_ci_script(stub_venv, hermetic_env(tmp_path, SPMD_PYTHON_VERSION=other, STUB_PIP_LOG=str(pip_log)))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"python-version is {other}, but this job's Python is {have}" in proc.stderr
+    assert not pip_log.exists(), "it installed before refusing"
+
+
+DEV_IMAGE = "us-central1-docker.pkg.dev/tpu-pytorch-releases/docker/development:3.12_tpuvm"
+STUB_DOCKER = """#!{python}
+# Stands in for docker: records its arguments and exits with STUB_DOCKER_EXIT.
+import json, os, sys
+open(os.environ["STUB_DOCKER_ARGV"], "w").write(json.dumps(sys.argv[1:]))
+sys.exit(int(os.environ.get("STUB_DOCKER_EXIT", "0")))
+"""
+
+
+def test_ci_script_with_an_image_reruns_itself_inside_it_with_the_same_paths(stub_venv: Path, tmp_path: Path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    executable(bin_dir / "docker", STUB_DOCKER.format(python=sys.executable))
+    wheels, results, summary = tmp_path / "wheels", tmp_path / "results", tmp_path / "step-summary.md"
+    wheels.mkdir()
+    summary.touch()
+    env = hermetic_env(tmp_path, PATH=f"{bin_dir}:{os.environ['PATH']}", STUB_DOCKER_ARGV=str(tmp_path / "docker.json"),
+                       STUB_DOCKER_EXIT="3", SPMD_IMAGE=DEV_IMAGE, GITHUB_ACTIONS="true",
+                       GITHUB_STEP_SUMMARY=str(summary))
+    proc = run_ci_script(stub_venv, env, "--wheels", str(wheels), "--results", str(results), "--", "-k", "vit")
+    assert proc.returncode == 3, "the container's exit status is the script's"
+    argv = json.loads((tmp_path / "docker.json").read_text())
+    assert argv[:4] == ["run", "--rm", "--shm-size", "16g"]
+    image_at = argv.index(DEV_IMAGE)
+    options, inner = argv[:image_at], argv[image_at + 1:]
+    for mount in (f"{REPO_ROOT}:{REPO_ROOT}", f"{wheels}:{wheels}:ro", f"{results}:{results}", f"{summary}:{summary}",
+                  f"{stub_venv}:{stub_venv}"):
+        assert mount in options, f"{mount} not mounted: {options}"
+    assert {"GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "HOME=/tmp"} <= set(options)
+    assert options[options.index("-w") + 1] == str(REPO_ROOT)
+    assert inner[:2] == ["bash", "scripts/ci-spmd.sh"] and "--image" not in inner
+    assert inner[inner.index("--wheels") + 1] == str(wheels) and inner[inner.index("--venv") + 1] == str(stub_venv)
+    assert inner[-3:] == ["--", "-k", "vit"]
+
+
+
+def test_the_job_runs_in_pytorch_xlas_dev_image_unless_told_otherwise():
+    """Where pytorch/xla tests its wheels (mkl, libgomp1, Python 3.12); an empty input means the runner."""
+    workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
+    inputs = triggers(workflow)["workflow_call"]["inputs"]
+    assert inputs["container"]["default"] == DEV_IMAGE and inputs["container"]["type"] == "string"
+    steps = {s.get("name"): s for s in workflow["jobs"]["spmd"]["steps"]}
+    # The script starts the image (docker run); setup-python and the wheel-tag lookup are for the bare
+    # runner, and in the image the script checks the image's Python against the wheels.
+    run = steps["Run the SPMD cases"]["env"]
+    assert run["SPMD_IMAGE"] == "${{ inputs.container }}"
+    assert run["SPMD_PYTHON_VERSION"] == "${{ inputs.python-version }}"
+    assert "inputs.container == ''" in steps["Set up Python"]["if"]
+    assert "inputs.container == ''" in steps["Python of the wheels"]["if"]
+
+
+def calling_snippets() -> dict[str, dict[str, Any]]:
+    """The `with:` of the calling job in the workflow's header and in README, parsed as YAML."""
     header = "\n".join(line[2:] for line in (WORKFLOWS_DIR / "spmd-regression.yml").read_text().splitlines()
                        if line.startswith("#   "))
     readme = (REPO_ROOT / "README.md").read_text()
-    snippet = readme[readme.index("uses: OWNER/spmd-regression-harness"):].split("```")[0]
-    for text in (header, snippet):
-        used = set(re.findall(r"^\s+([a-z-]+):", text.split("with:", 1)[1], flags=re.MULTILINE))
-        assert used and used <= inputs, f"snippet names inputs the workflow lacks: {used - inputs}"
+    start = readme.index("  spmd-regression:\n", readme.index("## On every torch_xla PR"))
+    snippets = {"workflow header": header, "README": readme[start:].split("```")[0]}
+    return {where: yaml.safe_load(text)["spmd-regression"]["with"] for where, text in snippets.items()}
+
+
+def test_the_calling_snippets_agree_with_the_workflows_inputs():
+    """Copied as they are, the snippets must work: only inputs the workflow has, and the two agree."""
+    inputs = triggers(load(WORKFLOWS_DIR / "spmd-regression.yml"))["workflow_call"]["inputs"]
+    snippets = calling_snippets()
+    for where, given in snippets.items():
+        assert set(given) <= set(inputs), f"{where} names inputs the workflow lacks: {set(given) - set(inputs)}"
+        assert given["wheels-artifact"] == "torch-xla-wheels", where
+        # Empty: the Python follows the wheels' cpXY tag (on the runner) or is the image's (in the container).
+        assert given.get("python-version", inputs["python-version"]["default"]) == "", where
+        # Without the container input, the default is what pytorch/xla tests its wheels in.
+        assert given.get("container", inputs["container"]["default"]) == DEV_IMAGE, where
+    header, readme = snippets.values()
+    shared = set(header) & set(readme)
+    assert {k: header[k] for k in shared} == {k: readme[k] for k in shared}
 
 
 # --- the image build context (the nightly builds from the repository root) ----------------------
