@@ -27,3 +27,7 @@ class JobSetExistsError(KubeApiError):
 
 class ReportError(GkeHarnessError):
     """A host's report block is missing or corrupt; the host counts as failed with this reason."""
+
+
+class JobSetNotInstalledError(KubeApiError):
+    """JobSet is missing from the cluster, or too old for spec.coordinator: the message says what to install."""

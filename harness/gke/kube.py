@@ -12,6 +12,7 @@ attempt whose answer was lost: adopt it; being deleted: wait; someone else's: Jo
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 import time
 from typing import Any, Callable, Iterator, TypeVar
@@ -20,8 +21,10 @@ import urllib3.exceptions
 from kubernetes import client, watch
 
 from harness.errors import HarnessUsageError
-from harness.gke.errors import JobSetExistsError, KubeApiError
+from harness.gke import prerequisites
+from harness.gke.errors import JobSetExistsError, JobSetNotInstalledError, KubeApiError
 from harness.gke.manifest import CONTAINER, JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Manifest
+from harness.gke.prerequisites import JOBSET_CRD, JOBSET_MIN_VERSION
 
 T = TypeVar("T")
 RUN_ID_ANNOTATION = "spmd-harness.pytorch.org/run-id"
@@ -29,8 +32,6 @@ JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 RETRYABLE_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
-JOBSET_CRD = f"{JOBSET_PLURAL}.{JOBSET_GROUP}"
-JOBSET_MIN_VERSION = "0.6"  # spec.coordinator
 CONNECTION_ERRORS = (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
 
 
@@ -100,6 +101,33 @@ class Kube:
                 policy.sleep(delay)
         raise KubeApiError(f"{what} still failing after {policy.attempts} attempts: {_describe(error)}",
                            getattr(error, "status", None))
+
+    # -- prerequisites -----------------------------------------------------------------------------
+    def check_jobset_installed(self) -> None:
+        """Before anything is created: the JobSet CRD exists and knows spec.coordinator (JobSet 0.6+).
+
+        Reading CRDs is cluster-wide; an account that may not is let through with a log line (a
+        missing JobSet then shows at the JobSet's creation, where the 404 is explained again)."""
+        try:
+            crd = self._read_jobset_crd()
+        except client.ApiException as exc:
+            if exc.status == 404:
+                raise JobSetNotInstalledError(prerequisites.not_installed(), 404) from exc
+            if exc.status in (401, 403):
+                self._log(f"[kube] cannot read CustomResourceDefinition {JOBSET_CRD} (HTTP {exc.status}); "
+                          "assuming JobSet is installed")
+                return
+            raise _api_error(f"read CustomResourceDefinition {JOBSET_CRD}", exc) from exc
+        problem = prerequisites.jobset_crd_problem(crd)
+        if problem:
+            raise JobSetNotInstalledError(problem)
+
+    def _read_jobset_crd(self) -> Manifest:
+        # Raw JSON: the typed model would turn the schema into nested objects for one lookup.
+        api = client.ApiextensionsV1Api(self._core.api_client)
+        response = self._retry(f"read CustomResourceDefinition {JOBSET_CRD}", lambda: api.read_custom_resource_definition(
+            JOBSET_CRD, _preload_content=False))
+        return json.loads(response.data)
 
     # -- namespace and service account -----------------------------------------------------------
     def ensure(self, doc: Manifest) -> None:
@@ -176,14 +204,10 @@ class Kube:
     def _jobset_missing(self, ns: str) -> KubeApiError:
         """Why creating a JobSet answered 404: the JobSet CRD is not installed, or the namespace is gone."""
         try:
-            client.ApiextensionsV1Api(self._core.api_client).read_custom_resource_definition(JOBSET_CRD)
+            self._read_jobset_crd()
         except client.ApiException as exc:
             if exc.status == 404:
-                return KubeApiError(
-                    f"JobSet is not installed on this cluster (no CustomResourceDefinition {JOBSET_CRD}). Install "
-                    f"JobSet {JOBSET_MIN_VERSION} or newer (spec.coordinator needs it), e.g. kubectl apply "
-                    "--server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/v0.8.2/manifests.yaml",
-                    404)
+                return JobSetNotInstalledError(prerequisites.not_installed(), 404)
             return KubeApiError(
                 f"creating a JobSet in namespace {ns} answered HTTP 404: either JobSet is not installed "
                 f"(install JobSet {JOBSET_MIN_VERSION}+; the CRD {JOBSET_CRD} could not be read here: HTTP "

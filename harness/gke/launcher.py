@@ -52,6 +52,7 @@ def run(cfg: RunConfig, kube: Kube, out: IO[str]) -> agg.Aggregate:
     docs = render(cfg)
     jobset = manifest.find(docs, "JobSet")
     jobset["metadata"].setdefault("annotations", {})[RUN_ID_ANNOTATION] = uuid.uuid4().hex
+    kube.check_jobset_installed()  # before anything is created
     for doc in docs:
         if doc["kind"] != "JobSet":
             kube.ensure(doc)

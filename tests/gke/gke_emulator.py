@@ -8,7 +8,9 @@ over; `PatchedEmulator` covers each one (see the comment at each fix):
   - pod logs must be `text/plain` (kmock has no log store at all);
   - objects carry no `resourceVersion`, which the client's watch needs to resume;
   - objects need `metadata.namespace` for watch events to reach namespaced watches;
-  - `POST /api/v1/namespaces` crashes its path parser (500), so namespaces are served here.
+  - `POST /api/v1/namespaces` crashes its path parser (500), so namespaces are served here;
+  - CustomResourceDefinitions are served here too (reads only): the JobSet CRD is installed
+    unless a test removes it from `crds`.
 On top of that it injects faults on request (`fail_next`, `expire_watches`) so tests can check
 retries, 409 handling and the 410 re-list.
 
@@ -19,6 +21,7 @@ own event loop in a daemon thread (`EmulatorThread`), and tests stay plain synch
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import itertools
 import json
@@ -32,6 +35,17 @@ from kmock._internal import enums, k8s, rendering  # no public names for these i
 JOBSETS = kmock.resource("jobset.x-k8s.io", "v1alpha2", "jobsets")
 PODS = kmock.resource("", "v1", "pods")
 STARTUP_TIMEOUT_S = 10.0
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+# What the launcher reads of the JobSet CRD: the served version and whether spec knows coordinator.
+JOBSET_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "jobsets.jobset.x-k8s.io"},
+    "spec": {"group": "jobset.x-k8s.io", "scope": "Namespaced",
+             "names": {"kind": "JobSet", "plural": "jobsets", "singular": "jobset"},
+             "versions": [{"name": "v1alpha2", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                 "type": "object", "properties": {"spec": {"type": "object", "properties": {
+                     "coordinator": {"type": "object"}, "replicatedJobs": {"type": "array"}}}}}}}]},
+}
 
 
 @dataclasses.dataclass
@@ -76,6 +90,8 @@ class PatchedEmulator(k8s.KubernetesEmulator):
         # Namespaces are served by this class (see __call__), so their faults are an HTTP status
         # per action: {"FETCH": 403} answers every namespace read with 403.
         self.namespace_statuses: dict[str, int] = {}
+        self.crds: dict[str, dict[str, Any]] = {JOBSET_CRD["metadata"]["name"]: copy.deepcopy(JOBSET_CRD)}
+        self.crd_read_status = 0  # e.g. 403: answer every CRD read with it
         self.faults: list[Fault] = []
         self.expired_watches = 0  # how many upcoming watches answer 410 Gone
         self.requests_seen: list[tuple[str, str, str]] = []  # (action, plural, name) in order
@@ -103,6 +119,8 @@ class PatchedEmulator(k8s.KubernetesEmulator):
             return await self._create_namespace(raw_request)
         if path.startswith("/api/v1/namespaces/") and path.count("/") == 4 and raw_request.method == "GET":
             return await self._read_namespace(path.rsplit("/", 1)[1])
+        if path.startswith(CRD_PATH) and raw_request.method == "GET":
+            return await self._read_crd(path[len(CRD_PATH):])
         return await super().__call__(raw_request)
 
     async def _create_namespace(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
@@ -123,6 +141,14 @@ class PatchedEmulator(k8s.KubernetesEmulator):
         if name not in self.namespaces:
             return await self._render_error(k8s.KubernetesObjectNotFoundError())
         return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Namespace", **self.namespaces[name]})
+
+    async def _read_crd(self, name: str) -> aiohttp.web.StreamResponse:
+        self.requests_seen.append(("FETCH", "customresourcedefinitions", name))
+        if self.crd_read_status:
+            return await self._render_error(k8s.KubernetesError(status=self.crd_read_status, reason="Injected"))
+        if name not in self.crds:
+            return await self._render_error(k8s.KubernetesObjectNotFoundError())
+        return aiohttp.web.json_response(self.crds[name])
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.gke import accelerators, manifest
+from harness.gke import accelerators, manifest, prerequisites
 
 pytestmark = pytest.mark.selftest
 
@@ -25,11 +25,15 @@ RELEASES = ["v0.8.2", "v0.12.0"]
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema comes with the test extra (check-jsonschema)")
 
 
-def crd_schema(release: str) -> dict[str, Any]:
+def released_crd(release: str) -> dict[str, Any]:
     path = CRD_DIR / f"{release}.yaml"
     if not path.is_file():
         pytest.skip(f"JobSet CRD data absent: {path} (reference data from ../shared/data/jobset-crd)")
-    crd = next(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return next(d for d in yaml.safe_load_all(path.read_text()) if d)
+
+
+def crd_schema(release: str) -> dict[str, Any]:
+    crd = released_crd(release)
     version = next(v for v in crd["spec"]["versions"] if v["name"] == manifest.JOBSET_VERSION)
     return to_json_schema(version["schema"]["openAPIV3Schema"])
 
@@ -72,3 +76,22 @@ def test_the_validation_can_fail(release: str) -> None:
     jobset["spec"]["coordinator"]["podIndx"] = 0  # a field JobSet does not know would be dropped
     found = errors(schema, jobset)
     assert any("replicas" in e for e in found) and any("podIndx" in e for e in found), found
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_released_crds_pass_the_launchers_prerequisite_check(release: str) -> None:
+    crd = released_crd(release)
+    assert crd["metadata"]["name"] == prerequisites.JOBSET_CRD
+    assert prerequisites.jobset_crd_problem(crd) is None
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_prerequisite_check_refuses_what_cannot_run_the_jobset(release: str) -> None:
+    without_coordinator = released_crd(release)
+    for version in without_coordinator["spec"]["versions"]:
+        del version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["coordinator"]
+    assert "older than 0.6" in (prerequisites.jobset_crd_problem(without_coordinator) or "")
+    unserved = released_crd(release)
+    for version in unserved["spec"]["versions"]:
+        version["served"] = False
+    assert "not v1alpha2" in (prerequisites.jobset_crd_problem(unserved) or "")

@@ -22,7 +22,7 @@ from gke_controller import FakeJobSetController, Host, Scenario
 from gke_emulator import JOBSETS, PODS, EmulatorThread, Fault, is_create, is_delete, is_list
 from harness.gke import accelerators, launcher, manifest
 from harness.gke.__main__ import main
-from harness.gke.errors import JobSetExistsError, KubeApiError
+from harness.gke.errors import JobSetExistsError, JobSetNotInstalledError, KubeApiError
 from harness.gke.kube import Kube
 
 pytestmark = pytest.mark.selftest
@@ -221,10 +221,48 @@ def test_a_namespace_that_may_be_neither_read_nor_created_is_assumed_to_exist(em
     assert any("cannot read or create Namespace nightly (HTTP 403); assuming it exists" in line for line in kube_log)
 
 
-def test_jobset_not_installed_says_what_to_install(emulator, api, kube, tmp_path) -> None:
+def test_jobset_not_installed_is_found_before_anything_is_created(emulator, api, kube, tmp_path) -> None:
+    emulator.emulator.crds.clear()
+    with pytest.raises(JobSetNotInstalledError, match=r"JobSet is not installed on this cluster \(no "
+                                                      r"CustomResourceDefinition jobsets.jobset.x-k8s.io\). Install "
+                                                      r"JobSet 0.6 or newer"):
+        launcher.run(config(tmp_path), kube, io.StringIO())
+    assert [a for a, _, _ in emulator.emulator.requests_seen] == ["FETCH"], "it created something first"
+
+
+def test_a_jobset_without_spec_coordinator_is_refused_as_too_old(emulator, api, kube, tmp_path) -> None:
+    crd = emulator.emulator.crds["jobsets.jobset.x-k8s.io"]
+    del crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["coordinator"]
+    with pytest.raises(JobSetNotInstalledError, match="older than 0.6: its CRD jobsets.jobset.x-k8s.io has no "
+                                                      "spec.coordinator"):
+        launcher.run(config(tmp_path), kube, io.StringIO())
+    assert not jobset_exists(emulator)
+
+
+def test_an_account_that_may_not_read_crds_goes_ahead(emulator, api, kube, kube_log, tmp_path) -> None:
+    emulator.emulator.crd_read_status = 403
+    result, _ = run(emulator, api, kube, config(tmp_path), Scenario())
+    assert result.ok, result.failures
+    assert any("cannot read CustomResourceDefinition jobsets.jobset.x-k8s.io (HTTP 403)" in line for line in kube_log)
+
+
+@pytest.mark.parametrize("crd_installed, crd_read_status, expected", [
+    # The CRD went away between the check and the create: say what to install.
+    (False, 0, r"JobSet is not installed on this cluster"),
+    # JobSet is there, so the 404 can only be the namespace.
+    (True, 0, r"although JobSet is installed: namespace nightly does not exist"),
+    # Neither can be told apart: name both.
+    (True, 403, r"either JobSet is not installed .* or namespace nightly does not exist"),
+])
+def test_a_404_on_create_says_which_prerequisite_is_missing(emulator, api, kube, tmp_path, crd_installed,
+                                                           crd_read_status, expected) -> None:
     emulator.emulator.fail_next(Fault(is_create(JOBSETS), 404))
-    with pytest.raises(KubeApiError, match=r"JobSet is not installed on this cluster \(no CustomResourceDefinition "
-                                           r"jobsets.jobset.x-k8s.io\). Install JobSet 0.6 or newer"):
+    if not crd_installed:
+        # As if the CRD went away after the up-front check.
+        emulator.emulator.crds.clear()
+        kube.check_jobset_installed = lambda: None
+    emulator.emulator.crd_read_status = crd_read_status
+    with pytest.raises(KubeApiError, match=expected):
         launcher.run(config(tmp_path), kube, io.StringIO())
 
 
