@@ -14,7 +14,7 @@
 #   OUT          results folder (default gke-results)
 #   LAUNCH_TIMEOUT_S  launcher timeout in seconds (default 7200; the workflow job allows 180 min, image build included)
 #   VENV         virtualenv for the launcher (default .venv)
-#   SPMD_HARNESS_GCS_URI  read by the launcher: also copy host reports to gs://...
+#   SPMD_HARNESS_GCS_URI  read by the launcher, which passes it to the pods: each worker also uploads its report to gs://...
 #
 # Exit status: the launcher's (non-zero when any host failed). The launcher's summary.md is
 # appended to $GITHUB_STEP_SUMMARY when that is set.

@@ -157,3 +157,27 @@ def test_dockerfile_installs_the_pinned_tpu_pair_and_the_worker() -> None:
     assert 'ENTRYPOINT ["python", "-m", "harness.gke", "worker"]' in text
     for source in re.findall(r"^COPY (\S+)", text, flags=re.M):
         assert (REPO / source.rstrip("/")).exists() or source == "README.md", f"COPY {source}: not in the repo"
+
+
+@pytest.mark.parametrize("accel", SHAPES)
+def test_the_worker_runs_unprivileged_which_needs_gke_1_28(accel: accelerators.AcceleratorType) -> None:
+    """GKE gives unprivileged containers the TPU chips from 1.28 on; k8s/README.md states that minimum."""
+    jobset = by_kind(manifest.render(accel, 2, "img"))["JobSet"]
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert all(not (c.get("securityContext") or {}).get("privileged") for c in pod["containers"])
+    assert "GKE 1.28 or newer" in (REPO / "k8s" / "README.md").read_text()
+
+
+def test_the_prerequisites_name_everything_the_nightly_reads() -> None:
+    """Every repository variable the nightly workflow reads, and the roles and versions it depends
+    on, are in the one prerequisites section that README links to."""
+    readme = (REPO / "README.md").read_text()
+    assert "k8s/README.md#prerequisites-for-the-nightly-multi-slice-run" in readme
+    k8s_readme = (REPO / "k8s" / "README.md").read_text()
+    section = k8s_readme[k8s_readme.index("## Prerequisites for the nightly multi-slice run"):]
+    workflow = (REPO / ".github" / "workflows" / "nightly-multislice.yml").read_text()
+    variables = set(re.findall(r"\bvars\.([A-Z_]+)", workflow))
+    assert variables, "the nightly reads no repository variables?"
+    for needed in sorted(variables) + ["roles/container.clusterViewer", "roles/container.developer",
+                                       "roles/artifactregistry.writer", "JobSet 0.6", "2.336.0", "Workload Identity"]:
+        assert needed in section, f"k8s/README.md's prerequisites do not mention {needed}"
