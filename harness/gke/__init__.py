@@ -4,8 +4,9 @@ Modules, one job each:
     accelerators    the table of TPU types and topologies (the only place sizes live)
     manifest        renders the JobSet from k8s/base plus the table (same files as kustomize)
     kube            the one interface to the Kubernetes API (the `kubernetes` client, retries, watch)
+    prerequisites   what the cluster needs before a run: the JobSet CRD, new enough for spec.coordinator
     report_channel  the framed, compressed, checksummed report block in a pod log
-    bucket          the optional GCS copy of each report (a hook, skipped unless configured)
+    bucket          the worker's optional GCS copy of its report (google-cloud-storage; skipped unless configured)
     hostreport      what one host hands back (placement, how its suite ended, its case records)
     worker          the entrypoint each TPU host runs: the suite, then the report block
     collect         a host's log -> its HostReport, or a failed one saying why
