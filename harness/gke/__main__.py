@@ -64,8 +64,9 @@ def _add_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=int, default=1, help="--local: hosts at a time (each imports torch_xla)")
     p.add_argument("--suite-command", default=DEFAULT_SUITE, help="--local: the suite the workers run")
     p.add_argument("--out", type=Path, help="where junit.xml, summary.md, results.json go (default ./spmd-gke/<name>)")
-    p.add_argument("--gcs-uri", default=os.environ.get("SPMD_HARNESS_GCS_URI"), help="gs://BUCKET/PREFIX: each worker pod also uploads its host report there (pod "
-                   "Workload Identity needs roles/storage.objectCreator; k8s/README.md)")
+    p.add_argument("--gcs-uri", default=os.environ.get("SPMD_HARNESS_GCS_URI"), help="gs://BUCKET/PREFIX: each worker pod also uploads its host report there, as the TPU "
+                   "node pools' service account (the pods run on the host network); it needs "
+                   "roles/storage.objectCreator (k8s/README.md)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context (default: current)")
     p.add_argument("extra", nargs="*", help="after --: extra pytest arguments (--local)")

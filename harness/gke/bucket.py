@@ -3,8 +3,9 @@
 Skipped unless configured (--gcs-uri or SPMD_HARNESS_GCS_URI, which the launcher sets in the pod
 env). The pod log block is the channel the launcher reads; the bucket copy is for people and for
 runs whose logs are gone. The worker image installs `google-cloud-storage` (pyproject's `tpu`
-extra) and authenticates through Workload Identity on the ServiceAccount
-(k8s/base/serviceaccount.yaml). Tested with the real client against a local GCS emulator
+extra); the pods run on the host network, where Workload Identity Federation for GKE does not
+apply, so the client's default credentials are the TPU node pools' service account (k8s/README.md,
+Prerequisites). Tested with the real client against a local GCS emulator
 (`STORAGE_EMULATOR_HOST`, tests/gke/test_gke_bucket.py). A failure is reported, never hidden.
 """
 

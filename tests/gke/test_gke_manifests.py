@@ -181,3 +181,23 @@ def test_the_prerequisites_name_everything_the_nightly_reads() -> None:
     for needed in sorted(variables) + ["roles/container.clusterViewer", "roles/container.developer",
                                        "roles/artifactregistry.writer", "JobSet 0.6", "2.336.0", "Workload Identity"]:
         assert needed in section, f"k8s/README.md's prerequisites do not mention {needed}"
+
+
+def test_the_bucket_prerequisite_fits_workers_on_the_host_network(capsys: pytest.CaptureFixture[str]) -> None:
+    """Workload Identity Federation for GKE does not serve hostNetwork pods: their metadata requests
+    reach the Compute Engine metadata server, so the workers' bucket copy runs as the TPU node pools'
+    service account, and a Workload Identity binding of the pods' ServiceAccount does nothing. While
+    the workers run on the host network, what the prerequisites, the ServiceAccount and the CLI say
+    about the bucket must follow from that."""
+    jobset = by_kind(manifest.render(accelerators.ACCELERATORS[0], 2, "img"))["JobSet"]
+    assert manifest.pod_template(jobset)["spec"]["hostNetwork"] is True
+    k8s_readme = (REPO / "k8s" / "README.md").read_text()
+    section = k8s_readme[k8s_readme.index("## Prerequisites for the nightly multi-slice run"):]
+    bucket = " ".join(section[section.index("- Optionally a bucket"):].split("\n\n")[0].split("\n- ")[0].split())
+    for needed in ["hostNetwork", "node pools' service account", "roles/storage.objectCreator", "cloud-platform"]:
+        assert needed in bucket, f"the bucket prerequisite does not mention {needed}: {bucket}"
+    assert "annotation" not in (REPO / "k8s" / "base" / "serviceaccount.yaml").read_text()
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    gcs_help = " ".join(capsys.readouterr().out.rsplit("--gcs-uri GCS_URI", 1)[1].split("--kubeconfig")[0].split())
+    assert "node pools' service account" in gcs_help and "Workload Identity" not in gcs_help, gcs_help
