@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from harness import baseline, results
+from harness import baseline, results, runservers
 from harness.backends import BACKEND_NAMES, Backend, make_backend
 from harness.case import SpmdRunner
 from harness.errors import CaseError, HarnessError, RegistryError
@@ -34,6 +34,8 @@ RUNNER_KEY = pytest.StashKey[SpmdRunner]()
 JUDGEMENT_KEY = pytest.StashKey[Judgement]()
 ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()
 SHARDING_CHANGES_KEY = pytest.StashKey[list[str]]()
+RUN_SERVERS_KEY = pytest.StashKey[runservers.RunServers]()
+RESULTS_CLEARED_KEY = pytest.StashKey[bool]()
 FORK_SERVER_CHOICES = ("auto", "on", "off")
 FORK_SERVER_ENV = "HARNESS_FORK_SERVER"
 # Evidence kept in a record: the cause leads, so the head is kept (tails are bounded already).
@@ -90,11 +92,19 @@ class HarnessSession:
         self.backend: Backend = make_backend(config.getoption("backend"), config.getoption("devices"))
         self.case_timeout: float = config.getoption("case_timeout")
         self.results_dir = _usable_results_dir(Path(config.getoption("results_dir")))
-        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.worker = _worker_name()
+        # The run's shared fork servers: this process's own (started early), or the controller's.
+        workerinput = getattr(config, "workerinput", None)
+        if workerinput is not None:
+            shared = runservers.addresses_from_workerinput(workerinput.get(runservers.WORKERINPUT_KEY))
+        else:
+            run_servers = config.stash.get(RUN_SERVERS_KEY, None)
+            shared = run_servers.addresses() if run_servers else {}
         # Under xdist every core already runs a worker: spare children would only compete.
         self.pool = ChildPool(self.results_dir / "logs" / self.worker, startup_timeout=self.case_timeout,
                               exclusive=self.backend.exclusive_device, spares=self.worker == "main",
-                              fork=_fork_server_wanted(config, self.backend))
+                              fork=_fork_server_wanted(config.getoption("fork_server"), self.backend),
+                              servers=shared)
         self.late_faults: list[LateFault] = []
         self.early_start_done = False
         self._baseline_option: str | None = config.getoption("shardings_baseline")
@@ -130,8 +140,12 @@ class HarnessSession:
         results.write_amendment(self.results_dir, fault.case, _bounded(fault.evidence), self.worker)
 
 
-def _fork_server_wanted(config: pytest.Config, backend: Backend) -> bool:
-    choice = config.getoption("fork_server") or os.environ.get(FORK_SERVER_ENV, "auto")
+def _worker_name() -> str:
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def _fork_server_wanted(option: str | None, backend: Backend) -> bool:
+    choice = option or os.environ.get(FORK_SERVER_ENV, "auto")
     if choice not in FORK_SERVER_CHOICES:
         raise pytest.UsageError(f"{FORK_SERVER_ENV}={choice!r}; choose one of {', '.join(FORK_SERVER_CHOICES)}")
     return choice == "on" or (choice == "auto" and backend.name == "cpu")
@@ -175,12 +189,43 @@ def _bounded(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters in the child log ...]"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """Before conftests and test modules load: clear the last run's results and start the run's
+    fork servers (harness.runservers), so torch_xla's import overlaps pytest's own start-up."""
+    if _worker_name() != "main":
+        return
+    options = early_config.known_args_namespace
+    try:
+        results_dir = _usable_results_dir(Path(options.results_dir))
+        backend = make_backend(options.backend, options.devices)
+        wanted = _fork_server_wanted(options.fork_server, backend)
+    except (pytest.UsageError, AttributeError, ValueError, TypeError):
+        return  # pytest_configure reports a bad option as a usage error
+    _clear_previous_results(results_dir)
+    early_config.stash[RESULTS_CLEARED_KEY] = True
+    if not (wanted and runservers.servers_can_start(backend) and runservers.selection_may_hold_spmd_cases(
+            options, early_config.rootpath, early_config.getini("testpaths"))):
+        return
+    servers = runservers.RunServers()
+    early_config.stash[RUN_SERVERS_KEY] = servers
+    servers.start(runservers.specs_to_start(backend), results_dir / "logs" / "main")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller, for each worker it starts: the addresses of the run's fork servers."""
+    servers = node.config.stash.get(RUN_SERVERS_KEY, None)
+    if servers is not None:
+        node.workerinput[runservers.WORKERINPUT_KEY] = runservers.addresses_to_workerinput(servers.addresses())
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
-    if session.worker == "main" and not hasattr(config, "workerinput"):
+    if session.worker == "main" and not config.stash.get(RESULTS_CLEARED_KEY, False):
         _clear_previous_results(session.results_dir)
     _stop_on_sigterm(config)
 
@@ -212,6 +257,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         session.pool.close()
+    servers = config.stash.get(RUN_SERVERS_KEY, None)
+    if servers is not None:
+        servers.close()  # after the pool: its children are ended first
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

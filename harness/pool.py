@@ -15,22 +15,28 @@ fresh as a new process. Off on exclusive devices and where every core is busy (x
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
-from harness import forkserver
+from harness.errors import ChildStartError
+from harness.forkclient import ForkServer, ForkServerClient, ServerAddress, server_key
 from harness.runner import ChildProcess, ChildSpec, LateFault
 
 
 class ChildPool:
     def __init__(self, log_dir: Path, startup_timeout: float, exclusive: bool = False, spares: bool = False,
-                 fork: bool = False) -> None:
+                 fork: bool = False, servers: Mapping[str, ServerAddress] | None = None) -> None:
         self.log_dir = log_dir
         self.startup_timeout = startup_timeout
         self.exclusive = exclusive
         self.spares_enabled = spares and not exclusive
         # Fork children from servers that imported torch_xla once (harness.forkserver); specs
-        # without fork_imports are exec'd fresh either way. Needs this process as subreaper.
-        self.fork = fork and forkserver.become_subreaper()
-        self.servers: dict[tuple, forkserver.ForkServer] = {}
+        # without fork_imports are exec'd fresh either way. `servers`: the run's shared servers
+        # (started by the controlling pytest process) by key; a key none of them serves gets a
+        # server of this pool's own.
+        self.fork = fork
+        self.shared = dict(servers or {})
+        self.owned: dict[str, ForkServer] = {}
+        self.clients: dict[str, ForkServerClient] = {}
         self.idle: dict[ChildSpec, ChildProcess] = {}
         self.spares: dict[ChildSpec, ChildProcess] = {}
         self.live: list[ChildProcess] = []  # started and not yet ended, whatever they are doing
@@ -49,20 +55,41 @@ class ChildPool:
         if self.exclusive:
             self._close_idle()
         self.started += 1
-        child = ChildProcess(spec, self.log_dir, self._server_for(spec))
+        client = self._server_for(spec)
+        try:
+            child = ChildProcess(spec, self.log_dir, client)
+        except ChildStartError:
+            if client is None or client.is_usable():
+                raise
+            # The server went away (ended, crashed): once, a server of this pool's own.
+            child = ChildProcess(spec, self.log_dir, self._server_for(spec, own=True))
         self.live.append(child)
         return child
 
-    def _server_for(self, spec: ChildSpec) -> forkserver.ForkServer | None:
+    def _server_for(self, spec: ChildSpec, own: bool = False) -> ForkServerClient | None:
         if not self.fork or spec.fork_imports is None:
             return None
-        key = forkserver.server_key(spec.python, dict(spec.env), spec.fork_imports)
-        server = self.servers.get(key)
+        key = server_key(spec.python, dict(spec.env), spec.fork_imports)
+        client = self.clients.get(key)
+        if client is not None and client.is_usable() and not own:
+            return client
+        if client is not None:
+            client.close()
+        if not own and key in self.shared:
+            try:
+                self.clients[key] = client = ForkServerClient(self.shared[key], self.startup_timeout)
+                return client
+            except ChildStartError:
+                pass  # the run's server is gone (it crashed or was ended): start one of our own
+        server = self.owned.get(key)
         if server is None or not server.is_alive():
-            server = forkserver.ForkServer(spec.python, dict(spec.env), spec.fork_imports,
-                                           self.log_dir, self.startup_timeout)
-            self.servers[key] = server
-        return server
+            if server is not None:
+                server.close()
+            server = ForkServer(spec.python, dict(spec.env), spec.fork_imports, self.log_dir)
+            self.owned[key] = server
+        address = server.address
+        self.clients[key] = client = ForkServerClient(address, self.startup_timeout)
+        return client
 
     def acquire(self, spec: ChildSpec, fresh: bool) -> ChildProcess:
         """A ready child for spec: a spare or a new one when fresh, else the idle one if any."""
@@ -126,9 +153,12 @@ class ChildPool:
         self.spares.clear()
         for child in list(self.live):
             self.discard(child)
-        for server in self.servers.values():
+        for client in self.clients.values():
+            client.close()
+        self.clients.clear()
+        for server in self.owned.values():
             server.close()
-        self.servers.clear()
+        self.owned.clear()
         for child in self.ended:
             child.proc.wait()
         self.ended.clear()

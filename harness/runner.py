@@ -27,7 +27,7 @@ from typing import Any
 
 from harness import evidence, processes, protocol
 from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError
-from harness.forkserver import ForkServer
+from harness.forkclient import ForkServerClient
 
 # A child acknowledges a request as soon as it reads it; one that does not within this time is
 # stuck in what its previous case left running.
@@ -73,7 +73,7 @@ EXITED = _Exited()
 
 
 class ChildProcess:
-    def __init__(self, spec: ChildSpec, log_dir: Path, server: ForkServer | None = None) -> None:
+    def __init__(self, spec: ChildSpec, log_dir: Path, server: ForkServerClient | None = None) -> None:
         """Start the child: exec'd fresh, or forked by `server` (harness.forkserver)."""
         self.spec = spec
         self.forked = server is not None

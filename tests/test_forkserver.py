@@ -16,6 +16,7 @@ import pytest
 
 from harness.backends import CpuBackend, FakeBackend
 from harness.case import SpmdRunner
+from harness.forkclient import ForkServer
 from harness.pool import ChildPool
 
 pytestmark = pytest.mark.selftest
@@ -29,12 +30,18 @@ needs_torch_xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is No
 # --------------------------------------------------------------------------------------------
 
 
+def server_of_this_child() -> int:
+    """The fork server's pid: the parent of this child's keeper (its parent)."""
+    keeper_stat = Path(f"/proc/{os.getppid()}/stat").read_text()
+    return int(keeper_stat.rsplit(")", 1)[1].split()[1])
+
+
 def body_identity(ctx) -> None:
     import random
     import sys
 
     ctx.record("pid", os.getpid())
-    ctx.record("ppid", os.getppid())
+    ctx.record("server_pid", server_of_this_child())
     ctx.record("sid_is_pid", os.getsid(0) == os.getpid())
     ctx.record("functionalization_env", os.environ.get("XLA_DISABLE_FUNCTIONALIZATION"))
     ctx.record("devices_env", os.environ.get("HARNESS_DEVICES"))
@@ -84,8 +91,8 @@ def body_fsdpv2_steps(ctx, steps: int) -> None:
 def runner_for(tmp_path):
     pools = []
 
-    def make(backend, fork: bool, fresh_spares: bool = False) -> SpmdRunner:
-        pool = ChildPool(tmp_path / "logs", startup_timeout=120, fork=fork, spares=fresh_spares)
+    def make(backend, fork: bool, fresh_spares: bool = False, servers=None) -> SpmdRunner:
+        pool = ChildPool(tmp_path / "logs", startup_timeout=120, fork=fork, spares=fresh_spares, servers=servers)
         pools.append(pool)
         return SpmdRunner(pool, backend, 300, "test_forkserver")
 
@@ -94,16 +101,15 @@ def runner_for(tmp_path):
         pool.close()
 
 
-def test_a_forked_child_is_adopted_in_its_own_session_with_its_own_environment(runner_for):
+def test_a_forked_child_has_its_own_session_and_environment(runner_for):
     runner = runner_for(FakeBackend(4), fork=True)
     on = runner.run(body_identity).values
     off = runner.run(body_identity, functionalization=False).values
-    assert runner.pool.servers, "no fork server was started"
-    assert on["ppid"] == os.getpid() == off["ppid"], "the forked child was not adopted by this process"
+    assert len(runner.pool.owned) == 1, "one fork server for both modes: post-fork variables must not key it"
     assert on["sid_is_pid"] and on["stdin_is_a_pipe"]
     assert (on["functionalization_env"], off["functionalization_env"]) == ("0", "1")
     assert on["devices_env"] == "4"
-    assert on["pid"] != off["pid"] and len(runner.pool.servers) == 1, "post-fork variables must not key the server"
+    assert on["pid"] != off["pid"]
 
 
 def test_forked_children_do_not_share_random_state(runner_for):
@@ -115,10 +121,22 @@ def test_forked_children_do_not_share_random_state(runner_for):
 def test_a_dead_server_is_replaced(runner_for):
     runner = runner_for(FakeBackend(4), fork=True)
     runner.run(body_identity, fresh=True)
-    (server,) = runner.pool.servers.values()
+    (server,) = runner.pool.owned.values()
     server.close()
-    assert runner.run(body_identity, fresh=True).values["ppid"] == os.getpid()
-    assert list(runner.pool.servers.values()) != [server]
+    assert runner.run(body_identity, fresh=True).values["sid_is_pid"]
+    assert list(runner.pool.owned.values()) != [server]
+
+
+def test_a_shared_server_that_is_gone_is_replaced_by_one_of_the_pools_own(runner_for, tmp_path):
+    backend = FakeBackend(4)
+    spec = SpmdRunner(None, backend, 0, "x").spec()
+    shared = ForkServer(spec.python, dict(spec.env), spec.fork_imports, tmp_path / "shared")
+    runner = runner_for(backend, fork=True, servers={shared.key: shared.address})
+    assert runner.run(body_identity, fresh=True).values["server_pid"] == shared.proc.pid
+    assert not runner.pool.owned, "the pool started a server although the run's server serves its key"
+    shared.close()
+    assert runner.run(body_identity, fresh=True).values["server_pid"] != shared.proc.pid
+    assert len(runner.pool.owned) == 1
 
 
 def test_faults_are_charged_and_named_as_for_fresh_children(pytester, monkeypatch):
@@ -130,7 +148,7 @@ import pytest
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
 
 def body_ok(ctx):
-    ctx.record("ppid", os.getppid())
+    ctx.record("sid", os.getsid(0) == os.getpid())
 
 def body_abort(ctx):
     print("F0101 00:00:00.000000 1 x.cc:1] Check failed: forked", file=sys.stderr, flush=True)
@@ -147,13 +165,68 @@ def test_b_late(spmd):
 
 def test_c_ok(spmd):
     time.sleep(2.5)  # well past the fault, also on a loaded machine
-    assert spmd.run(body_ok).values["ppid"] == os.getpid()
+    assert spmd.run(body_ok).values["sid"]
 ''')
     result = pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: forked",
                                  "FAULT test_cases.py::test_b_late: SIGABRT after the verdict of this case*"])
     assert list((pytester.path / "results" / "logs" / "main").glob("forkserver-*.log")), "children were not forked"
+
+
+SHARED_CASES = '''
+import os, sys
+from pathlib import Path
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_server(ctx):
+    keeper_stat = Path(f"/proc/{os.getppid()}/stat").read_text()
+    ctx.record("server_pid", int(keeper_stat.rsplit(")", 1)[1].split()[1]))
+
+def body_abort(ctx):
+    print("F0101 00:00:00.000000 1 x.cc:1] Check failed: in a worker", file=sys.stderr, flush=True)
+    os.abort()
+
+@pytest.mark.parametrize("i", range(6))
+def test_server(spmd, i):
+    result = spmd.run(body_server, fresh=True)
+    Path(f"server-{os.environ['PYTEST_XDIST_WORKER']}-{i}.txt").write_text(str(result.values["server_pid"]))
+
+def test_abort(spmd):
+    spmd.run(body_abort)
+'''
+
+
+def test_xdist_workers_share_the_runs_server_and_crashes_keep_their_signal(pytester, monkeypatch):
+    monkeypatch.setenv("HARNESS_FORK_SERVER", "on")
+    pytester.makepyfile(test_shared=SHARED_CASES)
+    result = pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", "-m", "spmd", "-n", "2",
+                                           "--dist=load", timeout=120)
+    result.assert_outcomes(passed=6, failed=1)
+    # The exit status travels from the child's keeper: a signal is named as for a child of our own.
+    result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: in a worker"])
+    seen = {path.name.split("-")[1]: int(path.read_text()) for path in pytester.path.glob("server-*.txt")}
+    assert set(seen) == {"gw0", "gw1"}, f"both workers should have run cases: {sorted(seen)}"
+    assert len(set(seen.values())) == 1, f"the workers were served by different servers: {seen}"
+    logs = pytester.path / "results" / "logs"
+    assert len(list((logs / "main").glob("forkserver-*.log"))) >= 1
+    assert not list(logs.glob("gw*/forkserver-*.log")), "a worker started a server of its own"
+
+
+def test_the_runs_server_starts_before_conftests_load_when_the_selection_holds_spmd_cases(pytester, monkeypatch):
+    monkeypatch.setenv("HARNESS_FORK_SERVER", "on")
+    pytester.makeconftest('''
+from pathlib import Path
+Path("servers-at-conftest.txt").write_text(str(len(list(Path("results/logs/main").glob("forkserver-*.log")))))
+''')
+    pytester.makepyfile(test_shared=SHARED_CASES)
+    pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", "-m", "spmd", "-k", "server", timeout=120)
+    assert (pytester.path / "servers-at-conftest.txt").read_text() != "0"
+    # Selecting no SPMD case starts nothing early (the first SPMD case collected would).
+    pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", "-m", "not spmd", timeout=120)
+    assert (pytester.path / "servers-at-conftest.txt").read_text() == "0"
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,244 @@
+"""The parent side of harness.forkserver: start a server, ask it for children, watch them.
+
+`ForkServer` is the owner's handle: it binds the listening socket first and starts the server
+process now or at the first connection (`launch`), so an address can be handed out before the
+server exists (to xdist workers, which start before its imports are done). `ForkServerClient` is
+one pytest process's connection: the first spawn waits for the server's "ready", each spawn
+returns a `ForkedProcess`, which is what runner.ChildProcess needs of a Popen: a pid, stdin,
+poll() and wait() with the exit status the child's keeper reports (a signal as -N, as Popen does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from harness import processes
+from harness.errors import ChildStartError
+from harness.forkserver import (CONTROL_FD_ENV, IMPORTS_ENV, LISTEN_FD_ENV, MAX_CONTROL_MESSAGE,
+                                POST_FORK_VARIABLES)
+
+LAUNCH_NOW = "now"
+LAUNCH_ON_FIRST_CONNECTION = "on-first-connection"
+LISTEN_BACKLOG = 64
+
+
+def server_key(python: str, env: Mapping[str, str], imports: tuple[str, ...]) -> str:
+    """Children whose key is equal can come from one server: the interpreter, the imports and
+    every variable read at import. A short hash, so it can travel to xdist workers."""
+    fixed = sorted((k, v) for k, v in env.items() if k not in POST_FORK_VARIABLES)
+    text = json.dumps([python, list(imports), fixed])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerAddress:
+    """Where a client finds a server, and the log to show when it is not there."""
+
+    key: str
+    path: str
+    log_path: str
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, str]) -> "ServerAddress":
+        return cls(data["key"], data["path"], data["log_path"])
+
+
+class ForkServer:
+    """The owner's handle on one server process (the run's controlling pytest process owns it)."""
+
+    def __init__(self, python: str, env: Mapping[str, str], imports: tuple[str, ...], log_dir: Path,
+                 launch: str = LAUNCH_NOW) -> None:
+        self.python = python
+        self.imports = imports
+        self.key = server_key(python, env, imports)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"forkserver-{time.time_ns()}.log"
+        self._env = {k: v for k, v in env.items() if k not in POST_FORK_VARIABLES}
+        # A short private folder: a Unix socket path has at most 107 bytes, and 0700 keeps other
+        # users of the machine from connecting.
+        self._dir = tempfile.mkdtemp(prefix="spmd-fork-")
+        self.address = ServerAddress(self.key, os.path.join(self._dir, "server.sock"), str(self.log_path))
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._listener.bind(self.address.path)
+        self._listener.listen(LISTEN_BACKLOG)
+        self.control, self._control_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._wake_read, self._wake_write = os.pipe()
+        if launch == LAUNCH_NOW:
+            self.launch()
+        else:
+            threading.Thread(target=self._launch_on_first_connection, daemon=True,
+                             name=f"forkserver-{self.key}").start()
+
+    def launch(self) -> None:
+        """Start the server process (once); it inherits the listener, queued connections included."""
+        with self._lock:
+            if self.proc is not None or self._closed:
+                return
+            env = {**self._env, IMPORTS_ENV: ",".join(self.imports),
+                   LISTEN_FD_ENV: str(self._listener.fileno()), CONTROL_FD_ENV: str(self._control_theirs.fileno())}
+            with self.log_path.open("ab") as log:
+                self.proc = processes.start_in_session(
+                    [self.python, "-u", "-m", "harness.forkserver"], env=env, stdout=log,
+                    pass_fds=(self._listener.fileno(), self._control_theirs.fileno()))
+            self._listener.close()
+            self._control_theirs.close()
+
+    def _launch_on_first_connection(self) -> None:
+        try:
+            readable, _, _ = select.select([self._listener, self._wake_read], [], [])
+        except (OSError, ValueError):
+            return  # closed meanwhile
+        if self._listener in readable:
+            self.launch()
+
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def close(self) -> None:
+        """End the server and its keepers (children are ended by their own pools), remove the socket."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.write(self._wake_write, b"x")
+            if self.proc is None:
+                self._listener.close()
+                self._control_theirs.close()
+        self.control.close()  # the server's lifeline: it kills its group when this closes
+        if self.proc is not None:
+            processes.kill_group_now(self.proc)
+            processes.wait_for_exit(self.proc, 5.0)
+        for fd in (self._wake_read, self._wake_write):
+            os.close(fd)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class ForkedProcess:
+    """A child forked by a server: runner.ChildProcess's view of it, like a Popen's."""
+
+    def __init__(self, pid: int, stdin_fd: int, status_fd: int) -> None:
+        self.pid = pid
+        self.stdin = os.fdopen(stdin_fd, "wb")
+        self.returncode: int | None = None
+        self._status_fd: int | None = status_fd
+        self._status = b""
+        os.set_blocking(status_fd, False)
+
+    def poll(self) -> int | None:
+        if self.returncode is not None or self._status_fd is None:
+            return self.returncode
+        try:
+            chunk = os.read(self._status_fd, 64)
+        except BlockingIOError:
+            return None
+        if chunk:
+            self._status += chunk
+            if not self._status.endswith(b"\n"):
+                return None
+            self.returncode = int(self._status)
+        elif not Path(f"/proc/{self.pid}").exists():
+            # The keeper was killed before it could report (the server ended first): the child is
+            # gone, its status with it. SIGKILL is what ends a server's group.
+            self.returncode = -signal.SIGKILL
+        else:
+            return None  # keeper gone, child still running: its pool will end it
+        os.close(self._status_fd)
+        self._status_fd = None
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            time.sleep(0.01)
+        return self.returncode  # type: ignore[return-value]
+
+
+class ForkServerClient:
+    """One pytest process's connection to a server."""
+
+    def __init__(self, address: ServerAddress, startup_timeout: float) -> None:
+        self.address = address
+        self.startup_timeout = startup_timeout
+        self.ready: dict[str, Any] | None = None  # awaited at the first spawn: connecting never blocks
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.sock.connect(address.path)
+        except OSError as exc:
+            self.sock.close()
+            raise self._start_error(f"cannot be reached at {address.path} ({exc.strerror or exc})") from None
+
+    def _start_error(self, what: str) -> ChildStartError:
+        return ChildStartError(f"fork server {what}; log: {self.address.log_path}\n"
+                               f"{processes.tail_file(Path(self.address.log_path))}")
+
+    def _receive(self, what: str, timeout: float) -> dict[str, Any]:
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(MAX_CONTROL_MESSAGE)
+        except (socket.timeout, OSError) as exc:
+            self.close()
+            raise self._start_error(f"gave no {what} within {timeout:.0f}s ({exc})") from None
+        if not data:
+            self.close()
+            raise self._start_error(f"ended before its {what}")
+        message = json.loads(data)
+        if "error" in message:
+            raise ChildStartError(f"fork server could not fork a child: {message['error']}")
+        return message
+
+    def is_usable(self) -> bool:
+        """False once the server closed the connection (it died or was ended)."""
+        if self.sock.fileno() < 0:
+            return False
+        if self.ready is None:
+            return True  # the ready message may still be due
+        readable, _, _ = select.select([self.sock], [], [], 0)
+        return not readable  # a ready server says nothing unasked: readable means closed
+
+    def spawn(self, env: Mapping[str, str], log_fd: int, pass_fds: tuple[int, ...]) -> ForkedProcess:
+        """A new child with `env` (post-fork variables), stdout/stderr on log_fd, `pass_fds` open."""
+        if self.ready is None:
+            self.ready = self._receive("ready", self.startup_timeout)
+        stdin_read, stdin_write = os.pipe()
+        status_read, status_write = os.pipe()
+        request = {"env": {k: v for k, v in env.items() if k in POST_FORK_VARIABLES}, "fds": list(pass_fds)}
+        try:
+            try:
+                socket.send_fds(self.sock, [json.dumps(request).encode()],
+                                [stdin_read, log_fd, status_write, *pass_fds])
+            except OSError as exc:
+                self.close()
+                raise self._start_error(f"closed the connection ({exc.strerror or exc})") from None
+            reply = self._receive("child", self.startup_timeout)
+        except BaseException:
+            os.close(stdin_write)
+            os.close(status_read)
+            raise
+        finally:
+            os.close(stdin_read)
+            os.close(status_write)
+        return ForkedProcess(reply["pid"], stdin_write, status_read)
+
+    def close(self) -> None:
+        self.sock.close()
