@@ -127,12 +127,13 @@ def _xla_mesh():
 
 
 def _record_param_specs(ctx, model, suffix: str = "") -> None:
-    from harness import xla
+    from harness import recording
 
     for name, param in model.named_parameters():
         # parallelize_module leaves XLAShardedTensor wrappers; the spec lives on the global tensor
         # (asking the wrapper raises "Expected XLA tensor" on 2.9, "Check failed: xtensor" on 2.6).
-        ctx.record_sharding(name + suffix, xla.spec_of(getattr(param, "global_tensor", param)))
+        ctx.record_sharding(name + suffix, recording.spec_of_any(param))
+        recording.record_placements(ctx, name + suffix, param)
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,6 +252,8 @@ def body_parallelize_module_gloo(ctx, world_size: int) -> None:
     mp.start_processes(_gloo_rank, args=(world_size, queue), nprocs=world_size, start_method="fork")
     reports = sorted((queue.get() for _ in range(world_size)), key=lambda r: r["rank"])
     ctx.record("ranks", reports)
+    for name, layout in reports[0]["layout"].items():  # compared with the baseline like XLA shardings
+        ctx.record_sharding(f"{name}:placements", "[" + ", ".join(layout["placements"]) + "]")
 
 
 def _skip_where_torch_cannot_run_one_rank(result, world_size: int) -> None:
@@ -305,7 +308,7 @@ def test_parallelize_module_on_gloo_cpu_mesh(spmd, world_size: int) -> None:
 def body_per_parameter_workaround(ctx, steps: int) -> None:
     import torch
 
-    from harness import xla
+    from harness import recording, xla
 
     dt = xla.dtensor()  # torch.distributed.tensor (torch 2.5+) or ._tensor (2.4)
 
@@ -319,8 +322,8 @@ def body_per_parameter_workaround(ctx, steps: int) -> None:
     model = model.to(xla.device())
     mesh = _xla_mesh()
     for name, param in model.named_parameters():
-        # Marks the sharding on `param` in place; the returned wrapper is deliberately unused.
-        dt.distribute_tensor(param, mesh, placements[name])
+        # Marks the sharding on `param` in place; the returned wrapper is used for its placements only.
+        recording.record_placements(ctx, name, dt.distribute_tensor(param, mesh, placements[name]))
     _record_param_specs(ctx, model)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=SGD_LR)
@@ -329,7 +332,7 @@ def body_per_parameter_workaround(ctx, steps: int) -> None:
     for step in range(steps):
         loss = model(x_xla).pow(2).mean()
         if step == 0:
-            ctx.record_hlo("first_loss", xla.hlo_of([loss]))
+            ctx.record_hlo("first_loss", recording.record_step_graph(ctx, "first_loss", [loss]))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -386,14 +389,15 @@ def _weight_op(op: str, w, x):
 def body_distributed_weight_op(ctx, op: str) -> None:
     import torch
 
-    from harness import xla
+    from harness import recording, xla
 
     dt = xla.dtensor()  # torch.distributed.tensor (torch 2.5+) or ._tensor (2.4)
 
     torch.manual_seed(0)
     w_cpu, x_cpu = torch.randn(16, 32), torch.randn(8, 32)
     w = dt.distribute_tensor(w_cpu.to(xla.device()), _xla_mesh(), [dt.Shard(0)])
-    ctx.record_sharding("w", xla.spec_of(getattr(w, "global_tensor", w)))
+    ctx.record_sharding("w", recording.spec_of_any(w))
+    recording.record_placements(ctx, "w", w)
     out = _weight_op(op, w, x_cpu.to(xla.device()))
     _assert_close(f"{op} on the distributed weight", out, _weight_op(op, w_cpu, x_cpu))
 

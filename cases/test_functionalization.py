@@ -18,7 +18,8 @@ import math
 import pytest
 
 from harness.hlo import assert_every_sharding_call_annotated, sharding_custom_calls
-from harness.sharding import NoSharding, assert_tiled_along, is_replicated, is_tiled_along, parse_sharding
+from harness.sharding import (NoSharding, assert_tiled_along, format_sharding, is_replicated, is_tiled_along,
+                              parse_sharding)
 
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(devices=2)]
 
@@ -67,6 +68,8 @@ def body_mark_sharding_on_view(ctx, view: str, spec: list) -> None:
     # JSON turned the spec into a list; mark_sharding wants a tuple (a list is another bug).
     xs.mark_sharding(viewed, mesh, tuple(spec))
     hlo = ctx.record_hlo("view", xla.hlo_of([viewed]))
+    for number, call in enumerate(sharding_custom_calls(hlo)):  # what mark_sharding annotated
+        ctx.record_sharding(f"view:annotation[{number}]", format_sharding(call.sharding))
     # Checked here, before executing: where the release dies on execution (2.6 raises, 2.5 aborts)
     # the evidence must already name the bug.
     assert_every_sharding_call_annotated(hlo)
@@ -157,11 +160,15 @@ def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float) -> None:
     import torch_xla.distributed.spmd as xs
 
     from cases import models
-    from harness import xla
+    from harness import recording, xla
 
     model = models.build_vit(seed=0)
     reference = copy.deepcopy(model)  # same init, stays on CPU
     wrapped = wrap_vit(mesh, model)  # the model stays on CPU until FSDPv2 moves it
+    # Everything FSDPv2 decides is recorded (the sharding baseline compares it): every parameter,
+    # every wrapped unit's output at step 0, the step's graph, the parameters after the steps.
+    recording.record_parameters(ctx, wrapped)
+    stop_recording_outputs = recording.record_unit_outputs(ctx, wrapped, xla.is_fsdpv2_unit)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=lr)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
     losses, cpu_losses = [], []
@@ -170,6 +177,9 @@ def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float) -> None:
         device_images = images.to(xla.device())
         xs.mark_sharding(device_images, mesh, ("fsdp", None, None, None))
         loss = sgd_step(wrapped, optimizer, device_images, labels.to(xla.device()))
+        if step == 0:
+            stop_recording_outputs()
+            recording.record_step_graph(ctx, "step0", [loss, *wrapped.parameters()])
         xla.sync()
         losses.append(loss.item())
         cpu_losses.append(sgd_step(reference, reference_optimizer, images, labels).item())
@@ -184,6 +194,7 @@ def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float) -> None:
         for (name, cpu_param), xla_param in zip(cpu_params, xla_params)
     }
     ctx.record("max_param_drift", max(drift.values()))
+    recording.record_parameters(ctx, wrapped, suffix="@after-steps")
     worst = max(drift, key=drift.get)
     if drift[worst] > PARAM_ATOL:
         raise AssertionError(

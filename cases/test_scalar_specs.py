@@ -59,18 +59,23 @@ def _fsdp_mesh():
     return xla.mesh((xla.num_devices(), 1), ("fsdp", "model"))
 
 
-def _train(model, make_loss, x, steps: int, on_xla: bool) -> list[float]:
+def _train(model, make_loss, x, steps: int, on_xla: bool, ctx=None) -> list[float]:
+    """SGD steps; with ctx (on XLA), the first step's unit outputs and graph are recorded."""
     import torch
 
-    from harness import xla
+    from harness import recording, xla
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    stop = recording.record_unit_outputs(ctx, model, xla.is_fsdpv2_unit) if ctx else None
     losses = []
-    for _ in range(steps):
+    for step in range(steps):
         optimizer.zero_grad()
         loss = make_loss(model, x)
         loss.backward()
         optimizer.step()
+        if stop and step == 0:
+            stop()
+            recording.record_step_graph(ctx, "step0", [loss, *model.parameters()])
         if on_xla:
             xla.sync()
         losses.append(float(loss.detach().cpu()))
@@ -203,7 +208,7 @@ def _wrap_and_train_against_cpu(ctx, model, loss_of, steps: int):
     _record_param_specs(ctx, wrapped, "")
     x = x_cpu.to(xla.device())
     xs.mark_sharding(x, mesh, ("fsdp", None))
-    xla_losses = _train(wrapped, loss_of, x, steps, on_xla=True)
+    xla_losses = _train(wrapped, loss_of, x, steps, on_xla=True, ctx=ctx)
     cpu_losses = _train(reference, loss_of, x_cpu, steps, on_xla=False)
     _assert_close_to_reference(ctx, wrapped, reference, xla_losses, cpu_losses)
     return wrapped

@@ -70,6 +70,13 @@ def sync() -> None:
         xm.mark_step()
 
 
+def is_fsdpv2_unit(module: Any) -> bool:
+    """A module FSDPv2 wrapped (the root or an auto-wrapped block): it shards its own output."""
+    from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
+
+    return isinstance(module, SpmdFullyShardedDataParallel)
+
+
 def dtensor() -> Any:
     """The DTensor API module: `Shard`, `Replicate`, `DTensor`, `distribute_tensor`.
 
