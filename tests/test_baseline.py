@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,68 @@ def test_a_sharding_no_case_asserts_passes_without_the_baseline_and_fails_with_i
     changed.assert_outcomes(failed=1)
     changed.stdout.fnmatch_lines(["*sharding drift: 1 tensor(s) differ from baseline.json*",
                                   "*" + lit("_orig_module.weight: {devices=[4,1]0,1,2,3} -> {devices=[1,4]0,1,2,3}")])
+
+
+# --------------------------------------------------------------------------------------------
+# End to end with the real suite's ViT case and the committed baseline
+# --------------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+VIT_CASE_ID = "cases/test_functionalization.py::test_fsdpv2_vit_train_steps_match_cpu[func-on]"
+VIT_WITH_PATCHED_OUTPUTS = '''
+import os
+import pytest
+
+pytestmark = pytest.mark.spmd
+
+def body_vit(ctx, repo, outputs_along_last_dim):
+    import sys
+    sys.path.insert(0, repo)
+    import torch_xla.experimental.spmd_fully_sharded_data_parallel as fsdpv2
+
+    if outputs_along_last_dim:  # FSDPv2's shard_output cuts a unit's output along its last dim
+        installed = fsdpv2._prepare_spmd_partition_spec
+
+        def last_dim_for_outputs(tensor, extra_data_axis=None, shard_maximal=False):
+            spec = installed(tensor, extra_data_axis=extra_data_axis, shard_maximal=shard_maximal)
+            if shard_maximal or tensor.dim() < 2:  # parameters and scalars: as before
+                return spec
+            return (None,) * (tensor.dim() - 1) + (spec[0],)
+
+        fsdpv2._prepare_spmd_partition_spec = last_dim_for_outputs
+    from cases.test_functionalization import LEARNING_RATE, TRAIN_STEPS, body_fsdpv2_vit_train
+
+    body_fsdpv2_vit_train(ctx, TRAIN_STEPS, LEARNING_RATE)
+
+def test_vit(spmd):
+    spmd.run(body_vit, fresh=True, repo=os.environ["REPO"], outputs_along_last_dim=os.environ["PATCH"] == "1")
+'''
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla is not installed here")
+def test_the_real_vit_case_passes_a_silent_output_change_without_the_baseline_and_fails_with_it(pytester, monkeypatch):
+    """The issue's example: FSDPv2 cutting each block's (8,5,32) output along its last dim instead
+    of the batch dim. The losses still match CPU, so the case itself passes; the committed
+    baseline's entry for the real case names each output that moved."""
+    import importlib.metadata
+
+    committed = json.loads((REPO / "baselines" / "shardings" / "cpu-4.json").read_text())
+    version = importlib.metadata.version("torch_xla")
+    if not Baseline(REPO, "cpu", 4, committed["torch_xla"], {}).on_release_line(version):
+        pytest.skip(f"the committed baseline is from torch_xla {committed['torch_xla']}; this is {version}")
+    pytester.makepyfile(test_vit=VIT_WITH_PATCHED_OUTPUTS)
+    entry = {**committed, "cases": {"test_vit.py::test_vit": committed["cases"][VIT_CASE_ID]}}
+    (pytester.path / "baseline.json").write_text(json.dumps(entry))
+    monkeypatch.setenv("REPO", str(REPO))
+
+    def run(patch: bool, baseline: str) -> pytest.RunResult:
+        monkeypatch.setenv("PATCH", "1" if patch else "0")
+        return pytester.runpytest_subprocess("--backend=cpu", "--devices=4", "-p", "no:cacheprovider",
+                                             f"--shardings-baseline={baseline}", timeout=300)
+
+    run(False, "baseline.json").assert_outcomes(passed=1)  # unpatched: the committed entry holds
+    run(True, "absent.json").assert_outcomes(passed=1)  # nothing in the case asserts output shardings
+    changed = run(True, "baseline.json")
+    changed.assert_outcomes(failed=1)
+    changed.stdout.fnmatch_lines(["*sharding drift: * tensor(s) differ from baseline.json*",
+                                  "*" + lit("blocks.0:output: {devices=[4,1,1]0,1,2,3} -> {devices=[1,1,4]0,1,2,3}")])
