@@ -479,6 +479,7 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
         devices=harness.backend.capabilities().devices, duration_s=round(report.duration, 3),
         body_s=round(sum(r.duration_s for r in runner.results), 3) if runner else 0.0,
         shardings=shardings, sharding_changes=item.stash.get(SHARDING_CHANGES_KEY, []),
+        sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None,
     )
     results.write_record(harness.results_dir, record, harness.worker)
 

@@ -50,6 +50,9 @@ class CaseRecord:
     body_s: float = 0.0  # the case bodies' own time, as their children measured it
     # Sharding spec per named tensor as the child observed it, e.g. {"fc.weight": "{devices=[4,1]0,1,2,3}"}.
     shardings: dict[str, str] = dataclasses.field(default_factory=dict)
+    # False for a case marked no_sharding_baseline (its tensors vary by design, e.g. Hypothesis
+    # draws): kept out of baselines and of the release matrix's sharding changes.
+    sharding_baseline: bool = True
     # How the shardings differ from the case's baseline entry (harness.baseline), one line per tensor.
     sharding_changes: list[str] = dataclasses.field(default_factory=list)
     # Where the host ran (filled in by the GKE worker and the --local launcher).

@@ -34,7 +34,9 @@ class Step:
 
 
 def _shardings(column: ColumnResult) -> dict[str, dict[str, str]]:
-    return {r.nodeid: {t: canonical(s) for t, s in r.shardings.items()} for r in column.run.records if r.shardings}
+    # A case whose tensors vary by design (no_sharding_baseline: Hypothesis draws) would only show noise.
+    return {r.nodeid: {t: canonical(s) for t, s in r.shardings.items()}
+            for r in column.run.records if r.shardings and r.sharding_baseline}
 
 
 def consecutive_changes(columns: Sequence[ColumnResult]) -> list[Step]:
