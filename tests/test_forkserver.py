@@ -258,3 +258,25 @@ def test_forked_torch_xla_children_do_not_share_random_state(runner_for):
     values = [runner.run(body_fsdpv2_steps, fresh=True, steps=1).values for _ in range(2)]
     assert values[0]["numpy_draw"] != values[1]["numpy_draw"]
     assert values[0]["torch_initial_seed"] != values[1]["torch_initial_seed"]
+
+
+@pytest.mark.parametrize(("options", "expected"), [
+    ({"markexpr": "spmd"}, True),  # the main job
+    ({"markexpr": "spmd and not slow"}, True),
+    ({"markexpr": "selftest"}, False),  # the harness's own tests: no torch_xla import wanted
+    ({"markexpr": "not spmd"}, False),
+    ({}, True),  # no paths: testpaths, which hold cases/
+    ({"file_or_dir": ["cases/test_smoke.py::test_x"]}, True),
+    ({"file_or_dir": ["tests/test_hlo.py"]}, False),
+    ({"file_or_dir": ["."]}, True),  # an ancestor of cases/
+    ({"markexpr": "spmd", "collectonly": True}, False),
+    ({"help": True}, False),
+])
+def test_which_selections_start_the_runs_server_early(tmp_path, options, expected):
+    import argparse
+
+    from harness.runservers import selection_may_hold_spmd_cases
+
+    (tmp_path / "cases").mkdir()
+    namespace = argparse.Namespace(**{"markexpr": "", "file_or_dir": [], **options})
+    assert selection_may_hold_spmd_cases(namespace, tmp_path, ["cases", "tests"]) is expected
