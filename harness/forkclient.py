@@ -28,7 +28,7 @@ from typing import Any, Mapping
 from harness import processes
 from harness.errors import ChildStartError
 from harness.forkserver import (CONTROL_FD_ENV, IMPORTS_ENV, LISTEN_FD_ENV, MAX_CONTROL_MESSAGE,
-                                POST_FORK_VARIABLES)
+                                POST_FORK_VARIABLES, SOCKET_FOLDER_PREFIX)
 
 LAUNCH_NOW = "now"
 LAUNCH_ON_FIRST_CONNECTION = "on-first-connection"
@@ -72,7 +72,7 @@ class ForkServer:
         self._env = {k: v for k, v in env.items() if k not in POST_FORK_VARIABLES}
         # A short private folder: a Unix socket path has at most 107 bytes, and 0700 keeps other
         # users of the machine from connecting.
-        self._dir = tempfile.mkdtemp(prefix="spmd-fork-")
+        self._dir = tempfile.mkdtemp(prefix=SOCKET_FOLDER_PREFIX)
         self.address = ServerAddress(self.key, os.path.join(self._dir, "server.sock"), str(self.log_path))
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._listener.bind(self.address.path)

@@ -29,6 +29,7 @@ import json
 import os
 import random
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -51,6 +52,7 @@ FORBIDDEN_IN_SERVER = ("torch_xla.distributed.fsdp.xla_fully_sharded_data_parall
 XLA_IMPORTS = ("torch", "torch_xla", "torch_xla.runtime", "torch_xla.distributed.spmd", "jax?")
 TORCH_IMPORTS = ("torch",)
 MAX_CONTROL_MESSAGE = 1 << 16
+SOCKET_FOLDER_PREFIX = "spmd-fork-"  # the private temp folder holding a server's socket
 MAX_PASSED_FDS = 16
 # The descriptors a spawn request carries before the client's own: stdin, log, exit-status pipe.
 FIXED_FDS = 3
@@ -97,7 +99,10 @@ class Server:
             gone = not self.control.recv(1)
         except OSError:
             gone = True
-        if gone:
+        if gone:  # the owner could not tidy up (SIGKILL): its socket folder goes with us
+            folder = os.path.dirname(self.listener.getsockname() or "")
+            if os.path.basename(folder).startswith(SOCKET_FOLDER_PREFIX):
+                shutil.rmtree(folder, ignore_errors=True)
             os.killpg(0, signal.SIGKILL)
 
     def _accept(self) -> None:
