@@ -99,6 +99,13 @@ def failure_from_verdict(case: str, verdict: Verdict, tail: str) -> CaseFailed:
     )
 
 
+def child_spec(backend: Backend, functionalization: bool = True, preload: bool = True,
+               env: dict[str, str] | None = None) -> ChildSpec:
+    """The one place a child's spec is built from a backend and a case's wishes."""
+    child_env = {**backend.child_env(functionalization), **(env or {})}
+    return ChildSpec.build(child_env, backend.preload() if preload else (), fork_imports=backend.fork_imports(preload))
+
+
 class SpmdRunner:
     def __init__(
         self, pool: ChildPool, backend: Backend, case_timeout: float, case_id: str, journal: Path | None = None,
@@ -113,9 +120,7 @@ class SpmdRunner:
         self.results: list[CaseResult] = []  # what the plugin reports for this test
 
     def spec(self, functionalization: bool = True, preload: bool = True, env: dict[str, str] | None = None) -> ChildSpec:
-        child_env = {**self.backend.child_env(functionalization), **(env or {})}
-        return ChildSpec.build(child_env, self.backend.preload() if preload else (),
-                               fork_imports=self.backend.fork_imports(preload))
+        return child_spec(self.backend, functionalization, preload, env)
 
     def run(
         self,

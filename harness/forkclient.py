@@ -155,7 +155,7 @@ class ForkedProcess:
             if not self._status.endswith(b"\n"):
                 return None
             self.returncode = int(self._status)
-        elif not Path(f"/proc/{self.pid}").exists():
+        elif not processes.is_running(self.pid):
             # The keeper was killed before it could report (the server ended first): the child is
             # gone, its status with it. SIGKILL is what ends a server's group.
             self.returncode = -signal.SIGKILL

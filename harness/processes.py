@@ -144,3 +144,12 @@ def wait_for_exit(proc: subprocess.Popen, timeout_s: float) -> int | None:
         if code is not None or time.monotonic() >= deadline:
             return code
         time.sleep(0.02)
+
+
+def is_running(pid: int) -> bool:
+    """Alive and not a zombie, from /proc (for a process that is not our child, whose exit we
+    cannot wait for: an orphaned zombie may wait for a reaper that a container lacks)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

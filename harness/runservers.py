@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.backends import Backend
+from harness.case import child_spec
 from harness.forkclient import LAUNCH_NOW, LAUNCH_ON_FIRST_CONNECTION, ForkServer, ServerAddress, server_key
 from harness.runner import ChildSpec
 
@@ -86,11 +87,8 @@ def servers_can_start(backend: Backend) -> bool:
 
 def specs_to_start(backend: Backend) -> list[tuple[ChildSpec, str]]:
     """The XLA server now (every SPMD case needs it); the torch-only one when first asked for."""
-    from harness.case import SpmdRunner  # the one place child specs are built
-
-    runner = SpmdRunner(None, backend, 0.0, "run-servers")  # type: ignore[arg-type] - spec() needs no pool
-    return [(runner.spec(functionalization=True, preload=True), LAUNCH_NOW),
-            (runner.spec(functionalization=True, preload=False), LAUNCH_ON_FIRST_CONNECTION)]
+    return [(child_spec(backend, preload=True), LAUNCH_NOW),
+            (child_spec(backend, preload=False), LAUNCH_ON_FIRST_CONNECTION)]
 
 
 def addresses_to_workerinput(addresses: dict[str, ServerAddress]) -> list[dict[str, str]]:

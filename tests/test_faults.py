@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.processes import is_running
+
 pytestmark = pytest.mark.selftest
 
 HEADER = '''
@@ -82,14 +84,6 @@ def leftover_processes(folder: Path) -> list[str]:
         if state != "Z":
             found.append(f"{proc.name} [{state}] {cmdline}")
     return found
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's zombie waits for a reaper that a container may lack)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def assert_nothing_left(folder: Path, within_s: float = 5.0) -> None:
@@ -187,7 +181,7 @@ def test_stopping_pytest_ends_the_busy_child(pytester, sig, mode):
     pytest_proc.send_signal(sig)
     output = pytest_proc.communicate(timeout=60)[0].decode(errors="replace")
     assert_nothing_left(pytester.path, within_s=10.0)
-    assert not running(busy_pid), "the busy child outlived pytest"
+    assert not is_running(busy_pid), "the busy child outlived pytest"
     if sig is not signal.SIGKILL and mode == "fresh":  # a graceful stop keeps what finished
         assert pytest_proc.returncode == pytest.ExitCode.INTERRUPTED, output
         assert records(pytester)["test_a_finishes"]["outcome"] == "passed"
