@@ -228,7 +228,7 @@ LEFT_REPLICATED = "left {replicated} instead of sharded"
 def body_fsdpv2_vit_param_specs(ctx, move_first: bool) -> None:
     """Wrap the ViT with FSDPv2 (after `model.to(device)` when move_first) and record every spec."""
     from cases import models
-    from harness import xla
+    from harness import recording, xla
 
     n = ctx.record("devices", xla.num_devices())
     mesh = xla.mesh((n, 1), ("fsdp", "model"))
@@ -236,12 +236,7 @@ def body_fsdpv2_vit_param_specs(ctx, move_first: bool) -> None:
     if move_first:
         model = model.to(xla.device())
     wrapped = wrap_vit(mesh, model)
-    shapes = {}
-    for name, param in wrapped.named_parameters():
-        readable = name.replace("_orig_module.", "")
-        ctx.record_sharding(readable, xla.spec_of(param))
-        shapes[readable] = list(param.shape)
-    ctx.record("shapes", shapes)
+    ctx.record("shapes", recording.record_parameters(ctx, wrapped))
 
 
 def check_weights_sharded(spmd, functionalization: bool, move_first: bool) -> None:

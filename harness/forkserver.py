@@ -256,11 +256,7 @@ def main() -> int:
         return 2
     ready = {"ready": True, "pid": os.getpid(), "imported": imported,
              "threads": len(os.listdir("/proc/self/task")), "startup_s": round(time.monotonic() - started, 3)}
-    print(f"fork server ready: {json.dumps(ready)}", flush=True)
-    try:
-        control.sendall(json.dumps(ready).encode() + b"\n")
-    except OSError:
-        return 0  # the owner is gone already
+    print(f"fork server ready: {json.dumps(ready)}", flush=True)  # clients receive it on connecting
     Server(listener, control, ready).serve()
     return 0
 
