@@ -94,7 +94,7 @@ def measure(label: str, argv: list[str], results_dir: Path | None) -> Measuremen
             if ticks % MEMORY_EVERY_TICKS == 0:
                 m.peak_rss = max(m.peak_rss, tree_rss_bytes(proc.pid))
             if m.first_verdict is None and results_dir is not None:
-                if any(p.stat().st_size for p in results_dir.glob("verdicts-*.jsonl")):
+                if any(p.stat().st_size for p in (results_dir / "latest").glob("verdicts-*.jsonl")):
                     m.first_verdict = time.monotonic() - started
             ticks += 1
             time.sleep(0.1)
@@ -106,7 +106,8 @@ def measure(label: str, argv: list[str], results_dir: Path | None) -> Measuremen
     done.set()
     sampler.join()
     if results_dir is not None:
-        m.cases = sum(1 for p in results_dir.glob("verdicts-*.jsonl") for line in p.read_text().splitlines() if line)
+        m.cases = sum(1 for p in (results_dir / "latest").glob("verdicts-*.jsonl")
+                      for line in p.read_text().splitlines() if line)
     return m
 
 

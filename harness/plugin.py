@@ -8,17 +8,18 @@ itself never imports torch or torch_xla.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
-import shutil
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from harness import baseline, results, runservers
+from harness import baseline, results, runfolder, runservers
 from harness.backends import BACKEND_NAMES, Backend, make_backend
 from harness.case import SpmdRunner
 from harness.errors import CaseError, HarnessError, RegistryError
@@ -35,7 +36,14 @@ JUDGEMENT_KEY = pytest.StashKey[Judgement]()
 ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()
 SHARDING_CHANGES_KEY = pytest.StashKey[list[str]]()
 RUN_SERVERS_KEY = pytest.StashKey[runservers.RunServers]()
-RESULTS_CLEARED_KEY = pytest.StashKey[bool]()
+RUN_FOLDER_KEY = pytest.StashKey[runfolder.RunFolder]()
+PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
+WORKERINPUT_RUN_KEY = "spmd_harness_run"
+# Options that make pytest print something and stop: the plugin then writes and starts nothing.
+INFORMATION_ONLY_OPTIONS = ("help", "version", "collectonly", "markers", "showfixtures", "show_fixtures_per_test")
+# A write into the results folder that fails with one of these cannot succeed for the next case
+# either: the run stops with a message instead of an INTERNALERROR.
+RESULTS_WRITE_FATAL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 FORK_SERVER_CHOICES = ("auto", "on", "off")
 FORK_SERVER_ENV = "HARNESS_FORK_SERVER"
 # Evidence kept in a record: the cause leads, so the head is kept (tails are bounded already).
@@ -73,7 +81,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--case-timeout", type=_positive_float, default=180.0, metavar="SECONDS",
                     help="kill a child (its whole process group) whose case or start-up runs longer. Default: 180.")
     group.addoption("--results-dir", default="results", metavar="DIR",
-                    help="where verdicts-*.jsonl, child logs and HLO excerpts go. Default: ./results.")
+                    help="each run writes its verdicts, child logs and HLO excerpts into DIR/run-<start>-p<pid>/ "
+                         "and points DIR/latest at it; nothing else in DIR is touched. Default: ./results.")
     group.addoption("--shardings-baseline", default=None, metavar="PATH",
                     help="the sharding baseline to compare passing cases with. Default: "
                          "baselines/shardings/<backend>-<devices>.json")
@@ -91,10 +100,11 @@ class HarnessSession:
     def __init__(self, config: pytest.Config) -> None:
         self.backend: Backend = make_backend(config.getoption("backend"), config.getoption("devices"))
         self.case_timeout: float = config.getoption("case_timeout")
-        self.results_dir = _usable_results_dir(Path(config.getoption("results_dir")))
-        self.worker = _worker_name()
-        # The run's shared fork servers: this process's own (started early), or the controller's.
         workerinput = getattr(config, "workerinput", None)
+        self.worker = _worker_name(config)
+        self.run = _run_folder(config)
+        self.results_dir = self.run.path  # made only when the run has something to write (claim)
+        # The run's shared fork servers: this process's own (started early), or the controller's.
         if workerinput is not None:
             shared = runservers.addresses_from_workerinput(workerinput.get(runservers.WORKERINPUT_KEY))
         else:
@@ -134,14 +144,51 @@ class HarnessSession:
                 raise pytest.UsageError(str(exc)) from None
         return self._baseline
 
+    def claim_run_folder(self) -> Path:
+        """The run folder, made with its manifest the first time this run has something to write."""
+        try:
+            return self.run.claim()
+        except HarnessError as exc:
+            raise pytest.UsageError(f"results folder: {exc}") from None
+
     def charge_late_fault(self, fault: LateFault) -> None:
         """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""
         self.late_faults.append(fault)
+        self.claim_run_folder()
         results.write_amendment(self.results_dir, fault.case, _bounded(fault.evidence), self.worker)
 
 
-def _worker_name() -> str:
-    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+def _worker_name(config: pytest.Config) -> str:
+    """xdist's own worker id (gw0, ...), else "main". Not $PYTEST_XDIST_WORKER: a pytest started
+    from inside a worker (pytester, a subprocess) inherits that variable without being a worker."""
+    workerinput = getattr(config, "workerinput", None)
+    return str(workerinput["workerid"]) if workerinput is not None else "main"
+
+
+def _run_folder(config: pytest.Config) -> runfolder.RunFolder:
+    """This run's folder: the controller's (xdist workers), the early hook's, or a new one."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and WORKERINPUT_RUN_KEY in workerinput:
+        return runfolder.RunFolder.from_workerinput(workerinput[WORKERINPUT_RUN_KEY])
+    early = config.stash.get(RUN_FOLDER_KEY, None)
+    if early is not None:
+        return early
+    try:
+        return runfolder.RunFolder.new(Path(config.getoption("results_dir")))
+    except HarnessError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _looks_like_xdist_worker() -> bool:
+    """Before config.workerinput exists (it is set after the early hooks), a worker shows as an
+    execnet process (`python -c ...`) with xdist's variable set. The variable alone is not enough:
+    a pytest started from inside a worker (pytester, a subprocess) inherits it. A wrong guess
+    costs the early start only; identity proper comes from config.workerinput (_worker_name)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) and sys.argv[:1] == ["-c"]
+
+
+def _information_only(options: Any) -> bool:
+    return any(getattr(options, name, False) for name in INFORMATION_ONLY_OPTIONS)
 
 
 def _fork_server_wanted(option: str | None, backend: Backend) -> bool:
@@ -169,20 +216,6 @@ def _summarise_baseline(terminalreporter: Any, harness: HarnessSession) -> None:
         terminalreporter.line(f"add them with --update-shardings ({harness.baseline_path})")
 
 
-def _usable_results_dir(path: Path) -> Path:
-    """The results folder, created and known writable before any case runs (else a usage error)."""
-    path = path.resolve()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise pytest.UsageError(
-            f"--results-dir={path} cannot be used ({exc.strerror or exc}); point it at a writable folder") from None
-    return path
-
-
 def _bounded(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
     if len(text) <= limit:
         return text
@@ -191,30 +224,37 @@ def _bounded(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
-    """Before conftests and test modules load: clear the last run's results and start the run's
-    fork servers (harness.runservers), so torch_xla's import overlaps pytest's own start-up."""
-    if _worker_name() != "main":
-        return
+    """Before conftests and test modules load: start the run's fork servers (harness.runservers),
+    so torch_xla's import overlaps pytest's own start-up. Only for a run that may hold SPMD cases
+    and will run them: `--help` or `--collect-only` write and start nothing."""
+    if _looks_like_xdist_worker():
+        return  # only the controlling process starts servers; workers get their addresses
     options = early_config.known_args_namespace
+    if _information_only(options):
+        return
     try:
-        results_dir = _usable_results_dir(Path(options.results_dir))
         backend = make_backend(options.backend, options.devices)
         wanted = _fork_server_wanted(options.fork_server, backend)
-    except (pytest.UsageError, AttributeError, ValueError, TypeError):
+        run = runfolder.RunFolder.new(Path(options.results_dir))
+    except (pytest.UsageError, HarnessError, AttributeError, ValueError, TypeError):
         return  # pytest_configure reports a bad option as a usage error
-    _clear_previous_results(results_dir)
-    early_config.stash[RESULTS_CLEARED_KEY] = True
+    early_config.stash[RUN_FOLDER_KEY] = run
     if not (wanted and runservers.servers_can_start(backend) and runservers.selection_may_hold_spmd_cases(
             options, early_config.rootpath, early_config.getini("testpaths"))):
         return
+    try:
+        run.claim()
+    except (HarnessError, OSError):
+        return  # pytest_configure or the first case reports it
     servers = runservers.RunServers()
     early_config.stash[RUN_SERVERS_KEY] = servers
-    servers.start(runservers.specs_to_start(backend), results_dir / "logs" / "main")
+    servers.start(runservers.specs_to_start(backend), run.path / "logs" / "main")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist controller, for each worker it starts: the addresses of the run's fork servers."""
+    """xdist controller, for each worker it starts: the run's folder and its fork servers' addresses."""
+    node.workerinput[WORKERINPUT_RUN_KEY] = node.config.stash[SESSION_KEY].run.to_workerinput()
     servers = node.config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         node.workerinput[runservers.WORKERINPUT_KEY] = runservers.addresses_to_workerinput(servers.addresses())
@@ -225,8 +265,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
-    if session.worker == "main" and not config.stash.get(RESULTS_CLEARED_KEY, False):
-        _clear_previous_results(session.results_dir)
     _stop_on_sigterm(config)
 
 
@@ -242,15 +280,6 @@ def _stop_on_sigterm(config: pytest.Config) -> None:
 
     signal.signal(signal.SIGTERM, interrupt)
     config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
-
-
-def _clear_previous_results(results_dir: Path) -> None:
-    """Old verdicts would be read as this run's; only the controlling process clears them."""
-    for pattern in (results.VERDICTS_GLOB, "requests-*.jsonl"):
-        for path in results_dir.glob(pattern):
-            path.unlink()
-    for sub in ("logs", "hlo"):
-        shutil.rmtree(results_dir / sub, ignore_errors=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -300,6 +329,63 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         base.save()
     if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if harness.worker == "main":
+        _close_run(session, harness)
+
+
+def _close_run(session: pytest.Session, harness: HarnessSession) -> None:
+    """The manifest says how the run ended and which tests pytest saw fail, so harness.report can
+    tell a finished run from a killed one and find failures that have no case record."""
+    stats = getattr(session.config.pluginmanager.get_plugin("terminalreporter"), "stats", {})
+    counts = {key: len(reports) for key, reports in stats.items()
+              if key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")}
+    failed_ids = list(dict.fromkeys(r.nodeid for key in ("failed", "error") for r in stats.get(key, [])
+                                    if getattr(r, "nodeid", None)))
+    xmlpath = getattr(session.config.option, "xmlpath", None)
+    try:
+        harness.run.finish(int(session.exitstatus), counts, failed_ids,
+                           str(Path(xmlpath).absolute()) if xmlpath else None)
+    except (OSError, ValueError) as exc:
+        session.config.get_terminal_writer().line(
+            f"spmd harness: could not close the run manifest in {harness.run.path}: {exc}", red=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+    """xdist controller: a worker died while running `crashitem`. The worker could not write that
+    case's record, so the controller does: a started case always leaves a failed record."""
+    worker_node = getattr(report, "node", None)  # xdist's WorkerController for the dead worker
+    harness = worker_node.config.stash.get(SESSION_KEY, None) if worker_node is not None else None
+    if harness is None:
+        return
+    worker = getattr(getattr(worker_node, "gateway", None), "id", "?")
+    reason = f"xdist worker {worker} crashed while running this case (the worker process died; see the pytest output)"
+    record = results.CaseRecord(nodeid=crashitem, family=results.family_of(crashitem), outcome="failed",
+                                reason=reason, evidence=str(report.longrepr), backend=harness.backend.name,
+                                devices=harness.backend.capabilities().devices)
+    _write_results(harness, worker_node.config, lambda: results.write_record(
+        harness.claim_run_folder(), record, harness.worker))
+
+
+def _write_results(harness: HarnessSession, config: pytest.Config, write: Any) -> None:
+    """Run one write into the results folder. A full disk (or a read-only or failing one) cannot
+    serve the next case either: the run stops after this case with a message naming the folder,
+    and every record written before stays as it was."""
+    try:
+        write()
+    except OSError as exc:
+        if exc.errno not in RESULTS_WRITE_FATAL:
+            raise
+        message = (f"the results folder {harness.results_dir} cannot be written ({exc.strerror}); "
+                   "the run stops here, records written so far are kept. Free space or use --results-dir")
+        config.get_terminal_writer().line(f"\nspmd harness: {message}", red=True)
+        session = config.stash.get(PYTEST_SESSION_KEY, None)
+        if session is not None:
+            session.shouldstop = message
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[PYTEST_SESSION_KEY] = session
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -322,6 +408,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         return
     harness.early_start_done = True
     if harness.pool.fork and not harness.backend.exclusive_device and harness.backend.capabilities().has_xla:
+        harness.claim_run_folder()
         runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
         harness.pool.prewarm(runner.spec(functionalization=True))
 
@@ -343,6 +430,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     modes = [m for m in (True, False) if any(_functionalization_of(item) == m for item in spmd_items)]
     if harness.worker != "main" or harness.backend.exclusive_device:
         modes = modes[:1]
+    if modes:
+        harness.claim_run_folder()
     for mode in modes:
         harness.pool.prewarm(runner.spec(functionalization=mode))
 
@@ -363,7 +452,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
     """Runs case bodies in child processes; see harness.case.SpmdRunner.run."""
     harness = request.config.stash[SESSION_KEY]
-    journal = harness.results_dir / f"requests-{harness.worker}.jsonl"
+    journal = harness.claim_run_folder() / f"requests-{harness.worker}.jsonl"
     runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, request.node.nodeid, journal,
                         late_faults=harness.charge_late_fault)
     request.node.stash[RUNNER_KEY] = runner
@@ -467,7 +556,6 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
     shardings: dict[str, str] = {}
     for result in runner.results if runner else []:
         shardings.update(result.shardings)
-        _keep_hlo(harness.results_dir, item.nodeid, result.hlo)
     record = results.CaseRecord(
         nodeid=item.nodeid, family=results.family_of(item.nodeid), outcome=_outcome_of(report),
         reason=_reason(report, judgement),
@@ -481,7 +569,14 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
         shardings=shardings, sharding_changes=item.stash.get(SHARDING_CHANGES_KEY, []),
         sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None,
     )
-    results.write_record(harness.results_dir, record, harness.worker)
+
+    def write() -> None:
+        folder = harness.claim_run_folder()
+        for result in runner.results if runner else []:
+            _keep_hlo(folder, item.nodeid, result.hlo)
+        results.write_record(folder, record, harness.worker)
+
+    _write_results(harness, item.config, write)
 
 
 def _reason(report: pytest.TestReport, judgement: Judgement | None) -> str:

@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import protocol
+from harness import protocol, runfolder
 from harness.errors import HarnessUsageError
 
 
 def read_journal(results_dir: Path, case_filter: str = "") -> list[dict[str, Any]]:
     entries = []
-    for path in sorted(results_dir.glob("requests-*.jsonl")):
+    run = runfolder.resolve(results_dir) or results_dir  # a results folder means its latest run
+    for path in sorted(run.glob("requests-*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():
             entry = json.loads(line)
             if case_filter in entry["request"]["case"]:
@@ -90,7 +91,7 @@ def replay(results_dir: Path, case_filter: str, print_commands: bool) -> int:
             requests_file.write_text(json.dumps(requests), encoding="utf-8")
             argv, env = command_for(spec, requests_file)
             if print_commands:
-                keep = results_dir / f"replay-group-{index}.json"
+                keep = (runfolder.resolve(results_dir) or results_dir) / f"replay-group-{index}.json"
                 keep.write_text(json.dumps(requests), encoding="utf-8")
                 exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
                 print(f"env -i {exports} {shlex.join(argv[:-1] + [str(keep)])}")

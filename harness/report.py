@@ -6,9 +6,15 @@ The summary groups cases per bug family (case, verdict, registry entry, reason, 
 ends with a totals line. It is always written to RESULTS_DIR/summary.md (so it travels with the
 uploaded results) and appended to $GITHUB_STEP_SUMMARY when that is set.
 
-Exit status: 0 when at least one case record was read, 2 when none was. A run that executed
-nothing must not look green, whatever pytest's own exit code was. Failed cases do not change the
-exit status: pytest's exit code already says that, and the CI script keeps it.
+RESULTS_DIR is a results folder (its `latest` run is read), one run's folder, or a folder of
+per-host results folders (a GKE launch). See harness.runfolder.
+
+Exit status: 0 when at least one case record was read and the run is complete; 1 when the run's
+manifest shows a problem the records do not (the run never finished, pytest exited with an
+internal or usage error, a failure pytest saw has no record); 2 when no record was read or every
+case skipped. A run that executed nothing must not look green, whatever pytest's own exit code
+was. Failed cases alone do not change the exit status: pytest's exit code already says that, and
+the CI script keeps it.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from harness.results import VERDICTS_GLOB, CaseRecord, read_records
+from harness import runfolder
+from harness.results import VERDICTS_GLOB, CaseRecord, family_of, read_records, suite_exit_problem
 
 # Long log tails would make the summary table unreadable; the full text is in the uploaded JSON.
 EVIDENCE_LIMIT = 400
@@ -41,6 +48,7 @@ VERDICT_LABELS = {
     "passed": "✅ passed",
 }
 EXIT_NO_RECORDS = 2
+EXIT_RUN_PROBLEM = 1
 
 
 @dataclasses.dataclass
@@ -50,6 +58,10 @@ class Results:
     records: list[CaseRecord]
     # "verdicts-gw1.jsonl:7" for each line that was not a readable record (e.g. cut by a crash).
     unreadable: list[str] = dataclasses.field(default_factory=list)
+    # What the run's manifest says that the records do not: a run that never finished, an exit
+    # code that is not "passed" or "failed", a failure pytest saw that has no record. Each one
+    # makes the summary red (harness.runfolder).
+    problems: list[str] = dataclasses.field(default_factory=list)
 
 
 def is_failure(record: CaseRecord) -> bool:
@@ -69,7 +81,44 @@ def load_results(results_dir: Path) -> Results:
     """
     results = Results(records=[])
     results.records = list(read_records(Path(results_dir), results.unreadable, recursive=True))
+    for run in runfolder.find_runs(Path(results_dir)):
+        cross_check_run(run, results)
     return results
+
+
+def cross_check_run(run: Path, results: Results) -> None:
+    """Hold the run's records against its manifest, so nothing pytest saw fail reads as a pass."""
+    if not runfolder.is_run_folder(run):
+        return  # a folder of verdicts written without a manifest (tests, copied host reports)
+    try:
+        manifest = runfolder.read_manifest(run)
+    except (OSError, ValueError) as exc:
+        results.problems.append(f"{run.name}/{runfolder.MANIFEST_NAME} is unreadable ({exc}); the run cannot be "
+                                "checked for lost records")
+        return
+    if manifest.status != "finished":
+        results.problems.append(
+            f"run {manifest.run_id} did not finish: pytest (pid {manifest.pid} on {manifest.host}, started "
+            f"{manifest.started}) ended without closing it, so cases it started may have no record "
+            "(killed, out of memory, or still running)")
+        return
+    problem = suite_exit_problem(manifest.exitstatus)
+    if problem:
+        results.problems.append(f"run {manifest.run_id}: {problem}; its records may not cover every case")
+    by_id = {r.nodeid: r for r in results.records}
+    for nodeid in manifest.failed_ids:
+        record = by_id.get(nodeid)
+        if record is None:
+            results.records.append(CaseRecord(
+                nodeid=nodeid, family=family_of(nodeid), outcome="failed",
+                reason="pytest reported this test failed, and the harness holds no record of it "
+                       "(not an SPMD case, or its record was lost); see the pytest output or junit.xml"))
+        elif not is_failure(record):
+            results.problems.append(f"pytest reported {nodeid} failed (in setup or teardown?) but its case "
+                                    f"record says {record.outcome}")
+    if manifest.exitstatus == 1 and not any(is_failure(r) for r in results.records) and not results.problems:
+        results.problems.append(f"run {manifest.run_id}: pytest exited 1 (tests failed) but no failing test "
+                                "was recorded; see the pytest output")
 
 
 def group_by_family(records: Iterable[CaseRecord]) -> dict[str, list[CaseRecord]]:
@@ -161,6 +210,8 @@ def run_description(records: Sequence[CaseRecord]) -> str:
 def render_summary(results: Results, title: str = "SPMD regression results") -> str:
     records = results.records
     lines = [f"## {title}", ""]
+    for problem in results.problems:
+        lines += [f"❌ **{markdown_cell(problem)}**", ""]
     if not records:
         lines += ["❌ **No case records were found: the run executed nothing.**", ""]
     else:
@@ -172,8 +223,13 @@ def render_summary(results: Results, title: str = "SPMD regression results") -> 
     if results.unreadable:
         shown = ", ".join(results.unreadable[:10])
         lines += [f"⚠️ {len(results.unreadable)} unreadable record line(s): {markdown_cell(shown)}", ""]
-    lines.append(f"**Totals:** {len(records)} cases: {count_outcomes(records)}")
+    lines.append(f"**Totals:** {totals_line(results)}")
     return "\n".join(lines) + "\n"
+
+
+def totals_line(results: Results) -> str:
+    line = f"{len(results.records)} cases: {count_outcomes(results.records)}"
+    return line + (f"; {len(results.problems)} run problem(s)" if results.problems else "")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,10 +266,12 @@ def annotations(results: Results) -> list[str]:
     if not results.records:
         return [workflow_command("error", "No SPMD case records were found: the run executed nothing.",
                                  title="SPMD regression: empty run")]
+    problems = [workflow_command("error", problem, title="SPMD regression: incomplete run")
+                for problem in results.problems]
     failures = [r for r in results.records if is_failure(r)]
     shown = failures if len(failures) <= MAX_ERROR_ANNOTATIONS else failures[: MAX_ERROR_ANNOTATIONS - 1]
-    commands = [workflow_command("error", failure_message(r), title=f"SPMD regression: {r.nodeid}")
-                for r in shown]
+    commands = problems + [workflow_command("error", failure_message(r), title=f"SPMD regression: {r.nodeid}")
+                           for r in shown]
     if len(shown) < len(failures):
         commands.append(workflow_command(
             "error", f"{len(failures) - len(shown)} more failed case(s); see the job summary.",
@@ -227,7 +285,8 @@ def annotations(results: Results) -> list[str]:
 
 def plain_failure_lines(results: Results) -> list[str]:
     """What a laptop user sees instead of workflow commands."""
-    return [f"FAILED {r.nodeid}: {r.reason or r.outcome}" for r in results.records if is_failure(r)]
+    return ([f"RUN PROBLEM: {problem}" for problem in results.problems]
+            + [f"FAILED {r.nodeid}: {r.reason or r.outcome}" for r in results.records if is_failure(r)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,10 +321,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"--results-dir {args.results_dir}?", file=sys.stderr)
         return EXIT_NO_RECORDS
     results = load_results(args.results_dir)
-    write_summary(render_summary(results, args.title), args.summary or args.results_dir / "summary.md",
-                  args.step_summary)
+    runs = runfolder.find_runs(args.results_dir)
+    home = runs[0] if len(runs) == 1 else args.results_dir  # the run's own folder when there is one
+    write_summary(render_summary(results, args.title), args.summary or home / "summary.md", args.step_summary)
     for line in annotations(results) if args.annotate else plain_failure_lines(results):
         print(line)
+    print(f"{'::notice::' if args.annotate else ''}harness.report {home}: {totals_line(results)}")
     if not results.records:
         print(f"error: no case records ({VERDICTS_GLOB}) under {args.results_dir}: the run executed "
               "nothing. Check that cases were collected (-m spmd), that the harness plugin loaded, "
@@ -276,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"(first reason: {results.records[0].reason}); a run that executed nothing is not a pass.",
               file=sys.stderr)
         return EXIT_NO_RECORDS
+    if results.problems:
+        return EXIT_RUN_PROBLEM
     return 0
 
 

@@ -4,10 +4,14 @@ This is the contract between the harness and everything downstream of a run (the
 summary, the GKE worker's host report, the release matrix). Under pytest-xdist every process
 writes its own `verdicts-<worker>.jsonl`, so no two processes append to one file.
 
-Layout of a results folder:
-    verdicts-<worker>.jsonl   one CaseRecord per line
-    junit.xml                 when pytest ran with --junitxml pointing here
-    hlo/<case>.txt            HLO excerpts a case chose to keep
+Each run writes into a folder of its own under the results folder (harness.runfolder):
+    <results-dir>/latest -> run-<start>-p<pid>/
+      run.json                  the run's manifest (who, when, how it ended)
+      verdicts-<worker>.jsonl   one CaseRecord per line (amendments: {"amends": nodeid, ...})
+      requests-<worker>.jsonl   every body run, for harness.replay
+      logs/<worker>/*.log       child and fork-server logs
+      hlo/<case>__<name>.txt    HLO excerpts a case chose to keep
+      summary.md                written by harness.report
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from harness import runfolder
 from harness.processes import describe_exit
 
 VERDICTS_GLOB = "verdicts-*.jsonl"
@@ -98,12 +103,14 @@ def write_amendment(results_dir: Path, nodeid: str, late_fault: str, worker: str
 def read_records(results_dir: Path, unreadable: list[str] | None = None, recursive: bool = False) -> Iterator[CaseRecord]:
     """Every case's record, with later amendments (late faults) folded into it.
 
-    unreadable: when given, a damaged line (cut by a crash mid-write) is listed there as
-    "verdicts-gw1.jsonl:7" instead of raised. recursive: also read per-host subfolders (GKE).
+    results_dir may be a run folder or a results folder (its `latest` run is read; see
+    harness.runfolder). unreadable: when given, a damaged line (cut by a crash mid-write) is
+    listed there as "verdicts-gw1.jsonl:7" instead of raised. recursive: a folder of per-host
+    results folders (GKE) is read as one run per host.
     """
     root = Path(results_dir)
-    paths = root.rglob(VERDICTS_GLOB) if recursive else root.glob(VERDICTS_GLOB)
-    for path in sorted(paths):
+    runs = runfolder.find_runs(root) if recursive else [runfolder.resolve(root) or root]
+    for path in sorted(p for run in runs for p in run.glob(VERDICTS_GLOB)):
         records: dict[str, CaseRecord] = {}
         with path.open(encoding="utf-8") as fh:
             for number, line in enumerate(fh, start=1):
@@ -119,8 +126,15 @@ def read_records(results_dir: Path, unreadable: list[str] | None = None, recursi
                 except (ValueError, TypeError, KeyError, AttributeError):
                     if unreadable is None:
                         raise
-                    unreadable.append(f"{path.relative_to(root)}:{number}")
+                    unreadable.append(f"{_shown(path, root)}:{number}")
         yield from records.values()
+
+
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:  # reached through `latest`
+        return str(path.relative_to(path.parent.parent))
 
 
 def apply_amendment(records: dict[str, CaseRecord], data: dict[str, Any]) -> None:

@@ -18,8 +18,9 @@
 #   --skip-install   use the virtualenv as it is
 #   -- ARGS          passed on to pytest
 #
-# Writes RESULTS/junit.xml, RESULTS/verdicts-*.jsonl, RESULTS/summary.md (also appended to
-# $GITHUB_STEP_SUMMARY when set) and, under GitHub Actions, ::error annotations for failures.
+# Writes RESULTS/junit.xml and the run's folder RESULTS/run-*/ (verdicts-*.jsonl, child logs,
+# summary.md, also appended to $GITHUB_STEP_SUMMARY when set; RESULTS/latest points at it) and,
+# under GitHub Actions, ::error annotations for failures. Nothing earlier runs wrote is deleted.
 # Exit status: pytest's, except that a run that ran nothing (pytest exit 5, or no case records)
 # always fails.
 set -euo pipefail
@@ -116,11 +117,11 @@ install() {
   fi
 }
 
-# Stale verdicts from an earlier run would make a run that ran nothing look green.
-clear_results() {
-  mkdir -p "$results_dir"
-  rm -f "$results_dir"/verdicts-*.jsonl "$results_dir/junit.xml" "$results_dir/summary.md"
-  rm -rf "$results_dir/hlo"
+# Every pytest run writes into a folder of its own under the results folder and points
+# `latest` at it (harness/runfolder.py); nothing is deleted. An earlier run's folder must not be
+# reported as this run's, so the report reads `latest` only if this run moved it.
+latest_run() {
+  readlink "$results_dir/latest" 2> /dev/null || true
 }
 
 run_pytest() {
@@ -179,10 +180,16 @@ main() {
   if [[ -n $image ]]; then venv=${venv:-$PWD/.venv-image}; run_in_image; fi
   venv=${venv:-$PWD/.venv}
   [[ $skip_install == true ]] || install
-  clear_results
+  mkdir -p "$results_dir"
 
-  local pytest_rc=0 report_rc=0
+  local pytest_rc=0 report_rc=0 before
+  before=$(latest_run)
   run_pytest || pytest_rc=$?
+  if [[ -z $(latest_run) || $(latest_run) == "$before" ]]; then
+    echo "ci-spmd: pytest (exit $pytest_rc) wrote no run folder under $results_dir: no case ran." >&2
+    [[ $pytest_rc -ne 0 ]] && exit "$pytest_rc"
+    exit 2  # as harness.report's "no case records"
+  fi
   report || report_rc=$?
 
   if [[ $pytest_rc -eq $PYTEST_NO_TESTS_COLLECTED ]]; then

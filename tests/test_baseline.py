@@ -85,7 +85,7 @@ def test_a_silent_change_fails_on_the_baselines_release_line_naming_tensor_and_b
         "*" + lit("blocks.0.fc1.weight: {devices=[4,1]0,1,2,3} -> {replicated}"),
         "*--update-shardings*",
     ])
-    record = json.loads((pytester.path / "results" / "verdicts-main.jsonl").read_text().splitlines()[0])
+    record = json.loads((pytester.path / "results" / "latest" / "verdicts-main.jsonl").read_text().splitlines()[0])
     assert record["sharding_changes"] == ["blocks.0.fc1.weight: {devices=[4,1]0,1,2,3} -> {replicated}"]
 
 

@@ -59,7 +59,7 @@ def records(pytester: pytest.Pytester) -> dict[str, dict]:
 
 def raw_record_lines(pytester: pytest.Pytester) -> list[dict]:
     lines = []
-    for path in (pytester.path / "results").glob("verdicts-*.jsonl"):
+    for path in (pytester.path / "results" / "latest").glob("verdicts-*.jsonl"):
         lines += [json.loads(line, parse_constant=_no_constants) for line in path.read_text().splitlines()]
     return lines
 

@@ -171,7 +171,7 @@ def test_c_ok(spmd):
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: forked",
                                  "FAULT test_cases.py::test_b_late: SIGABRT after the verdict of this case*"])
-    assert list((pytester.path / "results" / "logs" / "main").glob("forkserver-*.log")), "children were not forked"
+    assert list((pytester.path / "results" / "latest" / "logs" / "main").glob("forkserver-*.log")), "children were not forked"
 
 
 SHARED_CASES = '''
@@ -210,7 +210,7 @@ def test_xdist_workers_share_the_runs_server_and_crashes_keep_their_signal(pytes
     seen = {path.name.split("-")[1]: int(path.read_text()) for path in pytester.path.glob("server-*.txt")}
     assert set(seen) == {"gw0", "gw1"}, f"both workers should have run cases: {sorted(seen)}"
     assert len(set(seen.values())) == 1, f"the workers were served by different servers: {seen}"
-    logs = pytester.path / "results" / "logs"
+    logs = pytester.path / "results" / "latest" / "logs"
     assert len(list((logs / "main").glob("forkserver-*.log"))) >= 1
     assert not list(logs.glob("gw*/forkserver-*.log")), "a worker started a server of its own"
 
@@ -218,8 +218,11 @@ def test_xdist_workers_share_the_runs_server_and_crashes_keep_their_signal(pytes
 def test_the_runs_server_starts_before_conftests_load_when_the_selection_holds_spmd_cases(pytester, monkeypatch):
     monkeypatch.setenv("HARNESS_FORK_SERVER", "on")
     pytester.makeconftest('''
+import os
 from pathlib import Path
-Path("servers-at-conftest.txt").write_text(str(len(list(Path("results/logs/main").glob("forkserver-*.log")))))
+# This run's folder carries this process's pid (harness.runfolder.new_run_id).
+logs = Path("results").glob(f"run-*-p{os.getpid()}/logs/main/forkserver-*.log")
+Path("servers-at-conftest.txt").write_text(str(len(list(logs))))
 ''')
     pytester.makepyfile(test_shared=SHARED_CASES)
     pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", "-m", "spmd", "-k", "server", timeout=120)

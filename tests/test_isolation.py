@@ -58,7 +58,7 @@ def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 def records(pytester: pytest.Pytester) -> dict[str, dict]:
     out = {}
-    for path in (pytester.path / "results").glob("verdicts-*.jsonl"):
+    for path in (pytester.path / "results" / "latest").glob("verdicts-*.jsonl"):
         for line in path.read_text().splitlines():
             rec = json.loads(line)
             out[rec["nodeid"].split("::")[-1]] = rec
@@ -246,7 +246,7 @@ def test_{i}(spmd):
 ''' for i in range(4)))
     result = run(pytester, "-n", "2")
     result.assert_outcomes(passed=4)
-    assert sorted(p.name for p in (pytester.path / "results").glob("verdicts-*.jsonl")) == [
+    assert sorted(p.name for p in (pytester.path / "results" / "latest").glob("verdicts-*.jsonl")) == [
         "verdicts-gw0.jsonl", "verdicts-gw1.jsonl"]
     assert len(records(pytester)) == 4
 

@@ -193,7 +193,8 @@ def test_cli_without_annotate_prints_a_plain_failure_list(mixed_run: Path, capsy
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     assert report.main([str(mixed_run)]) == 0
     assert capsys.readouterr().out == (
-        "FAILED cases/test_scalar_specs.py::test_wrap[func-off]: spec lost on scalar\n")
+        "FAILED cases/test_scalar_specs.py::test_wrap[func-off]: spec lost on scalar\n"
+        f"harness.report {mixed_run}: 4 cases: 1 passed, 1 failed, 1 xfailed, 1 skipped\n")
 
 
 def test_cli_fails_when_the_run_produced_no_records(tmp_path: Path, capsys, monkeypatch):

@@ -280,16 +280,21 @@ def test_nightly_runs_on_schedule_or_by_hand_and_never_overlaps():
 # --- scripts/ci-spmd.sh, run as the reusable workflow runs it ------------------------------------
 
 STUB_PYTEST = """#!{python}
-# Stands in for the venv's pytest: records its arguments, writes the records it is given, exits.
+# Stands in for the venv's pytest: records its arguments, writes the records it is given into a
+# run folder as the plugin does (none when there are none: no SPMD case ran), exits.
 import json, os, pathlib, sys
+from harness.runfolder import RunFolder
 args = sys.argv[1:]
 pathlib.Path(os.environ["STUB_ARGV_FILE"]).write_text(json.dumps(args))
 results = pathlib.Path(next(a.split("=", 1)[1] for a in args if a.startswith("--results-dir=")))
-results.mkdir(parents=True, exist_ok=True)
 records = os.environ.get("STUB_RECORDS", "")
+code = int(os.environ.get("STUB_EXIT", "0"))
 if records:
-    (results / "verdicts-gw0.jsonl").write_text(records)
-sys.exit(int(os.environ.get("STUB_EXIT", "0")))
+    run = RunFolder.new(results)
+    (run.claim() / "verdicts-gw0.jsonl").write_text(records)
+    failed = [json.loads(line)["nodeid"] for line in records.splitlines() if '"failed"' in line]
+    run.finish(code, {{}}, failed, None)
+sys.exit(code)
 """
 
 
@@ -346,7 +351,8 @@ def test_ci_script_keeps_pytests_exit_code_and_fails_empty_runs(
     env = hermetic_env(tmp_path, STUB_EXIT=str(stub_exit), STUB_RECORDS=records)
     proc = run_ci_script(stub_venv, env, "--skip-install", "--results", str(tmp_path / "results"))
     assert proc.returncode == expected_exit, proc.stdout + proc.stderr
-    assert (tmp_path / "results" / "summary.md").is_file()
+    if records:
+        assert (tmp_path / "results" / "latest" / "summary.md").is_file()
 
 
 def test_ci_script_runs_the_spmd_marker_under_xdist_with_junit(stub_venv: Path, tmp_path: Path):
@@ -370,12 +376,17 @@ def test_ci_script_under_github_actions_writes_step_summary_and_annotations(stub
     assert "### `scalar_specs`" in step_summary.read_text()
 
 
-def test_ci_script_clears_verdicts_of_an_earlier_run(stub_venv: Path, tmp_path: Path):
+def test_ci_script_keeps_an_earlier_run_and_never_reports_it_as_this_one(stub_venv: Path, tmp_path: Path):
     results = tmp_path / "results"
-    results.mkdir()
-    (results / "verdicts-gw0.jsonl").write_text(jsonl(PASSED_CASE))
+    earlier = run_ci_script(stub_venv, hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE)),
+                            "--skip-install", "--results", str(results))
+    assert earlier.returncode == 0, earlier.stderr
+    (results / "notes.txt").write_text("a user's file")
+    before = sorted(str(p.relative_to(results)) for p in results.rglob("*"))
     proc = run_ci_script(stub_venv, hermetic_env(tmp_path), "--skip-install", "--results", str(results))
-    assert proc.returncode == 2, "stale verdicts made an empty run look green"
+    assert proc.returncode == 2, "an earlier run's verdicts made an empty run look green"
+    assert "wrote no run folder" in proc.stderr
+    assert sorted(str(p.relative_to(results)) for p in results.rglob("*")) == before, "a file was deleted or added"
 
 
 def test_ci_script_wants_exactly_one_torch_xla_wheel(stub_venv: Path, tmp_path: Path):

@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from typing import IO, Sequence
 
-from harness import processes
+from harness import processes, runfolder
 from harness.errors import HarnessUsageError
 from harness.gke import bucket, report_channel
 from harness.gke.hostreport import HostReport
-from harness.results import VERDICTS_GLOB, CaseRecord, read_records, suite_exit_problem
+from harness.results import CaseRecord, read_records, suite_exit_problem
 
 DEFAULT_SUITE = "{python} -m pytest -m spmd"
 TAIL_LINES = 40
@@ -110,7 +110,7 @@ def run_worker(opts: WorkerOptions, env: dict[str, str], out: IO[str]) -> int:
 
 def _check_results_dir(results_dir: Path) -> None:
     results_dir.mkdir(parents=True, exist_ok=True)
-    if any(results_dir.glob(VERDICTS_GLOB)):
+    if runfolder.resolve(results_dir) is not None:  # the host's records would be mixed with older ones
         raise HarnessUsageError(f"{results_dir} already holds verdicts; give the worker an empty --results-dir")
 
 

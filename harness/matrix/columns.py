@@ -13,6 +13,7 @@ from typing import Sequence
 
 from packaging.version import InvalidVersion, Version
 
+from harness import runfolder
 from harness.matrix.envs import read_wheel_folder
 from harness.errors import HarnessUsageError
 from harness.results import VERDICTS_GLOB
@@ -55,7 +56,8 @@ def parse_assignments(option: str, values: Sequence[str]) -> dict[str, Path]:
 
 
 def is_results_dir(path: Path) -> bool:
-    return path.is_dir() and any(path.glob(VERDICTS_GLOB))
+    """A results folder (its latest run), one run's folder, or a folder of verdicts files."""
+    return path.is_dir() and runfolder.resolve(path) is not None
 
 
 def is_wheel_dir(path: Path) -> bool:

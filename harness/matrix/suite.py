@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
+from harness import runfolder
 from harness.matrix.errors import SuiteRunError
 from harness.matrix.procs import CommandTimedOut, run_logged
 from harness.results import VERDICTS_GLOB, CaseRecord, read_records, suite_exit_problem
@@ -103,7 +104,7 @@ def _isolated_environ(python: Path) -> dict[str, str]:
 
 def _count_records(results_dir: Path) -> int:
     count = 0
-    for path in results_dir.glob(VERDICTS_GLOB):
+    for path in (runfolder.resolve(results_dir) or results_dir).glob(VERDICTS_GLOB):
         try:
             count += sum(1 for line in path.open(encoding="utf-8") if line.strip())
         except OSError:

@@ -1,0 +1,245 @@
+"""The results folder as users meet it (fake backend, black-box pytest runs): the harness writes
+only into a run folder of its own, never deletes what it did not write, keeps concurrent runs
+apart, leaves a record for every started case (a crashed xdist worker included), and a full disk
+stops the run with a message instead of an INTERNALERROR. See harness/runfolder.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import report, runfolder
+from harness.results import read_records
+
+pytestmark = pytest.mark.selftest
+
+CASES = '''
+import os, signal, sys
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_ok(ctx):
+    ctx.record("pid", os.getpid())
+
+def body_aborts(ctx):
+    print("F0101 00:00:00.000000 1 x.cc:1] Check failed: first run's crash", file=sys.stderr, flush=True)
+    os.abort()
+
+def test_ok(spmd):
+    spmd.run(body_ok)
+
+@pytest.mark.skipif(not os.environ.get("ABORT_CASE"), reason="only in the run that wants it")
+def test_aborts(spmd):
+    spmd.run(body_aborts)
+'''
+
+# Someone else's files in the folder the harness is pointed at (names the harness itself uses).
+FOREIGN = {"logs/keep.log": "mine", "hlo/keep.txt": "mine", "verdicts-other.jsonl": "{}\n",
+           "requests-main.jsonl": "mine", "latest": "a file of mine named latest"}
+
+
+def plant_foreign_files(folder: Path) -> None:
+    for name, text in FOREIGN.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every file under folder, except what pytest and pytester write (bytecode, basetemp, output)."""
+    def pytesters(path: Path) -> bool:
+        top = path.relative_to(folder).parts[0]
+        return "__pycache__" in path.parts or top.startswith("runpytest-") or top in ("stdout", "stderr")
+
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file() and not pytesters(p)}
+
+
+def run(pytester: pytest.Pytester, *args: str, **env: str) -> pytest.RunResult:
+    """pytest in a subprocess, as a user starts it: without the variables of the xdist worker
+    this test may run in (an inherited PYTEST_XDIST_WORKER once hid the deletions this guards)."""
+    saved = dict(os.environ)
+    os.environ.update(env)
+    for key in [k for k in os.environ if k.startswith("PYTEST_XDIST_")]:
+        del os.environ[key]
+    try:
+        return pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", *args, timeout=120)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param(["--help"], id="help"),
+    pytest.param(["--collect-only", "-m", "spmd"], id="collect-only"),
+    pytest.param(["-m", "not spmd"], id="no-spmd-case-selected"),
+    pytest.param(["--markers"], id="markers"),
+])
+def test_runs_with_no_spmd_work_touch_nothing(pytester: pytest.Pytester, args: list[str]):
+    pytester.makepyfile(test_cases=CASES, test_plain="def test_plain():\n    pass\n")
+    plant_foreign_files(pytester.path / "results")
+    before = tree(pytester.path)
+    run(pytester, *args)
+    assert tree(pytester.path) == before
+    assert not list((pytester.path / "results").glob("run-*"))
+
+
+def test_results_dir_dot_keeps_every_file_and_adds_only_a_run_folder(pytester: pytest.Pytester):
+    pytester.makepyfile(test_cases=CASES)
+    plant_foreign_files(pytester.path)
+    before = tree(pytester.path)
+    result = run(pytester, "--results-dir=.", "-m", "spmd")
+    result.assert_outcomes(passed=1, skipped=1)
+    after = tree(pytester.path)
+    assert {k: v for k, v in after.items() if k in before} == before, "a file the harness did not write changed"
+    added = {k.split("/")[0] for k in after if k not in before}
+    assert len(added) == 1 and added.pop().startswith("run-"), f"written outside the run folder: {added}"
+    assert (pytester.path / "latest").read_text() == FOREIGN["latest"], "a user's `latest` was replaced"
+    assert not (pytester.path / "latest").is_symlink()
+
+
+def test_a_second_run_keeps_the_first_runs_crash_evidence(pytester: pytest.Pytester):
+    pytester.makepyfile(test_cases=CASES)
+    first = run(pytester, "-m", "spmd", ABORT_CASE="1")
+    first.assert_outcomes(passed=1, failed=1)
+    first_run = (pytester.path / "results" / "latest").resolve()
+    crash = {r.nodeid.split("::")[-1]: r for r in read_records(first_run)}["test_aborts"]
+    second = run(pytester, "-m", "spmd")
+    second.assert_outcomes(passed=1, skipped=1)
+    assert (pytester.path / "results" / "latest").resolve() != first_run
+    # The first run's evidence still leads with the signal, and the log it points at is still there.
+    again = {r.nodeid.split("::")[-1]: r for r in read_records(first_run)}["test_aborts"]
+    assert again.evidence == crash.evidence and again.evidence.startswith("SIGABRT: F0101")
+    assert any("first run's crash" in p.read_text() for p in (first_run / "logs").rglob("child-*.log"))
+    # Each run's report speaks of that run only.
+    assert report.load_results(first_run).records[0].outcome in ("passed", "failed")
+    assert report.totals_line(report.load_results(first_run)) == "2 cases: 1 passed, 1 failed, 0 xfailed, 0 skipped"
+    assert report.totals_line(report.load_results(pytester.path / "results")) == (
+        "2 cases: 1 passed, 0 failed, 0 xfailed, 1 skipped")
+
+
+def test_two_concurrent_runs_in_one_folder_keep_each_others_files(pytester: pytest.Pytester):
+    pytester.makepyfile(test_cases=CASES)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")} | {"ABORT_CASE": "1"}
+    argv = [sys.executable, "-m", "pytest", "--backend=fake", "-p", "no:cacheprovider", "-m", "spmd"]
+    procs = [subprocess.Popen(argv, cwd=pytester.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+             for _ in range(2)]
+    assert [p.wait(timeout=120) for p in procs] == [1, 1]
+    runs = sorted(p for p in (pytester.path / "results").glob("run-*"))
+    assert len(runs) == 2, f"expected a folder per run: {runs}"
+    for folder in runs:
+        manifest = runfolder.read_manifest(folder)
+        assert manifest.status == "finished" and manifest.exitstatus == 1
+        records = {r.nodeid.split("::")[-1]: r for r in read_records(folder)}
+        assert set(records) == {"test_ok", "test_aborts"}
+        assert records["test_aborts"].evidence.startswith("SIGABRT")
+        assert list((folder / "logs").rglob("child-*.log")), f"{folder.name} lost its child logs"
+
+
+CRASHES_ITS_WORKER = '''
+import os, signal
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_ok(ctx):
+    ctx.record("pid", os.getpid())
+
+@pytest.mark.parametrize("n", range(3))
+def test_ok(spmd, n):
+    spmd.run(body_ok)
+
+def test_kills_its_worker(spmd):
+    spmd.run(body_ok)
+    os.kill(os.getpid(), signal.SIGKILL)  # the xdist worker dies mid-case: it can write no record
+'''
+
+
+def test_a_crashed_xdist_worker_leaves_a_failed_record_and_a_red_report(pytester: pytest.Pytester):
+    pytester.makepyfile(test_crash=CRASHES_ITS_WORKER)
+    result = run(pytester, "-m", "spmd", "-n", "2")
+    assert result.ret == 1
+    records = {r.nodeid.split("::")[-1]: r for r in read_records(pytester.path / "results")}
+    crashed = records["test_kills_its_worker"]
+    assert crashed.outcome == "failed" and "crashed while running this case" in crashed.reason
+    proc = subprocess.run([sys.executable, "-m", "harness.report", str(pytester.path / "results"), "--annotate"],
+                          capture_output=True, text=True, timeout=60)
+    assert "::error title=SPMD regression%3A test_crash.py%3A%3Atest_kills_its_worker::xdist worker" in proc.stdout
+    assert "1 failed" in proc.stdout and "0 failed" not in proc.stdout
+
+
+def test_the_report_of_a_run_that_never_finished_is_red(pytester: pytest.Pytester):
+    """pytest SIGKILLed mid-run (no xdist): whatever the records say, the run is incomplete."""
+    pytester.makepyfile(test_killed='''
+import os, signal
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_ok(ctx):
+    pass
+
+def test_a(spmd):
+    spmd.run(body_ok)
+
+def test_b_kills_pytest(spmd):
+    os.kill(os.getpid(), signal.SIGKILL)
+''')
+    run(pytester, "-m", "spmd")
+    results = report.load_results(pytester.path / "results")
+    assert [r.outcome for r in results.records] == ["passed"]
+    assert results.problems and "did not finish" in results.problems[0]
+    assert report.main([str(pytester.path / "results")]) == report.EXIT_RUN_PROBLEM
+
+
+def test_failures_pytest_saw_without_a_record_are_failures_in_the_report(pytester: pytest.Pytester):
+    pytester.makepyfile(test_cases=CASES, test_plain="def test_plain_fails():\n    assert False\n")
+    result = run(pytester)
+    result.assert_outcomes(passed=1, skipped=1, failed=1)
+    results = report.load_results(pytester.path / "results")
+    by_name = {r.nodeid.split("::")[-1]: r for r in results.records}
+    assert by_name["test_plain_fails"].outcome == "failed"
+    assert "holds no record" in by_name["test_plain_fails"].reason
+
+
+@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0,
+                    reason="a full disk is made with a small tmpfs in a private mount namespace (needs root and unshare)")
+def test_a_full_disk_stops_the_run_with_a_message_and_keeps_the_records(pytester: pytest.Pytester):
+    pytester.makepyfile(test_fill='''
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_fails_long(ctx, n):
+    raise RuntimeError(f"case {n}: " + "x" * 7000)
+
+@pytest.mark.parametrize("n", range(40))
+def test_long_failure(spmd, n):
+    spmd.run(body_fails_long, n=n)
+''')
+    results = pytester.path / "results"
+    results.mkdir()
+    script = (f"mount -t tmpfs -o size=160k tmpfs {results} && cd {pytester.path} && "
+              f"{sys.executable} -m pytest --backend=fake -p no:cacheprovider -m spmd --fork-server=off "
+              f"--results-dir={results}; echo EXIT=$?; cat {results}/latest/verdicts-main.jsonl > {pytester.path}/kept.jsonl")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    if "mount" in out and "permission denied" in out.lower():
+        pytest.skip("tmpfs mount refused here")
+    assert "INTERNALERROR" not in out, out[-3000:]
+    assert "cannot be written (No space left on device); the run stops here" in out, out[-3000:]
+    assert "EXIT=2" in out, "a run stopped by a full disk is interrupted (exit 2)"
+    kept = [line for line in (pytester.path / "kept.jsonl").read_text().splitlines() if line]
+    complete = []
+    for line in kept:
+        try:
+            complete.append(json.loads(line))
+        except ValueError:
+            pass  # the line the disk cut
+    assert 1 <= len(complete) < 40 and len(kept) - len(complete) <= 1
+    assert all(r["outcome"] == "failed" for r in complete)
