@@ -25,7 +25,7 @@ from harness.errors import CaseError, HarnessError, RegistryError
 from harness.evidence import headline
 from harness.pool import ChildPool
 from harness.processes import signal_name
-from harness.registry import Judgement, KnownBug, Verdict, check_disjoint, get_entry, judge
+from harness.registry import REGISTRY_PATH, Judgement, KnownBug, Verdict, check_disjoint, get_entry, judge
 from harness.requirements import unmet_needs
 from harness.runner import LateFault
 
@@ -79,6 +79,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "baselines/shardings/<backend>-<devices>.json")
     group.addoption("--update-shardings", action="store_true",
                     help="rewrite the baseline entries of the cases that ran and passed, and print what changed")
+    group.addoption("--known-bugs", default=None, metavar="PATH",
+                    help=f"the known-bug registry that known_bug markers name. Default: {REGISTRY_PATH}")
     group.addoption("--fork-server", choices=FORK_SERVER_CHOICES, default=None,
                     help="fork case children from a server that imported torch_xla once (harness/forkserver.py): "
                          "auto (on for the cpu backend; tpu children are always fresh processes), on, off. "
@@ -105,6 +107,7 @@ class HarnessSession:
                               exclusive=self.backend.exclusive_device, spares=self.worker == "main",
                               fork=_fork_server_wanted(config.getoption("fork_server"), self.backend),
                               servers=shared)
+        self.registry_path = Path(config.getoption("known_bugs") or REGISTRY_PATH).resolve()
         self.late_faults: list[LateFault] = []
         self.early_start_done = False
         self._baseline_option: str | None = config.getoption("shardings_baseline")
@@ -265,23 +268,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse unknown or overlapping known_bug entries before any case runs (exit 4, usage error)."""
     problems = []
+    registry_path = config.stash[SESSION_KEY].registry_path
     for item in items:
         try:
-            item.stash[ENTRIES_KEY] = _entries_of(item)
+            item.stash[ENTRIES_KEY] = _entries_of(item, registry_path)
         except RegistryError as exc:
             problems.append(f"{item.nodeid}: {exc}")
     if problems:
         raise pytest.UsageError("known-bug registry:\n  " + "\n  ".join(dict.fromkeys(problems)))
 
 
-def _entries_of(item: pytest.Item) -> list[KnownBug]:
+def _entries_of(item: pytest.Item, registry_path: Path) -> list[KnownBug]:
     ids = []
     for marker in item.iter_markers("known_bug"):
         if len(marker.args) != 1 or not isinstance(marker.args[0], str):
             raise RegistryError(f"known_bug takes one entry id, got {marker.args!r}")
         if marker.args[0] not in ids:
             ids.append(marker.args[0])
-    entries = [get_entry(entry_id) for entry_id in ids]
+    entries = [get_entry(entry_id, registry_path) for entry_id in ids]
     check_disjoint(entries)
     return entries
 
