@@ -7,6 +7,8 @@ signatures against (the child's exception line, or the signal and the log tail o
 
 from __future__ import annotations
 
+import argparse
+
 
 class HarnessError(Exception):
     """Base class of every error the harness raises on purpose."""
@@ -14,6 +16,13 @@ class HarnessError(Exception):
 
 class HarnessUsageError(HarnessError):
     """A bad option or argument; the message names the valid values."""
+
+
+class NotAPositiveNumber(HarnessUsageError, argparse.ArgumentTypeError):
+    """A command-line value that must be a positive (finite) number is not one.
+
+    Also an ArgumentTypeError: argparse then shows this message, not "invalid <function> value".
+    """
 
 
 class RegistryError(HarnessError):

@@ -8,7 +8,6 @@ itself never imports torch or torch_xla.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import signal
@@ -18,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from harness import baseline, results, runservers
+from harness import argtypes, baseline, results, runservers
 from harness.backends import BACKEND_NAMES, Backend, make_backend
 from harness.case import SpmdRunner
 from harness.errors import CaseError, HarnessError, RegistryError
@@ -49,28 +48,14 @@ MARKERS = (
 )
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{text} is not a positive, finite number of seconds")
-    return value
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("spmd", "SPMD regression harness")
     group.addoption("--backend", choices=BACKEND_NAMES, default="cpu",
                     help="where case bodies run: cpu (PJRT CPU, virtual devices), tpu (this host's TPUs), "
                          "fake (no torch_xla; for testing the harness). Default: cpu.")
-    group.addoption("--devices", type=_positive_int, default=4, metavar="N",
+    group.addoption("--devices", type=argtypes.positive_int, default=4, metavar="N",
                     help="number of virtual devices for the cpu/fake backends (CPU_NUM_DEVICES). Default: 4.")
-    group.addoption("--case-timeout", type=_positive_float, default=180.0, metavar="SECONDS",
+    group.addoption("--case-timeout", type=argtypes.positive_seconds, default=180.0, metavar="SECONDS",
                     help="kill a child (its whole process group) whose case or start-up runs longer. Default: 180.")
     group.addoption("--results-dir", default="results", metavar="DIR",
                     help="where verdicts-*.jsonl, child logs and HLO excerpts go. Default: ./results.")

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence, TextIO
 
+from harness import argtypes
 from harness.errors import HarnessUsageError, RegistryError
 from harness.matrix import columns as cols
 from harness.matrix import compare as cmp
@@ -50,30 +51,14 @@ class _Parser(argparse.ArgumentParser):
         raise _HelpShown()
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("matrix-out"),
                    help="where each column's results folder and pytest log go (default: ./matrix-out)")
     p.add_argument("--cache", type=Path, default=envs.default_cache_root(),
                    help=f"where environments are built and kept (default: {envs.default_cache_root()})")
-    p.add_argument("--jobs-per-env", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--jobs-per-env", type=argtypes.positive_int, default=1, metavar="N",
                    help="pytest-xdist workers inside each suite run (default 1: the 2-core machines here are shared)")
-    p.add_argument("--suite-timeout", type=_positive_float, default=3600.0, metavar="SECONDS",
+    p.add_argument("--suite-timeout", type=argtypes.positive_seconds, default=3600.0, metavar="SECONDS",
                    help="stop a suite run that takes longer (default 3600)")
     p.add_argument("--registry", type=Path, default=REGISTRY_PATH, help=argparse.SUPPRESS)
 
