@@ -24,7 +24,7 @@ from harness.errors import CaseError, HarnessError, RegistryError
 from harness.evidence import headline
 from harness.pool import ChildPool
 from harness.processes import signal_name
-from harness.registry import REGISTRY_PATH, Judgement, KnownBug, Verdict, check_disjoint, get_entry, judge
+from harness.registry import REGISTRY_PATH, Judgement, KnownBug, Verdict, check_disjoint, get_entry, judge, load_registry
 from harness.requirements import unmet_needs
 from harness.runner import LateFault
 
@@ -213,9 +213,20 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
+    _load_inputs(session)
     if session.worker == "main" and not config.stash.get(RESULTS_CLEARED_KEY, False):
         _clear_previous_results(session.results_dir)
     _stop_on_sigterm(config)
+
+
+def _load_inputs(session: HarnessSession) -> None:
+    """Read the registry (and the baseline) now, at configure time, in the xdist controller too:
+    a malformed file is a usage error naming it before any case runs, not an INTERNALERROR in a
+    worker, nor a wrong judgement."""
+    try:
+        load_registry(session.registry_path)
+    except RegistryError as exc:
+        raise pytest.UsageError(f"known-bug registry: {exc}") from None
 
 
 def _stop_on_sigterm(config: pytest.Config) -> None:

@@ -21,6 +21,101 @@ pytestmark = pytest.mark.selftest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # --------------------------------------------------------------------------------------------
+# Item 4: a malformed registry (--known-bugs=PATH points the plugin at a registry file)
+# --------------------------------------------------------------------------------------------
+
+ENTRY = '''
+[[bug]]
+id = "list-spec"
+title = "a list spec is unhashable"
+upstream_issue = "pytorch/xla#8522"
+status = "open"
+carried_by = ">=2.4"
+signatures = ["TypeError: unhashable type: 'list'"]
+'''
+
+JUDGED_CASE = '''
+import pytest
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_unrelated(ctx):
+    raise RuntimeError("an unrelated failure")
+
+@pytest.mark.known_bug("list-spec")
+def test_judged(spmd):
+    spmd.run(body_unrelated)
+'''
+
+
+def run_with_registry(pytester, monkeypatch, registry: str, *args: str) -> pytest.RunResult:
+    monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", "2.6.0")  # a release the entry carries
+    pytester.makepyfile(test_judged=JUDGED_CASE)
+    (pytester.path / "bugs.toml").write_text(registry)
+    return pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", "--known-bugs=bugs.toml",
+                                         *args, timeout=120)
+
+
+def assert_refused_before_any_case(result: pytest.RunResult, pytester, *fragments: str) -> None:
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    message = result.stderr.str()
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in: {message}"
+    assert "INTERNALERROR" not in message + result.stdout.str()
+    assert not list((pytester.path / "results").glob("verdicts-*.jsonl")), "a case ran"
+
+
+def test_a_well_formed_registry_judges_the_case(pytester, monkeypatch):
+    # The control for the tests below: the same case and entry, a sound file.
+    result = run_with_registry(pytester, monkeypatch, ENTRY, "-rf")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*carries list-spec, but this failure matches none of its signatures*"])
+
+
+@pytest.mark.parametrize("xdist", [(), ("-n", "2")], ids=["serial", "xdist"])
+def test_signatures_written_as_a_string_are_refused_not_matched_letter_by_letter(pytester, monkeypatch, xdist):
+    # Before: each letter of the string was a signature, 'T' matched "RuntimeError" and the run exited 0.
+    registry = ENTRY.replace('signatures = ["TypeError: unhashable type: \'list\'"]', 'signatures = "TypeError"')
+    result = run_with_registry(pytester, monkeypatch, registry, *xdist)
+    assert_refused_before_any_case(result, pytester, "bugs.toml", "'list-spec'", "signatures",
+                                   'signatures = ["TypeError"]')
+
+
+@pytest.mark.parametrize("registry, fragments", [
+    # A regex that does not compile names the pattern and the regex error.
+    pytest.param(ENTRY.replace("signatures = [", 'signatures = ["ok", "Check failed: (", '),
+                 ["'list-spec'", "signatures[1]", "'Check failed: ('", "not a regular expression"], id="bad-regex"),
+    # A TOML syntax error names the line.
+    pytest.param(ENTRY.replace('status = "open"', 'status = "open'), ["bugs.toml", "not valid TOML", "line"],
+                 id="toml-syntax"),
+    # carried_by written as a number.
+    pytest.param(ENTRY.replace('carried_by = ">=2.4"', "carried_by = 2.6"),
+                 ["'list-spec'", "carried_by", "2.6", 'carried_by = "<2.7"'], id="carried-by-number"),
+    # carried_by a string that is not a specifier set.
+    pytest.param(ENTRY.replace('carried_by = ">=2.4"', 'carried_by = "2.6 or later"'),
+                 ["'list-spec'", "carried_by", "PEP 440 specifier set"], id="carried-by-words"),
+    # status outside the allowed values.
+    pytest.param(ENTRY.replace('status = "open"', 'status = "closed"'), ["'list-spec'", "status", "'fixed' or 'open'"],
+                 id="status"),
+    # A misspelt key is refused with the closest known key.
+    pytest.param(ENTRY.replace("upstream_issue", "upstream_isue"), ["'list-spec'", "'upstream_isue'",
+                                                                     "did you mean 'upstream_issue'"], id="unknown-key"),
+    # A required field missing.
+    pytest.param(ENTRY.replace('title = "a list spec is unhashable"\n', ""), ["'list-spec'", "title"], id="no-title"),
+    # An empty signature would match every failure.
+    pytest.param(ENTRY.replace('signatures = [', 'signatures = ["", '), ["'list-spec'", "signatures[0]", "empty"],
+                 id="empty-signature"),
+])
+def test_a_malformed_registry_is_a_usage_error_naming_file_entry_and_field(pytester, monkeypatch, registry, fragments):
+    result = run_with_registry(pytester, monkeypatch, registry)
+    assert_refused_before_any_case(result, pytester, "bugs.toml", *fragments)
+
+
+def test_a_malformed_registry_is_refused_by_the_controller_under_xdist(pytester, monkeypatch):
+    result = run_with_registry(pytester, monkeypatch, ENTRY.replace("signatures = [", 'signatures = ["(", '), "-n", "2")
+    assert_refused_before_any_case(result, pytester, "bugs.toml", "'list-spec'", "signatures[0]")
+
+
+# --------------------------------------------------------------------------------------------
 # Item 9: damaged results and odd numbers
 # --------------------------------------------------------------------------------------------
 
