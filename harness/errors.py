@@ -25,6 +25,10 @@ class NotAPositiveNumber(HarnessUsageError, argparse.ArgumentTypeError):
     """
 
 
+class BaselineError(HarnessUsageError):
+    """A sharding baseline file is malformed or was taken on another backend or device count."""
+
+
 class RegistryError(HarnessError):
     """The known-bug registry file is malformed or names an unknown entry."""
 

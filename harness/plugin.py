@@ -213,7 +213,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
-    _load_inputs(session)
+    if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
+        _load_inputs(session)
     if session.worker == "main" and not config.stash.get(RESULTS_CLEARED_KEY, False):
         _clear_previous_results(session.results_dir)
     _stop_on_sigterm(config)
@@ -227,6 +228,10 @@ def _load_inputs(session: HarnessSession) -> None:
         load_registry(session.registry_path)
     except RegistryError as exc:
         raise pytest.UsageError(f"known-bug registry: {exc}") from None
+    # A TPU's default baseline is named by its device count, which takes a probe of the chips:
+    # that one is read at the end of collection, still before any case runs.
+    if session.backend.name != "tpu" or session._baseline_option:
+        session.baseline()
 
 
 def _stop_on_sigterm(config: pytest.Config) -> None:
@@ -335,6 +340,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     harness = session.config.stash[SESSION_KEY]
     if session.config.option.collectonly or not harness.backend.capabilities().has_xla:
         return
+    harness.baseline()  # read at configure time, except a TPU's (see _load_inputs)
     spmd_items = [item for item in session.items if item.get_closest_marker("spmd")]
     runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
     # Cases parametrized over `functionalization` say which modes this selection needs. Only one

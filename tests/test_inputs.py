@@ -116,6 +116,67 @@ def test_a_malformed_registry_is_refused_by_the_controller_under_xdist(pytester,
 
 
 # --------------------------------------------------------------------------------------------
+# Item 8: baselines
+# --------------------------------------------------------------------------------------------
+
+RECORDING_CASE = '''
+import pytest
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_records(ctx):
+    ctx.record_sharding("w", "{devices=[4,1]0,1,2,3}")
+
+def test_block(spmd):
+    spmd.run(body_records)
+'''
+GOOD_BASELINE = {"backend": "fake", "devices": 4, "torch_xla": "2.9.0",
+                 "cases": {"test_block.py::test_block": {"w": "{devices=[4,1]0,1,2,3}"}}}
+
+
+def run_with_baseline(pytester, monkeypatch, baseline: dict | str, *args: str) -> pytest.RunResult:
+    monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", "2.9.0")
+    pytester.makepyfile(test_block=RECORDING_CASE)
+    text = baseline if isinstance(baseline, str) else json.dumps(baseline)
+    (pytester.path / "baseline.json").write_text(text)
+    return pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider",
+                                         "--shardings-baseline=baseline.json", *args, timeout=120)
+
+
+def test_a_matching_baseline_is_used(pytester, monkeypatch):
+    run_with_baseline(pytester, monkeypatch, GOOD_BASELINE).assert_outcomes(passed=1)
+
+
+def test_a_truncated_baseline_under_xdist_is_a_usage_error_naming_the_file(pytester, monkeypatch):
+    result = run_with_baseline(pytester, monkeypatch, json.dumps(GOOD_BASELINE)[:40], "-n", "2")
+    assert_refused_before_any_case(result, pytester, "baseline.json", "not valid JSON", "--update-shardings")
+
+
+@pytest.mark.parametrize("change, fragments", [
+    # Taken on another backend: its shardings say nothing about this one.
+    pytest.param({"backend": "cpu"}, ["backend", "'cpu'", "this run uses backend fake with 4 devices",
+                                      "--shardings-baseline", "--update-shardings"], id="other-backend"),
+    # Taken with another device count.
+    pytest.param({"devices": 8}, ["devices", "8", "this run uses backend fake with 4 devices"], id="other-devices"),
+    # A torch_xla version that is not PEP 440 would switch the drift check off.
+    pytest.param({"torch_xla": "nightly-latest"}, ["torch_xla", "'nightly-latest'", "PEP 440"], id="version"),
+    # Fields of the wrong type name the case and the tensor.
+    pytest.param({"cases": {"test_block.py::test_block": {"w": 4}}},
+                 ["'test_block.py::test_block'", "'w'", "sharding text"], id="tensor-not-text"),
+    pytest.param({"devices": "4"}, ["devices", "whole number"], id="devices-text"),
+    # A misspelt key is refused with the closest known one.
+    pytest.param({"torch-xla": "2.9.0"}, ["'torch-xla'", "did you mean 'torch_xla'"], id="unknown-key"),
+])
+def test_a_baseline_that_does_not_fit_this_run_is_refused(pytester, monkeypatch, change, fragments):
+    result = run_with_baseline(pytester, monkeypatch, {**GOOD_BASELINE, **change})
+    assert_refused_before_any_case(result, pytester, "baseline.json", *fragments)
+
+
+def test_a_baseline_of_another_device_count_is_refused_by_the_controller_under_xdist(pytester, monkeypatch):
+    result = run_with_baseline(pytester, monkeypatch, {**GOOD_BASELINE, "devices": 8}, "-n", "2")
+    assert_refused_before_any_case(result, pytester, "baseline.json", "devices")
+
+
+# --------------------------------------------------------------------------------------------
 # Item 9: damaged results and odd numbers
 # --------------------------------------------------------------------------------------------
 
