@@ -33,6 +33,13 @@ class RegistryError(HarnessError):
     """The known-bug registry file is malformed or names an unknown entry."""
 
 
+class DamagedRecord(HarnessError, ValueError):
+    """A results-folder line is not a case record: cut short by a crash, or fields of the wrong type.
+
+    Also a ValueError, as the JSON error it stands for was, for readers that catch that.
+    """
+
+
 class ChildStartError(HarnessError):
     """A child process could not be started or died before it was ready."""
 

@@ -262,6 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"--results-dir {args.results_dir}?", file=sys.stderr)
         return EXIT_NO_RECORDS
     results = load_results(args.results_dir)
+    if results.unreadable:
+        print(f"warning: {len(results.unreadable)} damaged record line(s) under {args.results_dir}, not counted as "
+              f"cases (cut short by a crash, or not a case record): {', '.join(results.unreadable[:10])}"
+              f"{' ...' if len(results.unreadable) > 10 else ''}", file=sys.stderr)
     write_summary(render_summary(results, args.title), args.summary or args.results_dir / "summary.md",
                   args.step_summary)
     for line in annotations(results) if args.annotate else plain_failure_lines(results):

@@ -196,6 +196,47 @@ def results_folder(path: Path, *lines: str) -> Path:
     return path
 
 
+def test_compare_on_a_verdicts_file_cut_by_a_crash_does_not_exit_1(tmp_path: Path):
+    good = results_folder(tmp_path / "good", json.dumps(RECORD))
+    # The last line was cut mid-write.
+    bad = results_folder(tmp_path / "bad", json.dumps(RECORD), json.dumps({**RECORD, "nodeid": "x::y"})[:30])
+    proc = cli("-m", "harness.matrix", "compare", "--good", str(good), "--bad", str(bad), "--cache",
+               str(tmp_path / "cache"), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert proc.returncode == 125, proc.stderr  # git bisect run: skip this commit, it could not be judged
+    assert f"{bad / 'verdicts-main.jsonl'}:2" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("damaged", [
+    pytest.param({**RECORD, "outcome": 5}, id="outcome-not-text"),
+    pytest.param({**RECORD, "family": 7}, id="family-not-text"),
+    pytest.param({k: v for k, v in RECORD.items() if k != "nodeid"}, id="no-nodeid"),
+    pytest.param({**RECORD, "reason": ["a", "list"]}, id="reason-a-list"),
+    pytest.param({**RECORD, "shardings": ["w"]}, id="shardings-a-list"),
+    pytest.param({**RECORD, "devices": "four"}, id="devices-text"),
+    pytest.param([1, 2], id="a-list"),
+    pytest.param("a string", id="a-string"),
+    pytest.param({"amends": RECORD["nodeid"], "late_fault": 3}, id="amendment-not-text"),
+])
+def test_the_report_names_and_counts_a_record_of_the_wrong_shape(tmp_path: Path, damaged):
+    folder = results_folder(tmp_path / "results", json.dumps({**RECORD, "outcome": "failed"}), json.dumps(damaged))
+    proc = cli("-m", "harness.report", str(folder), cwd=tmp_path)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert "verdicts-main.jsonl:2" in proc.stderr
+    summary = (folder / "summary.md").read_text()
+    assert "1 unreadable record line(s): verdicts-main.jsonl:2" in summary
+    assert "**Totals:** 1 cases" in summary
+
+
+def test_the_matrix_counts_damaged_lines_of_a_results_column_as_a_problem(tmp_path: Path):
+    folder = results_folder(tmp_path / "results", json.dumps(RECORD), json.dumps({**RECORD, "outcome": None}))
+    proc = cli("-m", "harness.matrix", "--results", f"2.9.0={folder}", "--cache", str(tmp_path / "cache"),
+               "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"1 damaged record line(s): {folder / 'verdicts-main.jsonl'}:2" in proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-5", "soon"])
 def test_the_matrix_refuses_a_suite_timeout_that_is_not_a_positive_finite_number(tmp_path: Path, value):
     # A results column: nothing would be built or run if the value were (wrongly) accepted.
