@@ -19,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from packaging.version import InvalidVersion, Version
 
-from harness.errors import HarnessUsageError
+from harness.errors import BaselineError
+from harness.schema import shown, unknown_keys
 from harness.sharding import ShardingParseError, format_sharding, parse_sharding
 
 BASELINE_DIR = Path("baselines") / "shardings"  # under the repository root (pytest's rootdir)
@@ -69,16 +70,31 @@ class Baseline:
 
     @classmethod
     def load(cls, path: Path, backend: str, devices: int) -> "Baseline | None":
-        """The baseline at path, or None where there is none yet; a broken file is a usage error."""
+        """The baseline at path, or None where there is none yet.
+
+        A file that is not a baseline, or a baseline of another backend or device count, is a
+        BaselineError (a usage error): used, it would fail or pass cases on shardings it cannot
+        predict; ignored, it would switch the drift check off without a word.
+        """
         if not path.is_file():
             return None
         try:
             data = json.loads(path.read_text())
-            return cls(path, data["backend"], int(data["devices"]), data.get("torch_xla"),
-                       {case: dict(tensors) for case, tensors in data["cases"].items()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise HarnessUsageError(f"sharding baseline {path} cannot be read ({exc}); fix it or rewrite it "
-                                    "with --update-shardings") from None
+        except OSError as exc:
+            raise BaselineError(f"sharding baseline {path} cannot be read ({exc.strerror or exc})") from None
+        except ValueError as exc:
+            raise BaselineError(f"sharding baseline {path} is not valid JSON ({exc}); {REWRITE}") from None
+        base = cls(path, *_checked_fields(data, f"sharding baseline {path}"))
+        differ = [field for field, theirs, ours in (("backend", base.backend, backend), ("devices", base.devices, devices))
+                  if theirs != ours]
+        if differ:
+            raise BaselineError(
+                f"sharding baseline {path} was taken on backend {base.backend!r} with {base.devices} devices "
+                f"(its {' and '.join(differ)} field{'s' if len(differ) > 1 else ''}); this run uses backend {backend} "
+                f"with {devices} devices, whose shardings that baseline does not predict. Point --shardings-baseline "
+                f"at a baseline of this backend and device count (default: {BASELINE_DIR}/{backend}-{devices}.json), "
+                f"or write one: --update-shardings --shardings-baseline=NEW.json")
+        return base
 
     @classmethod
     def empty(cls, path: Path, backend: str, devices: int) -> "Baseline":
@@ -119,6 +135,45 @@ class Baseline:
         data = {"backend": self.backend, "devices": self.devices, "torch_xla": self.torch_xla,
                 "cases": {case: dict(sorted(t.items())) for case, t in sorted(self.cases.items())}}
         self.path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+
+
+BASELINE_KEYS = ("backend", "devices", "torch_xla", "cases")
+REWRITE = "fix it, or delete it and write it again with --update-shardings"
+
+
+def _checked_fields(data: Any, where: str) -> tuple[str, int, str | None, dict[str, dict[str, str]]]:
+    """backend, devices, torch_xla and cases of a baseline file, each of the type save() writes."""
+    if not isinstance(data, dict):
+        raise BaselineError(f"{where} holds {shown(data)}, not an object with {', '.join(BASELINE_KEYS)}; {REWRITE}")
+    unknown = unknown_keys(data, BASELINE_KEYS)
+    if unknown:
+        raise BaselineError(f"{where}: {unknown}")
+    missing = [key for key in ("backend", "devices", "cases") if key not in data]
+    if missing:
+        raise BaselineError(f"{where} lacks {', '.join(missing)}; {REWRITE}")
+    backend, devices, version, cases = data["backend"], data["devices"], data.get("torch_xla"), data["cases"]
+    if not isinstance(backend, str) or not backend:
+        raise BaselineError(f'{where}: backend must be a backend name, e.g. "cpu"; got {shown(backend)}')
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise BaselineError(f"{where}: devices must be a whole number, e.g. 4; got {shown(devices)}")
+    if version is not None:
+        try:
+            Version(version if isinstance(version, str) else "")
+        except InvalidVersion:
+            raise BaselineError(
+                f"{where}: torch_xla {version!r} is not a PEP 440 version, so no run could be placed on its "
+                f'release line and drift would never fail a case; set it to the torch_xla the baseline was taken '
+                f'on (e.g. "2.9.0"), or delete the file and write it again with --update-shardings') from None
+    if not isinstance(cases, dict):
+        raise BaselineError(f"{where}: cases must map case node ids to their tensors; got {shown(cases)}")
+    for case, tensors in cases.items():
+        if not isinstance(tensors, dict):
+            raise BaselineError(f"{where}: case {case!r} must map tensor names to sharding text; got {shown(tensors)}")
+        for name, spec in tensors.items():
+            if not isinstance(spec, str):
+                raise BaselineError(f"{where}: case {case!r}, tensor {name!r}: {shown(spec)} is not sharding text "
+                                    f'(e.g. "{{replicated}}"); {REWRITE}')
+    return backend, devices, version, {case: dict(tensors) for case, tensors in cases.items()}
 
 
 def is_drift(changes: list[Change] | None) -> bool:

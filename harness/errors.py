@@ -7,6 +7,8 @@ signatures against (the child's exception line, or the signal and the log tail o
 
 from __future__ import annotations
 
+import argparse
+
 
 class HarnessError(Exception):
     """Base class of every error the harness raises on purpose."""
@@ -16,8 +18,26 @@ class HarnessUsageError(HarnessError):
     """A bad option or argument; the message names the valid values."""
 
 
+class NotAPositiveNumber(HarnessUsageError, argparse.ArgumentTypeError):
+    """A command-line value that must be a positive (finite) number is not one.
+
+    Also an ArgumentTypeError: argparse then shows this message, not "invalid <function> value".
+    """
+
+
+class BaselineError(HarnessUsageError):
+    """A sharding baseline file is malformed or was taken on another backend or device count."""
+
+
 class RegistryError(HarnessError):
     """The known-bug registry file is malformed or names an unknown entry."""
+
+
+class DamagedRecord(HarnessError, ValueError):
+    """A results-folder line is not a case record: cut short by a crash, or fields of the wrong type.
+
+    Also a ValueError, as the JSON error it stands for was, for readers that catch that.
+    """
 
 
 class ChildStartError(HarnessError):

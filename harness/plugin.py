@@ -9,7 +9,6 @@ itself never imports torch or torch_xla.
 from __future__ import annotations
 
 import errno
-import math
 import os
 import signal
 import sys
@@ -19,14 +18,14 @@ from typing import Any, Iterator
 
 import pytest
 
-from harness import baseline, results, runfolder, runservers
+from harness import argtypes, baseline, results, runfolder, runservers
 from harness.backends import BACKEND_NAMES, Backend, make_backend
 from harness.case import SpmdRunner
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.evidence import headline
 from harness.pool import ChildPool
 from harness.processes import signal_name
-from harness.registry import Judgement, KnownBug, Verdict, check_disjoint, get_entry, judge
+from harness.registry import REGISTRY_PATH, Judgement, KnownBug, Verdict, check_disjoint, get_entry, judge, load_registry
 from harness.requirements import unmet_needs
 from harness.runner import LateFault
 
@@ -57,28 +56,14 @@ MARKERS = (
 )
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(text)
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{text} is not a positive, finite number of seconds")
-    return value
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("spmd", "SPMD regression harness")
     group.addoption("--backend", choices=BACKEND_NAMES, default="cpu",
                     help="where case bodies run: cpu (PJRT CPU, virtual devices), tpu (this host's TPUs), "
                          "fake (no torch_xla; for testing the harness). Default: cpu.")
-    group.addoption("--devices", type=_positive_int, default=4, metavar="N",
+    group.addoption("--devices", type=argtypes.positive_int, default=4, metavar="N",
                     help="number of virtual devices for the cpu/fake backends (CPU_NUM_DEVICES). Default: 4.")
-    group.addoption("--case-timeout", type=_positive_float, default=180.0, metavar="SECONDS",
+    group.addoption("--case-timeout", type=argtypes.positive_seconds, default=180.0, metavar="SECONDS",
                     help="kill a child (its whole process group) whose case or start-up runs longer. Default: 180.")
     group.addoption("--results-dir", default="results", metavar="DIR",
                     help="each run writes its verdicts, child logs and HLO excerpts into DIR/run-<start>-p<pid>/ "
@@ -88,6 +73,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "baselines/shardings/<backend>-<devices>.json")
     group.addoption("--update-shardings", action="store_true",
                     help="rewrite the baseline entries of the cases that ran and passed, and print what changed")
+    group.addoption("--known-bugs", default=None, metavar="PATH",
+                    help=f"the known-bug registry that known_bug markers name. Default: {REGISTRY_PATH}")
     group.addoption("--fork-server", choices=FORK_SERVER_CHOICES, default=None,
                     help="fork case children from a server that imported torch_xla once (harness/forkserver.py): "
                          "auto (on for the cpu backend; tpu children are always fresh processes), on, off. "
@@ -115,6 +102,7 @@ class HarnessSession:
                               exclusive=self.backend.exclusive_device, spares=self.worker == "main",
                               fork=_fork_server_wanted(config.getoption("fork_server"), self.backend),
                               servers=shared)
+        self.registry_path = Path(config.getoption("known_bugs") or REGISTRY_PATH).resolve()
         self.late_faults: list[LateFault] = []
         self.early_start_done = False
         self._baseline_option: str | None = config.getoption("shardings_baseline")
@@ -265,7 +253,23 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
+    if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
+        _load_inputs(session)
     _stop_on_sigterm(config)
+
+
+def _load_inputs(session: HarnessSession) -> None:
+    """Read the registry (and the baseline) now, at configure time, in the xdist controller too:
+    a malformed file is a usage error naming it before any case runs, not an INTERNALERROR in a
+    worker, nor a wrong judgement."""
+    try:
+        load_registry(session.registry_path)
+    except RegistryError as exc:
+        raise pytest.UsageError(f"known-bug registry: {exc}") from None
+    # A TPU's default baseline is named by its device count, which takes a probe of the chips:
+    # that one is read at the end of collection, still before any case runs.
+    if session.backend.name != "tpu" or session._baseline_option:
+        session.baseline()
 
 
 def _stop_on_sigterm(config: pytest.Config) -> None:
@@ -294,23 +298,24 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse unknown or overlapping known_bug entries before any case runs (exit 4, usage error)."""
     problems = []
+    registry_path = config.stash[SESSION_KEY].registry_path
     for item in items:
         try:
-            item.stash[ENTRIES_KEY] = _entries_of(item)
+            item.stash[ENTRIES_KEY] = _entries_of(item, registry_path)
         except RegistryError as exc:
             problems.append(f"{item.nodeid}: {exc}")
     if problems:
         raise pytest.UsageError("known-bug registry:\n  " + "\n  ".join(dict.fromkeys(problems)))
 
 
-def _entries_of(item: pytest.Item) -> list[KnownBug]:
+def _entries_of(item: pytest.Item, registry_path: Path) -> list[KnownBug]:
     ids = []
     for marker in item.iter_markers("known_bug"):
         if len(marker.args) != 1 or not isinstance(marker.args[0], str):
             raise RegistryError(f"known_bug takes one entry id, got {marker.args!r}")
         if marker.args[0] not in ids:
             ids.append(marker.args[0])
-    entries = [get_entry(entry_id) for entry_id in ids]
+    entries = [get_entry(entry_id, registry_path) for entry_id in ids]
     check_disjoint(entries)
     return entries
 
@@ -422,6 +427,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     harness = session.config.stash[SESSION_KEY]
     if session.config.option.collectonly or not harness.backend.capabilities().has_xla:
         return
+    harness.baseline()  # read at configure time, except a TPU's (see _load_inputs)
     spmd_items = [item for item in session.items if item.get_closest_marker("spmd")]
     runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
     # Cases parametrized over `functionalization` say which modes this selection needs. Only one

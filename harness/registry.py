@@ -5,17 +5,19 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import json
 import re
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import RegistryError
 from harness.evidence import headline
+from harness.schema import shown, unknown_keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -58,31 +60,95 @@ def parse_version(text: str) -> Version:
         raise RegistryError(f"torch_xla reported version {text!r}, which is not a PEP 440 version") from None
 
 
-def _entry_from_table(table: dict) -> KnownBug:
-    missing = {"id", "title", "carried_by", "signatures", "status"} - table.keys()
+ENTRY_KEYS = ("id", "title", "upstream_issue", "fix", "status", "carried_by", "signatures")
+REQUIRED_KEYS = ("id", "title", "status", "carried_by", "signatures")
+STATUSES = ("fixed", "open")
+
+
+def _entry_from_table(table: Any, number: int, path: Path) -> KnownBug:
+    """One [[bug]] table, every field's type checked: a wrong type must not judge a single case.
+
+    (A string of signatures used to be read letter by letter, so 'T' matched any TypeError or
+    RuntimeError and turned an unrelated failure into an xfail.)
+    """
+    where = f"{path}: [[bug]] #{number}"
+    if not isinstance(table, dict):
+        raise RegistryError(f"{where} is {shown(table)}; write each entry as a [[bug]] table")
+    if isinstance(table.get("id"), str) and table["id"]:
+        where = f"{path}: entry {table['id']!r}"
+    unknown = unknown_keys(table, ENTRY_KEYS)
+    if unknown:
+        raise RegistryError(f"{where}: {unknown}")
+    missing = [key for key in REQUIRED_KEYS if key not in table]
     if missing:
-        raise RegistryError(f"registry entry {table.get('id', '?')!r} lacks {sorted(missing)}")
-    try:
-        carried = SpecifierSet(table["carried_by"])
-    except InvalidSpecifier:
-        raise RegistryError(f"entry {table['id']!r}: carried_by {table['carried_by']!r} is not a PEP 440 specifier set") from None
-    if table["status"] not in ("fixed", "open"):
-        raise RegistryError(f"entry {table['id']!r}: status must be 'fixed' or 'open', not {table['status']!r}")
+        raise RegistryError(f"{where} lacks {', '.join(missing)}; every entry needs {', '.join(REQUIRED_KEYS)}")
+    for key in ("id", "title", "upstream_issue", "fix"):
+        value = table.get(key, "")
+        if not isinstance(value, str) or (key in ("id", "title") and not value):
+            raise RegistryError(f'{where}: {key} must be a non-empty string, e.g. {key} = "..."; got {shown(value)}')
+    if table["status"] not in STATUSES:
+        raise RegistryError(f"{where}: status must be 'fixed' or 'open', not {shown(table['status'])}")
     return KnownBug(
         id=table["id"], title=table["title"], upstream_issue=table.get("upstream_issue", ""),
-        fix=table.get("fix", ""), status=table["status"], carried_by=carried,
-        signatures=tuple(re.compile(s) for s in table["signatures"]),
+        fix=table.get("fix", ""), status=table["status"], carried_by=_carried_by(table["carried_by"], where),
+        signatures=_signatures(table["signatures"], where),
     )
+
+
+def _carried_by(value: Any, where: str) -> SpecifierSet:
+    if not isinstance(value, str) or not value.strip():
+        raise RegistryError(f"{where}: carried_by must be a quoted PEP 440 specifier set over torch_xla versions, "
+                            f'e.g. carried_by = "<2.7" (or ">=2.4" for every release); got {shown(value)}')
+    try:
+        return SpecifierSet(value)
+    except InvalidSpecifier:
+        raise RegistryError(f"{where}: carried_by {value!r} is not a PEP 440 specifier set; write e.g. "
+                            '">=2.6.0rc1,<2.7.0.dev20250313"') from None
+
+
+def _signatures(value: Any, where: str) -> tuple[re.Pattern[str], ...]:
+    if isinstance(value, str):
+        raise RegistryError(f"{where}: signatures must be a list of regular expressions, not a string (each "
+                            f"letter would be a signature); write signatures = [{json.dumps(value)}]")
+    if not isinstance(value, list) or not value:
+        raise RegistryError(f"{where}: signatures must be a non-empty list of regular expressions, e.g. "
+                            f'signatures = ["TypeError: unhashable type"]; got {shown(value)}')
+    patterns = []
+    for index, text in enumerate(value):
+        if not isinstance(text, str) or not text:
+            what = "empty (it would match every failure)" if text == "" else f"{shown(text)}, not a string"
+            raise RegistryError(f"{where}: signatures[{index}] is {what}; give the text the failure must contain")
+        try:
+            patterns.append(re.compile(text))
+        except re.error as exc:
+            raise RegistryError(f"{where}: signatures[{index}] {text!r} is not a regular expression ({exc}); "
+                                "escape what is meant literally (in the TOML file, \"\\\\(\" matches a literal \"(\")") from None
+    return tuple(patterns)
 
 
 @lru_cache(maxsize=None)
 def load_registry(path: Path = REGISTRY_PATH) -> dict[str, KnownBug]:
-    with path.open("rb") as fh:
-        data = tomllib.load(fh)
-    entries = [_entry_from_table(t) for t in data.get("bug", [])]
-    by_id = {e.id: e for e in entries}
-    if len(by_id) != len(entries):
-        raise RegistryError(f"{path}: duplicate entry ids")
+    """Every entry of the registry at path; a malformed file is a RegistryError naming entry and field."""
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise RegistryError(f"known-bug registry {path} cannot be read ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RegistryError(f"{path} is not valid TOML: {exc}; fix the syntax there") from None
+    unknown = unknown_keys(data, ("bug",))
+    if unknown:
+        raise RegistryError(f"{path}: {unknown} at the top level; entries are [[bug]] tables")
+    tables = data.get("bug", [])
+    if not isinstance(tables, list):
+        raise RegistryError(f"{path}: bug is {shown(tables)}; write each entry as a [[bug]] table")
+    by_id: dict[str, KnownBug] = {}
+    for number, table in enumerate(tables, start=1):
+        entry = _entry_from_table(table, number, path)
+        if entry.id in by_id:
+            raise RegistryError(f"{path}: two entries have id {entry.id!r} (the second is [[bug]] #{number}); "
+                                "ids must be unique")
+        by_id[entry.id] = entry
     return by_id
 
 

@@ -321,6 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"--results-dir {args.results_dir}?", file=sys.stderr)
         return EXIT_NO_RECORDS
     results = load_results(args.results_dir)
+    if results.unreadable:
+        print(f"warning: {len(results.unreadable)} damaged record line(s) under {args.results_dir}, not counted as "
+              f"cases (cut short by a crash, or not a case record): {', '.join(results.unreadable[:10])}"
+              f"{' ...' if len(results.unreadable) > 10 else ''}", file=sys.stderr)
     runs = runfolder.find_runs(args.results_dir)
     home = runs[0] if len(runs) == 1 else args.results_dir  # the run's own folder when there is one
     write_summary(render_summary(results, args.title), args.summary or home / "summary.md", args.step_summary)

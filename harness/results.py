@@ -21,12 +21,14 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
 from harness import runfolder
+from harness.errors import DamagedRecord
 from harness.processes import describe_exit
+from harness.schema import shown
 
 VERDICTS_GLOB = "verdicts-*.jsonl"
 
@@ -72,9 +74,42 @@ class CaseRecord:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CaseRecord":
+    def from_dict(cls, data: Any) -> "CaseRecord":
+        """A record read back from JSON: a results folder is untrusted input (a crash, a hand edit,
+        another version of the harness), so each field's type is checked here, once, instead of
+        failing later in whatever formats it. Raises DamagedRecord naming the field."""
+        if not isinstance(data, dict):
+            raise DamagedRecord(f"{shown(data)}, not a case record (a JSON object)")
+        missing = [name for name in ("nodeid", "family", "outcome") if name not in data]
+        if missing:
+            raise DamagedRecord(f"a record without {', '.join(missing)}")
+        for name, value in data.items():
+            check = _FIELD_TYPES.get(name)
+            if check is not None and not check[1](value):
+                raise DamagedRecord(f"{name} is {shown(value)}, not {check[0]}")
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What each field of a record read back must be (JSON gives str, int, float, bool, list, dict, None).
+_FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "nodeid": ("a non-empty string", lambda v: isinstance(v, str) and v != ""),
+    **{name: ("a string", lambda v: isinstance(v, str))
+       for name in ("family", "outcome", "reason", "evidence", "backend", "late_fault")},
+    **{name: ("a string or null", lambda v: v is None or isinstance(v, str))
+       for name in ("known_bug", "registry_verdict", "signature", "torch_xla")},
+    **{name: ("a whole number or null", lambda v: v is None or _is_count(v)) for name in ("devices", "slice_id", "host_id")},
+    **{name: ("a number", lambda v: _is_count(v) or isinstance(v, float)) for name in ("duration_s", "body_s")},
+    **{name: ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+       for name in ("known_bugs", "sharding_changes")},
+    "shardings": ("a mapping of tensor names to sharding text",
+                  lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values())),
+    "sharding_baseline": ("true or false", lambda v: isinstance(v, bool)),
+}
 
 
 def family_of(nodeid: str) -> str:
@@ -104,9 +139,10 @@ def read_records(results_dir: Path, unreadable: list[str] | None = None, recursi
     """Every case's record, with later amendments (late faults) folded into it.
 
     results_dir may be a run folder or a results folder (its `latest` run is read; see
-    harness.runfolder). unreadable: when given, a damaged line (cut by a crash mid-write) is
-    listed there as "verdicts-gw1.jsonl:7" instead of raised. recursive: a folder of per-host
-    results folders (GKE) is read as one run per host.
+    harness.runfolder). unreadable: when given, a damaged line (cut by a crash mid-write, or not
+    a record of the right shape) is listed there as "verdicts-gw1.jsonl:7"; without it,
+    DamagedRecord is raised naming the file, the line and what is wrong. recursive: a folder of
+    per-host results folders (GKE) is read as one run per host.
     """
     root = Path(results_dir)
     runs = runfolder.find_runs(root) if recursive else [runfolder.resolve(root) or root]
@@ -118,14 +154,16 @@ def read_records(results_dir: Path, unreadable: list[str] | None = None, recursi
                     continue
                 try:
                     data = json.loads(line)
-                    if "amends" in data:
+                    if isinstance(data, dict) and "amends" in data:
                         apply_amendment(records, data)
                     else:
                         record = CaseRecord.from_dict(data)
                         records[record.nodeid] = record
-                except (ValueError, TypeError, KeyError, AttributeError):
+                except (ValueError, TypeError, KeyError, AttributeError) as exc:
                     if unreadable is None:
-                        raise
+                        why = (exc if isinstance(exc, DamagedRecord) else f"not JSON ({exc})"
+                               if isinstance(exc, json.JSONDecodeError) else f"not a case record ({exc!r})")
+                        raise DamagedRecord(f"{path}:{number}: {why}") from None
                     unreadable.append(f"{_shown(path, root)}:{number}")
         yield from records.values()
 
@@ -138,6 +176,8 @@ def _shown(path: Path, root: Path) -> str:
 
 
 def apply_amendment(records: dict[str, CaseRecord], data: dict[str, Any]) -> None:
+    if not (isinstance(data["amends"], str) and isinstance(data.get("late_fault"), str)):
+        raise DamagedRecord("an amendment whose amends or late_fault is not a string")
     record = records.get(data["amends"])
     if record is None:
         return  # the case's own record was lost (a run killed mid-write): nothing to amend

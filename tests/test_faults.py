@@ -437,7 +437,7 @@ def test_timeouts_must_be_positive_and_finite(pytester, value):
     write(pytester, "def test_x(spmd):\n    healthy(spmd)\n")
     result = run(pytester, f"--case-timeout={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--case-timeout*invalid*"])
+    result.stderr.fnmatch_lines(["*--case-timeout*is not a positive, finite number of seconds*"])
 
 
 # ------------------------------------------------------------------------------------------

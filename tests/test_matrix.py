@@ -444,7 +444,7 @@ def test_cli_not_enough_disk_exits_3_before_building(tmp_path: Path):
     # Twice the same release.
     pytest.param(["--releases", "2.6.0,2.6.0"], "names 2.6.0 twice", id="duplicate"),
     # xdist workers must be positive.
-    pytest.param(["--releases", "2.6.0", "--jobs-per-env", "0"], "not a positive integer", id="jobs-zero"),
+    pytest.param(["--releases", "2.6.0", "--jobs-per-env", "0"], "not a positive whole number", id="jobs-zero"),
     # A wheel folder without a torch_xla wheel.
     pytest.param(["--wheels", "EMPTY"], "needs exactly one torch_xla wheel", id="wheels-no-xla"),
     # An unknown option.

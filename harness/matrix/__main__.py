@@ -7,7 +7,8 @@
 
 Exit codes: 0 every cell agrees with the registry (compare: no entry changed verdict);
 1 a disagreement (compare: some entry changed); 2 usage error; 3 an environment could not be
-built or a suite could not be run; 130 interrupted.
+built or a suite could not be run; 125 (compare) a column's records are damaged, so this commit
+cannot be judged (git bisect run skips it); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence, TextIO
 
+from harness import argtypes
 from harness.errors import HarnessUsageError, RegistryError
 from harness.matrix import columns as cols
 from harness.matrix import compare as cmp
@@ -30,6 +32,11 @@ from harness.matrix.table import build_matrix
 from harness.registry import REGISTRY_PATH, load_registry
 
 EXIT_AGREE, EXIT_DISAGREE, EXIT_USAGE, EXIT_ENV, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+# compare, when a column's records are damaged (a crash cut a line): `git bisect run` reads 1-127
+# as "this commit is bad" (1 is our "an entry changed") and 125 as "this commit cannot be tested".
+# Damaged records say nothing about the commit, so they must not blame it: 125 makes bisect skip
+# it and try a neighbour, as for a commit that does not build.
+EXIT_SKIP = 125
 REPO = Path(__file__).resolve().parents[2]
 TABLE_NAME = "release-matrix.md"
 
@@ -50,30 +57,14 @@ class _Parser(argparse.ArgumentParser):
         raise _HelpShown()
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("matrix-out"),
                    help="where each column's results folder and pytest log go (default: ./matrix-out)")
     p.add_argument("--cache", type=Path, default=envs.default_cache_root(),
                    help=f"where environments are built and kept (default: {envs.default_cache_root()})")
-    p.add_argument("--jobs-per-env", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--jobs-per-env", type=argtypes.positive_int, default=1, metavar="N",
                    help="pytest-xdist workers inside each suite run (default 1: the 2-core machines here are shared)")
-    p.add_argument("--suite-timeout", type=_positive_float, default=3600.0, metavar="SECONDS",
+    p.add_argument("--suite-timeout", type=argtypes.positive_seconds, default=3600.0, metavar="SECONDS",
                    help="stop a suite run that takes longer (default 3600)")
     p.add_argument("--registry", type=Path, default=REGISTRY_PATH, help=argparse.SUPPRESS)
 
@@ -194,6 +185,14 @@ def _compare(args: argparse.Namespace, deps: Deps) -> int:
     progress, cache, suite = _setup(args, [], deps)
     steps = _prepare([good, bad], cache, progress, deps)
     measured_good, measured_bad = measure.measure(steps, cache, suite, args.out.absolute(), progress.say)
+    damaged = [(c.name, c.run) for c in (measured_good, measured_bad) if c.run.unreadable]
+    if damaged:
+        for role, run in damaged:
+            print(f"harness.matrix compare: {role}: {len(run.unreadable)} damaged record line(s), cut short by a crash "
+                  f"or not a case record: {run.damaged_lines()}", file=deps.stderr)
+        print("harness.matrix compare: a column with damaged records cannot be compared; rerun it (git bisect run: "
+              f"exit {EXIT_SKIP}, skip this commit)", file=deps.stderr)
+        return EXIT_SKIP
     changes = cmp.compare(registry, measured_good, measured_bad)
     print(cmp.to_text(changes, measured_good, measured_bad), file=deps.stdout, end="")
     return EXIT_DISAGREE if changes else EXIT_AGREE

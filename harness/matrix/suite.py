@@ -32,6 +32,8 @@ class SuiteRun:
     exit_code: int | None = None  # None when the records were read from an earlier run
     log: Path | None = None
     duration_s: float | None = None
+    # "verdicts-gw1.jsonl:7" (relative to results_dir) for each line that is not a case record.
+    unreadable: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def problem(self) -> str | None:
@@ -39,9 +41,15 @@ class SuiteRun:
         problem = suite_exit_problem(self.exit_code) if self.exit_code is not None else None
         if problem:
             return f"{problem}; see {self.log}"
+        if self.unreadable:
+            return f"{len(self.unreadable)} damaged record line(s): {self.damaged_lines()}"
         if not self.records:
             return f"no case records in {self.results_dir}" + (f"; see {self.log}" if self.log else "")
         return None
+
+    def damaged_lines(self, limit: int = 5) -> str:
+        shown = ", ".join(str(self.results_dir / line) for line in self.unreadable[:limit])
+        return shown + (f" and {len(self.unreadable) - limit} more" if len(self.unreadable) > limit else "")
 
 
 class SuiteRunner(Protocol):
@@ -49,7 +57,10 @@ class SuiteRunner(Protocol):
 
 
 def read_run(results_dir: Path) -> SuiteRun:
-    return SuiteRun(results_dir=results_dir, records=list(read_records(results_dir)))
+    """A results folder read as untrusted input: damaged lines are counted, never raised."""
+    unreadable: list[str] = []
+    records = list(read_records(results_dir, unreadable))
+    return SuiteRun(results_dir=results_dir, records=records, unreadable=unreadable)
 
 
 class PytestSuite:
@@ -88,8 +99,8 @@ class PytestSuite:
                                 f"log: {log}. Raise --suite-timeout or narrow the run with -- -k EXPR.") from None
         except OSError as exc:
             raise SuiteRunError(f"{label}: could not start {python}: {exc}") from None
-        run = SuiteRun(results_dir=results_dir, records=list(read_records(results_dir)), exit_code=code, log=log,
-                       duration_s=round(time.monotonic() - started, 1))
+        run = read_run(results_dir)
+        run.exit_code, run.log, run.duration_s = code, log, round(time.monotonic() - started, 1)
         self.say(f"{label}: suite finished in {run.duration_s:.0f}s, pytest exit {code}, {len(run.records)} case record(s)")
         return run
 

@@ -1,0 +1,38 @@
+"""Small checks shared by the readers of the harness's input files (registry, baseline, records).
+
+Each returns or raises nothing clever: the caller puts the file, the entry and the field in front
+of the words these build, so a message reads "FILE: entry X: field: what is wrong; what to do".
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable
+
+
+def unknown_keys(keys: Iterable[str], known: Iterable[str]) -> str | None:
+    """'unknown key 'signature'; did you mean 'signatures'?' for the first unknown key, else None.
+
+    A misspelt optional key would otherwise be dropped without a word, and the field it meant
+    to set would silently take its default.
+    """
+    known = sorted(known)
+    unknown = sorted(str(k) for k in keys if k not in known)
+    if not unknown:
+        return None
+    close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+    return f"unknown key {unknown[0]!r}; {hint}"
+
+
+def shown(value: Any) -> str:
+    """What a value is, for a message: "the string 'T'", "the number 2.6", "a list"."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if value is None:
+        return "null"
+    return {list: "a list", tuple: "a list", dict: "a mapping"}.get(type(value), f"a {type(value).__name__}")
