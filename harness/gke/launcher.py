@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.gke import aggregate as agg
-from harness.gke import manifest
+from harness.gke import inputs, manifest
 from harness.gke.accelerators import AcceleratorType
 from harness.gke.collect import report_from_log
 from harness.gke.errors import JobSetExistsError
@@ -39,7 +39,11 @@ class RunConfig:
     watch_segment_s: float = 30.0  # longest quiet stretch between progress checks
 
     def __post_init__(self) -> None:
+        # Everything the API server or the nodes would refuse, refused before the cluster is contacted.
         self.name = manifest.check_name(self.name or f"spmd-{uuid.uuid4().hex[:8]}")
+        self.image = inputs.check_image(self.image)
+        self.namespace = inputs.check_namespace(self.namespace)
+        self.gcs_uri = inputs.check_gcs_uri(self.gcs_uri)
 
 
 def render(cfg: RunConfig) -> list[manifest.Manifest]:
