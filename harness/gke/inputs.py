@@ -20,8 +20,9 @@ _PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
 _NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-_IMAGE_RE = re.compile(rf"^(?P<name>{_NAME})(?::[\w][\w.-]{{0,127}})?"
-                       r"(?:@(?P<algorithm>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*):(?P<hex>[0-9a-fA-F]{32,}))?$")
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"(?P<algorithm>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*):(?P<hex>[0-9a-fA-F]{32,})"
+_IMAGE_RE = re.compile(rf"^(?P<name>{_NAME})(?::{_TAG})?(?:@{_DIGEST})?$")
 _NAME_MAX = 255
 _DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
 IMAGE_FORM = "[REGISTRY[:PORT]/]REPOSITORY[:TAG][@sha256:HEX], repository in lower case"
