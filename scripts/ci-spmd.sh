@@ -20,6 +20,8 @@
 #
 # Writes RESULTS/junit.xml, RESULTS/verdicts-*.jsonl, RESULTS/summary.md (also appended to
 # $GITHUB_STEP_SUMMARY when set) and, under GitHub Actions, ::error annotations for failures.
+# Under GitHub Actions, workflow commands are stopped while pytest runs (its stderr then joins its
+# stdout), so nothing the code under test prints can annotate, mask or silence the job.
 # Exit status: pytest's, except that a run that ran nothing (pytest exit 5, or no case records)
 # always fails.
 set -euo pipefail
@@ -39,6 +41,9 @@ python_version=${SPMD_PYTHON_VERSION:-}
 image=${SPMD_IMAGE:-}
 skip_install=false
 pytest_extra=()
+
+# shellcheck source=scripts/workflow-commands.sh
+source "$(dirname "$0")/workflow-commands.sh"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "ci-spmd: $*" >&2; exit 2; }
@@ -182,7 +187,8 @@ main() {
   clear_results
 
   local pytest_rc=0 report_rc=0
-  run_pytest || pytest_rc=$?
+  # Nothing pytest or a case prints may command the runner; the report's ::error lines must work.
+  untrusted_output run_pytest || pytest_rc=$?
   report || report_rc=$?
 
   if [[ $pytest_rc -eq $PYTEST_NO_TESTS_COLLECTED ]]; then
