@@ -21,6 +21,8 @@
 # Writes RESULTS/junit.xml and the run's folder RESULTS/run-*/ (verdicts-*.jsonl, child logs,
 # summary.md, also appended to $GITHUB_STEP_SUMMARY when set; RESULTS/latest points at it) and,
 # under GitHub Actions, ::error annotations for failures. Nothing earlier runs wrote is deleted.
+# Under GitHub Actions, workflow commands are stopped while pytest runs (its stderr then joins its
+# stdout), so nothing the code under test prints can annotate, mask or silence the job.
 # Exit status: pytest's, except that a run that ran nothing (pytest exit 5, or no case records)
 # always fails.
 set -euo pipefail
@@ -40,6 +42,9 @@ python_version=${SPMD_PYTHON_VERSION:-}
 image=${SPMD_IMAGE:-}
 skip_install=false
 pytest_extra=()
+
+# shellcheck source=scripts/workflow-commands.sh
+source "$(dirname "$0")/workflow-commands.sh"
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 die() { echo "ci-spmd: $*" >&2; exit 2; }
@@ -184,7 +189,8 @@ main() {
 
   local pytest_rc=0 report_rc=0 before
   before=$(latest_run)
-  run_pytest || pytest_rc=$?
+  # Nothing pytest or a case prints may command the runner; the report's ::error lines must work.
+  untrusted_output run_pytest || pytest_rc=$?
   if [[ -z $(latest_run) || $(latest_run) == "$before" ]]; then
     echo "ci-spmd: pytest (exit $pytest_rc) wrote no run folder under $results_dir: no case ran." >&2
     [[ $pytest_rc -ne 0 ]] && exit "$pytest_rc"

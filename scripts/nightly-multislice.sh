@@ -20,6 +20,9 @@
 # appended to $GITHUB_STEP_SUMMARY when that is set.
 set -euo pipefail
 
+# shellcheck source=scripts/workflow-commands.sh
+source "$(dirname "$0")/workflow-commands.sh"
+
 die() { echo "nightly-multislice: $*" >&2; exit 2; }
 
 default_topology() {
@@ -69,7 +72,8 @@ main() {
   echo "nightly-multislice: $slices x $accelerator $topology, image $image" >&2
 
   local rc=0
-  "$venv/bin/python" -m harness.gke run --accelerator "$accelerator" --topology "$topology" \
+  # The launcher relays text from the cluster (pod and kubelet messages): it may not command the runner.
+  untrusted_output "$venv/bin/python" -m harness.gke run --accelerator "$accelerator" --topology "$topology" \
     --slices "$slices" --image "$image" --out "$out" --timeout "${LAUNCH_TIMEOUT_S:-7200}" || rc=$?
   publish_summary
   exit "$rc"

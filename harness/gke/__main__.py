@@ -21,6 +21,7 @@ from typing import IO, Sequence
 
 from harness.gke import accelerators, manifest
 from harness.errors import HarnessUsageError
+from harness.gke.bucket import UPLOAD_TIMEOUT_S
 from harness.gke.errors import GkeHarnessError, KubeApiError
 from harness.gke.worker import DEFAULT_SUITE
 
@@ -78,6 +79,8 @@ def _add_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite-command", default=DEFAULT_SUITE, help="default: %(default)s ({python} = this interpreter)")
     p.add_argument("--suite-timeout", type=duration, default=duration("4h"))
     p.add_argument("--gcs-uri", default=os.environ.get(manifest.GCS_ENV))
+    p.add_argument("--upload-timeout", type=duration, default=UPLOAD_TIMEOUT_S,
+                   help="longest the bucket copy may take, after the report is printed (default %(default)ss)")
     p.add_argument("extra", nargs="*", help="after --: extra pytest arguments")
 
 
@@ -103,7 +106,8 @@ def _worker(args: argparse.Namespace, out: IO[str]) -> int:
     from harness.gke.worker import WorkerOptions, run_worker
 
     opts = WorkerOptions(results_dir=args.results_dir, backend=args.backend, suite_command=args.suite_command,
-                         suite_timeout_s=args.suite_timeout, extra_args=args.extra, gcs_uri=args.gcs_uri)
+                         suite_timeout_s=args.suite_timeout, extra_args=args.extra, gcs_uri=args.gcs_uri,
+                         upload_timeout_s=args.upload_timeout)
     return run_worker(opts, dict(os.environ), out)
 
 

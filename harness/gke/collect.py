@@ -29,6 +29,7 @@ def report_from_log(log: str | None, slice_id: int, host_id: int, pod: str, stat
                         f"{slice_id} host {host_id}: the MEGASCALE/worker-id env wiring is wrong")
         report.slice_id, report.host_id = slice_id, host_id
     report.pod = pod
+    report.bucket = report_channel.bucket_outcome(log) or report.bucket
     return report
 
 

@@ -31,3 +31,8 @@ class ReportError(GkeHarnessError):
 
 class JobSetNotInstalledError(KubeApiError):
     """JobSet is missing from the cluster, or too old for spec.coordinator: the message says what to install."""
+
+
+class PodStuckError(GkeHarnessError):
+    """A pod's container is waiting for something that will not come (its image, a Secret, ...): the run
+    cannot finish, so it ends now instead of at --timeout. The message names pod, container, image and reason."""

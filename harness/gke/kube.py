@@ -47,12 +47,23 @@ class RetryPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
+class ContainerWaiting:
+    """A container the kubelet has not started, and what it says about it."""
+
+    container: str
+    image: str  # as the pod spec names it: what the user passed, not what the runtime resolved
+    reason: str  # e.g. ImagePullBackOff, CreateContainerConfigError
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class PodState:
     name: str
     slice_id: int
     host_id: int
     phase: str  # Pending | Running | Succeeded | Failed | Unknown
-    detail: str = ""  # e.g. "terminated: OOMKilled exit 137"
+    detail: str = ""  # e.g. "terminated: OOMKilled exit 137", "waiting: ImagePullBackOff"
+    waiting: tuple[ContainerWaiting, ...] = ()  # init containers and containers that have a waiting reason
 
 
 class Kube:
@@ -286,16 +297,29 @@ def _pod_state(pod: client.V1Pod) -> PodState:
     labels, annotations = meta.labels or {}, meta.annotations or {}
     index = annotations.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX) or "-1"
     status = pod.status or client.V1PodStatus()
+    waiting = _waiting(pod)
     return PodState(name=meta.name, slice_id=int(labels.get(JOB_INDEX_LABEL, "-1")), host_id=int(index),
-                    phase=status.phase or "Unknown", detail=_termination(status))
+                    phase=status.phase or "Unknown", detail=_termination(status, waiting), waiting=waiting)
 
 
-def _termination(status: client.V1PodStatus) -> str:
+def _termination(status: client.V1PodStatus, waiting: tuple[ContainerWaiting, ...]) -> str:
     for cs in status.container_statuses or []:
         if cs.name == CONTAINER and cs.state and cs.state.terminated:
             t = cs.state.terminated
             return f"terminated: {t.reason or 'exited'} exit {t.exit_code}"
+    if waiting:  # why a pod has no log: it never started
+        return f"waiting: {waiting[0].reason}"
     return status.reason or ""
+
+
+def _waiting(pod: client.V1Pod) -> tuple[ContainerWaiting, ...]:
+    spec, status = pod.spec, pod.status or client.V1PodStatus()
+    images = {c.name: c.image for c in [*(spec.init_containers or []), *(spec.containers or [])]} if spec else {}
+    return tuple(
+        ContainerWaiting(cs.name, images.get(cs.name) or cs.image or "", cs.state.waiting.reason,
+                         cs.state.waiting.message or "")
+        for cs in [*(status.init_container_statuses or []), *(status.container_statuses or [])]
+        if cs.state and cs.state.waiting and cs.state.waiting.reason)
 
 
 def _run_id(obj: Manifest) -> str | None:

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from harness.gke import aggregate as agg
-from harness.gke import manifest
+from harness.gke import inputs, manifest, stuck
 from harness.gke.accelerators import AcceleratorType
 from harness.gke.collect import report_from_log
-from harness.gke.errors import JobSetExistsError
+from harness.gke.errors import JobSetExistsError, PodStuckError
 from harness.gke.hostreport import HostReport
 from harness.gke.kube import RUN_ID_ANNOTATION, Kube, PodState
 
@@ -37,9 +37,14 @@ class RunConfig:
     keep: bool = False
     gcs_uri: str | None = None
     watch_segment_s: float = 30.0  # longest quiet stretch between progress checks
+    pull_error_grace_s: float = stuck.PULL_ERROR_GRACE_S  # how long ErrImagePull may last (harness/gke/stuck.py)
 
     def __post_init__(self) -> None:
+        # Everything the API server or the nodes would refuse, refused before the cluster is contacted.
         self.name = manifest.check_name(self.name or f"spmd-{uuid.uuid4().hex[:8]}")
+        self.image = inputs.check_image(self.image)
+        self.namespace = inputs.check_namespace(self.namespace)
+        self.gcs_uri = inputs.check_gcs_uri(self.gcs_uri)
 
 
 def render(cfg: RunConfig) -> list[manifest.Manifest]:
@@ -82,14 +87,23 @@ def run_meta(cfg: RunConfig) -> dict[str, Any]:
 
 
 def wait_for_end(cfg: RunConfig, kube: Kube, out: IO[str]) -> list[str]:
-    """Watch until Completed/Failed or the deadline; returns the run-level problems (none if Completed)."""
+    """Watch until Completed/Failed, a pod that cannot start, or the deadline; returns the run-level
+    problems (none if Completed). Pods are looked at on every JobSet change and at least once per
+    watch segment, so a stuck one is seen within about watch_segment_s."""
     deadline = time.monotonic() + cfg.timeout_s
     progress = Progress(out, cfg.slices)
+    stuck_pods = stuck.StuckWatch(cfg.namespace, cfg.pull_error_grace_s)
     while (remaining := deadline - time.monotonic()) > 0:
         for jobset in kube.watch_jobset(cfg.namespace, cfg.name, min(cfg.watch_segment_s, remaining)):
             if jobset is None:
                 return [f"JobSet {cfg.namespace}/{cfg.name} disappeared before finishing (deleted by someone?)"]
-            progress.show(kube.list_pods(cfg.namespace, cfg.name))
+            pods = kube.list_pods(cfg.namespace, cfg.name)
+            progress.show(pods)
+            try:
+                stuck_pods.check(pods)
+            except PodStuckError as exc:
+                _say(out, f"stopping the run: {exc}")
+                return [str(exc)]
             state, message = terminal_state(jobset)
             if state == "Completed":
                 _say(out, "JobSet Completed")

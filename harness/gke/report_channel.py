@@ -7,6 +7,9 @@ so the worker prints the report as the last thing it does:
     <base64 of gzip(JSON), 76 characters a line>
     ===== SPMD-HARNESS-REPORT END =====
 
+With a bucket configured, one line follows the block: `[worker] bucket: <outcome>` (the upload
+runs after the block is printed, so that a pod torn down during it keeps its report).
+
 The checksum catches a truncated or interleaved log; a missing block means the worker never got
 to the end (killed, evicted, OOM). Both become a failed host with the reason, never a dropped one.
 """
@@ -27,6 +30,7 @@ _BEGIN = "===== SPMD-HARNESS-REPORT BEGIN"
 _END = "===== SPMD-HARNESS-REPORT END ====="
 _BEGIN_RE = re.compile(r"^===== SPMD-HARNESS-REPORT BEGIN v(\d+) sha256=([0-9a-f]{64}) size=(\d+) =====$")
 _LINE = 76
+BUCKET_LINE = "[worker] bucket: "
 
 
 class ReportMissing(ReportError):
@@ -64,6 +68,14 @@ def decode(log: str) -> dict[str, Any]:
     except ValueError:
         raise ReportCorrupt("report block has no END marker (log truncated?)") from None
     return _unpack("".join(line.strip() for line in lines[start + 1 : end]), digest, size)
+
+
+def bucket_outcome(log: str) -> str | None:
+    """What the upload after the last block did, if the worker got to say so."""
+    lines = log.splitlines()
+    after = max((i for i, line in enumerate(lines) if line == _END), default=len(lines))
+    outcomes = [line[len(BUCKET_LINE):] for line in lines[after + 1:] if line.startswith(BUCKET_LINE)]
+    return outcomes[-1] if outcomes else None
 
 
 def _unpack(text: str, digest: str, size: int) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
     python -m harness.gke worker --results-dir /results [--backend tpu] [-- EXTRA_PYTEST_ARGS]
 
-It always ends by printing a report block, also when the suite crashed, hung past
+It always prints a report block (then, with a bucket configured, one line saying whether the
+bucket copy was uploaded), also when the suite crashed, hung past
 --suite-timeout or could not start: the launcher must be able to tell "host failed, here is why"
 from "host never reported". Its exit code says whether the harness worked (0: the suite ran and
 judged its cases; 1: it did not, see the report's error), not whether cases passed: verdicts travel
@@ -74,6 +75,7 @@ class WorkerOptions:
     suite_timeout_s: float = 4 * 3600.0
     extra_args: Sequence[str] = ()
     gcs_uri: str | None = None
+    upload_timeout_s: float = bucket.UPLOAD_TIMEOUT_S
 
 
 def suite_argv(opts: WorkerOptions) -> list[str]:
@@ -187,12 +189,23 @@ def _tagged_records(results_dir: Path, placement: Placement) -> list[CaseRecord]
 
 
 def _publish(report: HostReport, opts: WorkerOptions, out: IO[str]) -> None:
-    """report.json next to the JUnit XML, the optional bucket copy, then the block: last, in one write."""
+    """report.json next to the JUnit XML, the block in one write, then the optional bucket copy.
+
+    The block goes first: the upload can take until its timeout, and a pod torn down meanwhile
+    (the JobSet deleted, a node drained) keeps its report. The upload's outcome follows as one
+    line the launcher reads after the block (report_channel.BUCKET_LINE)."""
+    name = f"slice{report.slice_id}-host{report.host_id}.json"
+    skipped = bucket.skip_reason(opts.gcs_uri)
+    report.bucket = skipped or (f"uploading to {bucket.object_uri(opts.gcs_uri or '', name)} after the report was "
+                                "printed; the outcome is on the line after the block")
     payload = json.dumps(report.to_dict(), sort_keys=True, indent=1)
-    report.bucket = bucket.publish(opts.gcs_uri, f"slice{report.slice_id}-host{report.host_id}.json", payload.encode())
     try:
-        (opts.results_dir / "report.json").write_text(json.dumps(report.to_dict(), sort_keys=True, indent=1))
+        (opts.results_dir / "report.json").write_text(payload)
     except OSError as exc:  # the log block below is the channel that counts
         print(f"[worker] could not write report.json: {exc}", file=out)
     out.write(report_channel.encode(report.to_dict()))
     out.flush()
+    if skipped is None:
+        outcome = bucket.publish(opts.gcs_uri, name, payload.encode(), opts.upload_timeout_s)
+        out.write(f"{report_channel.BUCKET_LINE}{outcome}\n")
+        out.flush()

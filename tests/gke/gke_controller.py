@@ -31,6 +31,7 @@ class Host:
     log: Callable[[str], str] = lambda block: "pytest output\n" + block  # the pod log from the block
     detail: tuple[str, int] | None = None  # (terminated reason, exit code) override
     signal: str | None = None
+    waiting: tuple[str, str] | None = None  # (reason, message): the container never starts, as the kubelet reports it
 
 
 @dataclasses.dataclass
@@ -86,32 +87,39 @@ class FakeJobSetController:
         ns, name = jobset["metadata"]["namespace"], jobset["metadata"]["name"]
         rjob = manifest.replicated_job(jobset)
         places = [(s, h) for s in range(rjob["replicas"]) for h in range(rjob["template"]["spec"]["parallelism"])]
+        image = manifest.worker_container(jobset)["image"]
         for s, h in places:
-            self.core.create_namespaced_pod(ns, self._pod(ns, name, rjob["replicas"], s, h))
+            self.core.create_namespaced_pod(ns, self._pod(ns, name, rjob["replicas"], s, h, image))
             self._phase(ns, name, s, h, "Pending")
         self._status(ns, name, {"active": len(places)})
         for s, h in places:
+            waiting = self.scenario.host(s, h).waiting
+            if waiting:  # stays Pending, no log: the kubelet never started the container
+                self._phase(ns, name, s, h, "Pending", waiting={"reason": waiting[0], "message": waiting[1]}, image=image)
+                continue
             self._phase(ns, name, s, h, "Running")
             self.emulator.pod_logs[(ns, f"{name}-slice-{s}-{h}-x{s}{h}")] = "collected 2 items\n"
-        if self.scenario.final is None:
-            return  # hangs: the launcher must time out, collect and clean up
+        if self.scenario.final is None or any(self.scenario.host(s, h).waiting for s, h in places):
+            return  # hangs: the launcher must stop (time out, or see why), collect and clean up
         for s, h in places:
             self._finish(ns, name, s, h)
         self._end(ns, name)
 
-    def _pod(self, ns: str, name: str, slices: int, s: int, h: int) -> dict:
+    def _pod(self, ns: str, name: str, slices: int, s: int, h: int, image: str) -> dict:
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": f"{name}-slice-{s}-{h}-x{s}{h}", "namespace": ns,
             "labels": {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/job-index": str(s),
                        "jobset.sigs.k8s.io/replicatedjob-replicas": str(slices)},
             "annotations": {"batch.kubernetes.io/job-completion-index": str(h)}},
-            "spec": {"containers": [{"name": "worker", "image": "img"}]}}
+            "spec": {"containers": [{"name": "worker", "image": image}]}}
 
-    def _phase(self, ns: str, name: str, s: int, h: int, phase: str, terminated: dict | None = None) -> None:
+    def _phase(self, ns: str, name: str, s: int, h: int, phase: str, terminated: dict | None = None,
+               waiting: dict | None = None, image: str = "img") -> None:
         status: dict = {"phase": phase}
-        if terminated:
-            status["containerStatuses"] = [{"name": "worker", "image": "img", "imageID": "", "ready": False,
-                                            "restartCount": 0, "state": {"terminated": terminated}}]
+        if terminated or waiting:
+            state = {"terminated": terminated} if terminated else {"waiting": waiting}
+            status["containerStatuses"] = [{"name": "worker", "image": image, "imageID": "", "ready": False,
+                                            "restartCount": 0, "state": state}]
         self.core.patch_namespaced_pod_status(f"{name}-slice-{s}-{h}-x{s}{h}", ns, {"status": status})
 
     def _finish(self, ns: str, name: str, s: int, h: int) -> None:

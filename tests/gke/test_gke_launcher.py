@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -162,6 +163,44 @@ def test_timeout_collects_and_deletes(emulator, api, kube, tmp_path) -> None:
 def test_keep_leaves_the_jobset(emulator, api, kube, tmp_path) -> None:
     result, out = run(emulator, api, kube, config(tmp_path, keep=True), Scenario())
     assert result.ok and jobset_exists(emulator) and "kubectl delete jobset spmd-test -n nightly" in out
+
+
+@pytest.mark.parametrize("reason, message, hint", [
+    # the reference passed the CLI's check but not the node's parser (e.g. a runtime that is stricter)
+    ("InvalidImageName", 'Failed to apply default image tag "img:1": invalid reference format', "fix --image"),
+    # the tag does not exist, or the node pools' service account may not pull it
+    ("ImagePullBackOff", 'Back-off pulling image "img:1"', "roles/artifactregistry.reader"),
+    # the pod references a Secret or ConfigMap that is not there
+    ("CreateContainerConfigError", 'secret "gcs-key" not found', "Secret or ConfigMap"),
+    # the runtime refused to create the container
+    ("CreateContainerError", "failed to reserve container name", "container runtime"),
+])
+def test_a_container_that_cannot_start_fails_the_run_at_once(emulator, api, kube, tmp_path, reason, message,
+                                                             hint) -> None:
+    scenario = Scenario(final=None, hosts={(1, 0): Host(waiting=(reason, message))})
+    started = time.monotonic()
+    result, out = run(emulator, api, kube, config(tmp_path, timeout_s=15, watch_segment_s=0.5), scenario)
+    assert time.monotonic() - started < 8, "it waited for the timeout"
+    cause = f"pod nightly/spmd-test-slice-1-0-x10: container worker (image 'img:1') cannot start: {reason}: {message}"
+    assert cause in out and hint in out
+    assert [f for f in result.failures if f.startswith(cause)], result.failures
+    assert not any("did not finish within" in f for f in result.failures)
+    # The host's own row says why it has no report; the JobSet is gone; summary and JUnit name the cause.
+    [host] = [h for h in result.hosts if (h.slice_id, h.host_id) == (1, 0)]
+    assert f"waiting: {reason}" in host.error
+    assert "deleted JobSet nightly/spmd-test" in out and not jobset_exists(emulator)
+    assert cause in (tmp_path / "out" / "summary.md").read_text()
+    assert reason in (tmp_path / "out" / "junit.xml").read_text()
+
+
+def test_err_image_pull_gets_a_grace_then_fails(emulator, api, kube, tmp_path) -> None:
+    scenario = Scenario(final=None, hosts={(0, 1): Host(waiting=("ErrImagePull", "429 Too Many Requests"))})
+    cfg = config(tmp_path, timeout_s=15, watch_segment_s=0.5, pull_error_grace_s=1.5)
+    started = time.monotonic()
+    result, out = run(emulator, api, kube, cfg, scenario)
+    assert 1.5 <= time.monotonic() - started < 8
+    assert "container worker (image 'img:1') cannot start: ErrImagePull for 2s or more: 429 Too Many Requests" in out
+    assert not result.ok and not jobset_exists(emulator)
 
 
 class InterruptOnProgress(io.StringIO):
