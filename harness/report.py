@@ -330,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_summary(render_summary(results, args.title), args.summary or home / "summary.md", args.step_summary)
     for line in annotations(results) if args.annotate else plain_failure_lines(results):
         print(line)
-    print(f"{'::notice::' if args.annotate else ''}harness.report {home}: {totals_line(results)}")
+    print(f"harness.report {home}: {totals_line(results)}")
     if not results.records:
         print(f"error: no case records ({VERDICTS_GLOB}) under {args.results_dir}: the run executed "
               "nothing. Check that cases were collected (-m spmd), that the harness plugin loaded, "

@@ -112,13 +112,16 @@ def hermetic_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 # --- scripts/ci-spmd.sh ---------------------------------------------------------------------------
 
 STUB_PYTEST = """#!{python}
-# Stands in for the venv's pytest: prints what a hostile case could print, writes one failed case.
-import os, pathlib, sys
+# Stands in for the venv's pytest: prints what a hostile case could print, writes one failed case
+# into a run folder as the plugin does.
+import json, os, pathlib, sys
+from harness.runfolder import RunFolder
 results = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--results-dir=")))
-results.mkdir(parents=True, exist_ok=True)
 print({stdout!r}, flush=True)
 print({stderr!r}, file=sys.stderr, flush=True)
-(results / "verdicts-gw0.jsonl").write_text(os.environ["STUB_RECORDS"])
+run = RunFolder.new(results)
+(run.claim() / "verdicts-gw0.jsonl").write_text(os.environ["STUB_RECORDS"])
+run.finish(1, {{}}, [json.loads(line)["nodeid"] for line in os.environ["STUB_RECORDS"].splitlines()], None)
 sys.exit(1)
 """
 FAILED_CASE = CaseRecord(nodeid="cases/test_scalar_specs.py::test_wrap[off]", family="scalar_specs",
