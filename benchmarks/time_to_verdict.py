@@ -4,7 +4,7 @@
 
 Rows:
   serial / -n 2, forked   pytest -m spmd, children forked from a fork server (the default on CPU)
-  serial / -n 2, fresh    the same with --fork-server=off: every child imports torch_xla itself
+  serial / -n 2, fresh    the same with --spmd-fork-server=off: every child imports torch_xla itself
   floor (bare replay)     the same case bodies replayed (harness.replay) in one bare Python process
                           per environment configuration (plus one per case that needs a fresh
                           process): no pytest, no pipes, no pool
@@ -177,9 +177,9 @@ def main() -> int:
             name = "forked" if mode == "on" else "fresh"
             for workers, extra in (("serial", []), ("-n 2", ["-n", "2"])):
                 folder = Path(tmp, f"{name}-{workers.replace(' ', '')}")
-                rows[f"{workers}, {name}"] = (base + extra + [f"--fork-server={mode}", f"--results-dir={folder}"], folder)
+                rows[f"{workers}, {name}"] = (base + extra + [f"--spmd-fork-server={mode}", f"--spmd-results-dir={folder}"], folder)
         serial_dir = rows["serial, forked"][1]
-        rows["floor (bare replay)"] = ([python, "-m", "harness.replay", f"--results-dir={serial_dir}"], None)
+        rows["floor (bare replay)"] = ([python, "-m", "harness.replay", f"--spmd-results-dir={serial_dir}"], None)
         rows["one bare process"] = ([python, "-c", BARE_STEP], None)
         measured = {}
         for label, (argv, results_dir) in rows.items():

@@ -11,7 +11,7 @@ Judging (harness.plugin, after the known-bug registry): a passing case whose sha
 from its entry fails on the baseline's *release line* (the same major.minor torch_xla, nightlies
 and +git builds of it included) with a per-tensor diff; on other releases the difference is
 recorded and reported, not failed. Tensors a case records that its entry lacks are reported as
-new (`--update-shardings` adds them), never failed: recording more must not break a run.
+new (`--spmd-update-shardings` adds them), never failed: recording more must not break a run.
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ class Baseline:
             raise BaselineError(
                 f"sharding baseline {path} was taken on backend {base.backend!r} with {base.devices} devices "
                 f"(its {' and '.join(differ)} field{'s' if len(differ) > 1 else ''}); this run uses backend {backend} "
-                f"with {devices} devices, whose shardings that baseline does not predict. Point --shardings-baseline "
+                f"with {devices} devices, whose shardings that baseline does not predict. Point --spmd-shardings-baseline "
                 f"at a baseline of this backend and device count (default: {BASELINE_DIR}/{backend}-{devices}.json), "
-                f"or write one: --update-shardings --shardings-baseline=NEW.json")
+                f"or write one: --spmd-update-shardings --spmd-shardings-baseline=NEW.json")
         return base
 
     @classmethod
@@ -138,7 +138,7 @@ class Baseline:
 
 
 BASELINE_KEYS = ("backend", "devices", "torch_xla", "cases")
-REWRITE = "fix it, or delete it and write it again with --update-shardings"
+REWRITE = "fix it, or delete it and write it again with --spmd-update-shardings"
 
 
 def _checked_fields(data: Any, where: str) -> tuple[str, int, str | None, dict[str, dict[str, str]]]:
@@ -163,7 +163,7 @@ def _checked_fields(data: Any, where: str) -> tuple[str, int, str | None, dict[s
             raise BaselineError(
                 f"{where}: torch_xla {version!r} is not a PEP 440 version, so no run could be placed on its "
                 f'release line and drift would never fail a case; set it to the torch_xla the baseline was taken '
-                f'on (e.g. "2.9.0"), or delete the file and write it again with --update-shardings') from None
+                f'on (e.g. "2.9.0"), or delete the file and write it again with --spmd-update-shardings') from None
     if not isinstance(cases, dict):
         raise BaselineError(f"{where}: cases must map case node ids to their tensors; got {shown(cases)}")
     for case, tensors in cases.items():

@@ -18,8 +18,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from harness import argtypes, baseline, results, runfolder, runservers
-from harness.backends import BACKEND_NAMES, Backend, make_backend
+from harness import baseline, options, results, runfolder, runservers, versions
+from harness.backends import Backend, make_backend
 from harness.case import SpmdRunner
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.evidence import headline
@@ -43,8 +43,6 @@ INFORMATION_ONLY_OPTIONS = ("help", "version", "collectonly", "markers", "showfi
 # A write into the results folder that fails with one of these cannot succeed for the next case
 # either: the run stops with a message instead of an INTERNALERROR.
 RESULTS_WRITE_FATAL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
-FORK_SERVER_CHOICES = ("auto", "on", "off")
-FORK_SERVER_ENV = "HARNESS_FORK_SERVER"
 # Evidence kept in a record: the cause leads, so the head is kept (tails are bounded already).
 RECORD_EVIDENCE_LIMIT = 8000
 
@@ -57,36 +55,16 @@ MARKERS = (
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("spmd", "SPMD regression harness")
-    group.addoption("--backend", choices=BACKEND_NAMES, default="cpu",
-                    help="where case bodies run: cpu (PJRT CPU, virtual devices), tpu (this host's TPUs), "
-                         "fake (no torch_xla; for testing the harness). Default: cpu.")
-    group.addoption("--devices", type=argtypes.positive_int, default=4, metavar="N",
-                    help="number of virtual devices for the cpu/fake backends (CPU_NUM_DEVICES). Default: 4.")
-    group.addoption("--case-timeout", type=argtypes.positive_seconds, default=180.0, metavar="SECONDS",
-                    help="kill a child (its whole process group) whose case or start-up runs longer. Default: 180.")
-    group.addoption("--results-dir", default="results", metavar="DIR",
-                    help="each run writes its verdicts, child logs and HLO excerpts into DIR/run-<start>-p<pid>/ "
-                         "and points DIR/latest at it; nothing else in DIR is touched. Default: ./results.")
-    group.addoption("--shardings-baseline", default=None, metavar="PATH",
-                    help="the sharding baseline to compare passing cases with. Default: "
-                         "baselines/shardings/<backend>-<devices>.json")
-    group.addoption("--update-shardings", action="store_true",
-                    help="rewrite the baseline entries of the cases that ran and passed, and print what changed")
-    group.addoption("--known-bugs", default=None, metavar="PATH",
-                    help=f"the known-bug registry that known_bug markers name. Default: {REGISTRY_PATH}")
-    group.addoption("--fork-server", choices=FORK_SERVER_CHOICES, default=None,
-                    help="fork case children from a server that imported torch_xla once (harness/forkserver.py): "
-                         "auto (on for the cpu backend; tpu children are always fresh processes), on, off. "
-                         f"Default: ${FORK_SERVER_ENV} if set, else auto.")
+    options.add_options(parser)
 
 
 class HarnessSession:
     """Per-pytest-process state: one backend, one pool of warm children, one results folder."""
 
     def __init__(self, config: pytest.Config) -> None:
-        self.backend: Backend = make_backend(config.getoption("backend"), config.getoption("devices"))
-        self.case_timeout: float = config.getoption("case_timeout")
+        self.backend: Backend = make_backend(options.value(config, "spmd_backend"),
+                                             options.value(config, "spmd_devices"))
+        self.case_timeout: float = options.value(config, "spmd_case_timeout")
         workerinput = getattr(config, "workerinput", None)
         self.worker = _worker_name(config)
         self.run = _run_folder(config)
@@ -100,16 +78,16 @@ class HarnessSession:
         # Under xdist every core already runs a worker: spare children would only compete.
         self.pool = ChildPool(self.results_dir / "logs" / self.worker, startup_timeout=self.case_timeout,
                               exclusive=self.backend.exclusive_device, spares=self.worker == "main",
-                              fork=_fork_server_wanted(config.getoption("fork_server"), self.backend),
+                              fork=_fork_server_wanted(options.value(config, "spmd_fork_server"), self.backend),
                               servers=shared)
-        self.registry_path = Path(config.getoption("known_bugs") or REGISTRY_PATH).resolve()
+        self.registry_path = Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH).resolve()
         self.late_faults: list[LateFault] = []
         self.early_start_done = False
-        self._baseline_option: str | None = config.getoption("shardings_baseline")
+        self._baseline_option: str | None = options.value(config, "spmd_shardings_baseline")
         self._rootpath = config.rootpath
-        self.update_shardings: bool = config.getoption("update_shardings")
+        self.update_shardings: bool = config.getoption(options.UPDATE_SHARDINGS)
         if self.update_shardings and (config.getoption("numprocesses", None) or hasattr(config, "workerinput")):
-            raise pytest.UsageError("--update-shardings writes one file: run it without -n")
+            raise pytest.UsageError("--spmd-update-shardings writes one file: run it without -n")
         self._baseline: baseline.Baseline | None = None
         self._baseline_loaded = False
         self.shardings_seen: dict[str, tuple[dict[str, str], str | None]] = {}  # update mode
@@ -117,7 +95,7 @@ class HarnessSession:
 
     @property
     def baseline_path(self) -> Path:
-        """--shardings-baseline, else the backend's file under the repository (pytest's rootdir)."""
+        """--spmd-shardings-baseline, else the backend's file under the repository (pytest's rootdir)."""
         if self._baseline_option:
             return Path(self._baseline_option).resolve()
         return baseline.default_path(self._rootpath, self.backend.name, self.backend.capabilities().devices)
@@ -162,7 +140,7 @@ def _run_folder(config: pytest.Config) -> runfolder.RunFolder:
     if early is not None:
         return early
     try:
-        return runfolder.RunFolder.new(Path(config.getoption("results_dir")))
+        return runfolder.RunFolder.new(Path(options.value(config, "spmd_results_dir")))
     except HarnessError as exc:
         raise pytest.UsageError(str(exc)) from None
 
@@ -180,9 +158,7 @@ def _information_only(options: Any) -> bool:
 
 
 def _fork_server_wanted(option: str | None, backend: Backend) -> bool:
-    choice = option or os.environ.get(FORK_SERVER_ENV, "auto")
-    if choice not in FORK_SERVER_CHOICES:
-        raise pytest.UsageError(f"{FORK_SERVER_ENV}={choice!r}; choose one of {', '.join(FORK_SERVER_CHOICES)}")
+    choice = option or "auto"
     return choice == "on" or (choice == "auto" and backend.name == "cpu")
 
 
@@ -201,7 +177,7 @@ def _summarise_baseline(terminalreporter: Any, harness: HarnessSession) -> None:
         terminalreporter.section("cases without a sharding baseline entry (not compared)")
         for case in harness.cases_without_entry:
             terminalreporter.line(case)
-        terminalreporter.line(f"add them with --update-shardings ({harness.baseline_path})")
+        terminalreporter.line(f"add them with --spmd-update-shardings ({harness.baseline_path})")
 
 
 def _bounded(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
@@ -217,18 +193,21 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     and will run them: `--help` or `--collect-only` write and start nothing."""
     if _looks_like_xdist_worker():
         return  # only the controlling process starts servers; workers get their addresses
-    options = early_config.known_args_namespace
-    if _information_only(options):
+    namespace = early_config.known_args_namespace
+    if _information_only(namespace):
         return
     try:
-        backend = make_backend(options.backend, options.devices)
-        wanted = _fork_server_wanted(options.fork_server, backend)
-        run = runfolder.RunFolder.new(Path(options.results_dir))
+        def value(name: str) -> Any:
+            return options.value(early_config, name, namespace)
+
+        backend = make_backend(value("spmd_backend"), value("spmd_devices"))
+        wanted = _fork_server_wanted(value("spmd_fork_server"), backend)
+        run = runfolder.RunFolder.new(Path(value("spmd_results_dir")))
     except (pytest.UsageError, HarnessError, AttributeError, ValueError, TypeError):
         return  # pytest_configure reports a bad option as a usage error
     early_config.stash[RUN_FOLDER_KEY] = run
     if not (wanted and runservers.servers_can_start(backend) and runservers.selection_may_hold_spmd_cases(
-            options, early_config.rootpath, early_config.getini("testpaths"))):
+            namespace, early_config.rootpath, early_config.getini("testpaths"))):
         return
     try:
         run.claim()
@@ -237,6 +216,18 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     servers = runservers.RunServers()
     early_config.stash[RUN_SERVERS_KEY] = servers
     servers.start(runservers.specs_to_start(backend), run.path / "logs" / "main")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    """One line that says what the run uses: which backend and devices, which torch_xla stack,
+    where its results go (the run folder is made when the first SPMD case has something to write)."""
+    harness = config.stash.get(SESSION_KEY, None)
+    if harness is None or harness.worker != "main":
+        return None
+    count = getattr(harness.backend, "devices", None)  # a TPU host's chips are probed at the first case
+    devices = f"{count} devices" if count else "this host's chips"
+    return [f"spmd harness {versions.harness()}: backend {harness.backend.name}, {devices}; "
+            f"{versions.describe(versions.stack())}; results {harness.run.path}"]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -542,7 +533,7 @@ def _compare_shardings(item: pytest.Item, report: pytest.TestReport) -> None:
         report.longrepr = (
             f"sharding drift: {len(lines)} tensor(s) differ from {base.path.name} (taken on torch_xla "
             f"{base.torch_xla}; this run: {version}):\n{listing}\nIf the change is intended, rewrite the "
-            f"entry: pytest '{item.nodeid}' --update-shardings")
+            f"entry: pytest '{item.nodeid}' --spmd-update-shardings")
     else:
         why = "new tensors" if not baseline.is_drift(changes) else f"torch_xla {version} is not on {base.torch_xla}'s release line"
         report.sections.append((f"sharding changes (reported, not failed: {why})", listing))

@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.results_dir.is_dir():
         print(f"error: results folder {args.results_dir} does not exist; did pytest run with "
-              f"--results-dir {args.results_dir}?", file=sys.stderr)
+              f"--spmd-results-dir={args.results_dir}?", file=sys.stderr)
         return EXIT_NO_RECORDS
     results = load_results(args.results_dir)
     if results.unreadable:
@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not results.records:
         print(f"error: no case records ({VERDICTS_GLOB}) under {args.results_dir}: the run executed "
               "nothing. Check that cases were collected (-m spmd), that the harness plugin loaded, "
-              "and that --results-dir points here.", file=sys.stderr)
+              "and that --spmd-results-dir points here.", file=sys.stderr)
         return EXIT_NO_RECORDS
     if all(r.outcome == "skipped" for r in results.records):
         print(f"error: all {len(results.records)} cases under {args.results_dir} were skipped "

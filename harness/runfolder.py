@@ -60,7 +60,7 @@ def check_results_dir(base: Path) -> Path:
     elif not os.access(probe, os.W_OK | os.X_OK):
         problem = f"{probe} is not writable"
     if problem:
-        raise HarnessUsageError(f"--results-dir={base} cannot be used ({problem}); point it at a writable folder")
+        raise HarnessUsageError(f"--spmd-results-dir={base} cannot be used ({problem}); point it at a writable folder")
     return base
 
 

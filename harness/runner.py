@@ -182,7 +182,7 @@ class ChildProcess:
             self.end(grace_s=processes.TERMINATE_GRACE_S)
             raise ChildStartError(
                 f"child ({self.spec.describe()}) was not ready after {timeout:.0f}s; "
-                f"raise --case-timeout if start-up is slow here.\n--- log tail ---\n"
+                f"raise --spmd-case-timeout if start-up is slow here.\n--- log tail ---\n"
                 f"{evidence.log_tail(self.log_path)}") from None
         except protocol.ProtocolError as exc:
             self.end()

@@ -133,8 +133,8 @@ run_pytest() {
   # `--opt=value`: pytest finds its rootdir and config before plugins register their options, so
   # a separate value of a plugin option would be taken for a test path. `cases` keeps the run to
   # the SPMD cases: collecting tests/ could fail on test-only imports this venv does not have.
-  "$venv/bin/pytest" cases -m spmd -n "$workers" --backend=cpu --devices="$devices" \
-    --results-dir="$results_dir" --junitxml="$results_dir/junit.xml" "${pytest_extra[@]}"
+  "$venv/bin/pytest" cases -m spmd -n "$workers" --spmd-backend=cpu --spmd-devices="$devices" \
+    --spmd-results-dir="$results_dir" --junitxml="$results_dir/junit.xml" "${pytest_extra[@]}"
 }
 
 report() {

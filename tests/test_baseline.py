@@ -57,8 +57,8 @@ def suite(pytester, monkeypatch):
     def run(shardings: dict[str, str], *args: str, version: str = "2.9.0") -> pytest.RunResult:
         monkeypatch.setenv("CASE_SHARDINGS", json.dumps(shardings))
         monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", version)
-        return pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider",
-                                             "--shardings-baseline=baseline.json", "-rA", *args, timeout=120)
+        return pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider",
+                                             "--spmd-shardings-baseline=baseline.json", "-rA", *args, timeout=120)
     return run
 
 
@@ -67,7 +67,7 @@ def baseline_file(pytester) -> dict:
 
 
 def test_update_writes_the_cases_that_ran_and_passed_then_a_run_agrees(suite, pytester):
-    result = suite({"blocks.0.fc1.weight": TILED, "out": "{replicated}"}, "--update-shardings")
+    result = suite({"blocks.0.fc1.weight": TILED, "out": "{replicated}"}, "--spmd-update-shardings")
     result.stdout.fnmatch_lines(["*sharding baseline*baseline.json rewritten for 1 case(s)*",
                                  "*" + lit("blocks.0.fc1.weight: new, {devices=[4,1]0,1,2,3} (not in the baseline)")])
     data = baseline_file(pytester)
@@ -77,20 +77,20 @@ def test_update_writes_the_cases_that_ran_and_passed_then_a_run_agrees(suite, py
 
 
 def test_a_silent_change_fails_on_the_baselines_release_line_naming_tensor_and_both_shardings(suite, pytester):
-    suite({"blocks.0.fc1.weight": TILED}, "--update-shardings")
+    suite({"blocks.0.fc1.weight": TILED}, "--spmd-update-shardings")
     result = suite({"blocks.0.fc1.weight": "{replicated}"}, version="2.9.0+git1a2b3c4")
     result.assert_outcomes(failed=1, xfailed=1)
     result.stdout.fnmatch_lines([
         "*sharding drift: 1 tensor(s) differ from baseline.json (taken on torch_xla 2.9.0; this run: 2.9.0+git1a2b3c4)*",
         "*" + lit("blocks.0.fc1.weight: {devices=[4,1]0,1,2,3} -> {replicated}"),
-        "*--update-shardings*",
+        "*--spmd-update-shardings*",
     ])
     record = json.loads((pytester.path / "results" / "latest" / "verdicts-main.jsonl").read_text().splitlines()[0])
     assert record["sharding_changes"] == ["blocks.0.fc1.weight: {devices=[4,1]0,1,2,3} -> {replicated}"]
 
 
 def test_on_another_release_line_the_change_is_reported_not_failed(suite):
-    suite({"w": TILED}, "--update-shardings")
+    suite({"w": TILED}, "--spmd-update-shardings")
     result = suite({"w": "{devices=[1,4]0,1,2,3}"}, version="2.8.0")
     result.assert_outcomes(passed=1, xfailed=1)
     result.stdout.fnmatch_lines(["*sharding changes (reported, not failed: torch_xla 2.8.0 is not on 2.9.0's release line)*",
@@ -98,7 +98,7 @@ def test_on_another_release_line_the_change_is_reported_not_failed(suite):
 
 
 def test_new_tensors_are_reported_and_a_case_without_an_entry_is_listed(suite, pytester):
-    suite({"w": TILED}, "--update-shardings")
+    suite({"w": TILED}, "--spmd-update-shardings")
     result = suite({"w": TILED, "block_output": TILED})
     result.assert_outcomes(passed=1, xfailed=1)
     result.stdout.fnmatch_lines(["*sharding changes (reported, not failed: new tensors)*"])
@@ -109,19 +109,19 @@ def test_new_tensors_are_reported_and_a_case_without_an_entry_is_listed(suite, p
 
 
 def test_the_iota_form_of_the_same_sharding_is_no_change(suite):
-    suite({"w": TILED}, "--update-shardings")
+    suite({"w": TILED}, "--spmd-update-shardings")
     suite({"w": "{devices=[4,1]<=[4]}"}).assert_outcomes(passed=1, xfailed=1)
 
 
 def test_a_known_bug_is_judged_first_and_never_compared(suite, pytester):
-    suite({"w": TILED}, "--update-shardings")
+    suite({"w": TILED}, "--spmd-update-shardings")
     assert "test_cases.py::test_known_bug" not in baseline_file(pytester)["cases"]
 
 
 def test_update_refuses_xdist(suite):
-    result = suite({"w": TILED}, "--update-shardings", "-n", "2")
+    result = suite({"w": TILED}, "--spmd-update-shardings", "-n", "2")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--update-shardings writes one file: run it without -n*"])
+    result.stderr.fnmatch_lines(["*--spmd-update-shardings writes one file: run it without -n*"])
 
 
 def test_a_broken_baseline_is_a_usage_error(suite, pytester):
@@ -192,11 +192,11 @@ def test_a_sharding_no_case_asserts_passes_without_the_baseline_and_fails_with_i
 
     def run(shard_last_dim: bool, *args: str) -> pytest.RunResult:
         monkeypatch.setenv("SHARD_LAST_DIM", "1" if shard_last_dim else "0")
-        return pytester.runpytest_subprocess("--backend=cpu", "--devices=4", "-p", "no:cacheprovider", *args, timeout=300)
+        return pytester.runpytest_subprocess("--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider", *args, timeout=300)
 
-    run(False, "--shardings-baseline=baseline.json", "--update-shardings").assert_outcomes(passed=1)
-    run(True, "--shardings-baseline=absent.json").assert_outcomes(passed=1)  # nothing asserts the dim
-    changed = run(True, "--shardings-baseline=baseline.json")
+    run(False, "--spmd-shardings-baseline=baseline.json", "--spmd-update-shardings").assert_outcomes(passed=1)
+    run(True, "--spmd-shardings-baseline=absent.json").assert_outcomes(passed=1)  # nothing asserts the dim
+    changed = run(True, "--spmd-shardings-baseline=baseline.json")
     changed.assert_outcomes(failed=1)
     changed.stdout.fnmatch_lines(["*sharding drift: 1 tensor(s) differ from baseline.json*",
                                   "*" + lit("_orig_module.weight: {devices=[4,1]0,1,2,3} -> {devices=[1,4]0,1,2,3}")])
@@ -256,8 +256,8 @@ def test_the_real_vit_case_passes_a_silent_output_change_without_the_baseline_an
 
     def run(patch: bool, baseline: str) -> pytest.RunResult:
         monkeypatch.setenv("PATCH", "1" if patch else "0")
-        return pytester.runpytest_subprocess("--backend=cpu", "--devices=4", "-p", "no:cacheprovider",
-                                             f"--shardings-baseline={baseline}", timeout=300)
+        return pytester.runpytest_subprocess("--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider",
+                                             f"--spmd-shardings-baseline={baseline}", timeout=300)
 
     run(False, "baseline.json").assert_outcomes(passed=1)  # unpatched: the committed entry holds
     run(True, "absent.json").assert_outcomes(passed=1)  # nothing in the case asserts output shardings

@@ -46,7 +46,7 @@ def write(pytester: pytest.Pytester, tests: str) -> None:
 
 
 def run(pytester: pytest.Pytester, *args: str, timeout: float = 120) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", "--junitxml=junit.xml",
+    return pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "--junitxml=junit.xml",
                                          *args, timeout=timeout)
 
 
@@ -133,7 +133,7 @@ def test_after(spmd):
     healthy(spmd)
 ''')
     started = time.monotonic()
-    result = run(pytester, "--case-timeout=60")
+    result = run(pytester, "--spmd-case-timeout=60")
     assert time.monotonic() - started < 40, "the crash waited for the case timeout"
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: the parent half"])
@@ -162,7 +162,7 @@ def test_b_busy(spmd):
 
 # How the run is set up: children exec'd by pytest itself, or forked by the run's shared fork
 # server under two xdist workers (server, keepers, workers and children must all go).
-STOP_MODES = {"fresh": [], "forked-xdist": ["--fork-server=on", "-m", "spmd", "-n", "2"]}
+STOP_MODES = {"fresh": [], "forked-xdist": ["--spmd-fork-server=on", "-m", "spmd", "-n", "2"]}
 
 
 @pytest.mark.parametrize("mode", list(STOP_MODES))
@@ -170,7 +170,7 @@ STOP_MODES = {"fresh": [], "forked-xdist": ["--fork-server=on", "-m", "spmd", "-
 def test_stopping_pytest_ends_the_busy_child(pytester, sig, mode):
     write(pytester, STOPPABLE)
     pytest_proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "--backend=fake", "-p", "no:cacheprovider", "--junitxml=junit.xml",
+        [sys.executable, "-m", "pytest", "--spmd-backend=fake", "-p", "no:cacheprovider", "--junitxml=junit.xml",
          *STOP_MODES[mode], "test_faults_cases.py"], cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     marker = pytester.path / "busy.pid"
     deadline = time.monotonic() + 60
@@ -370,7 +370,7 @@ def body_big(ctx):
 def test_big(spmd):
     assert len(spmd.run(body_big).hlo["big"]) == 80_000_000
 ''')
-    run(pytester, "--case-timeout=20").assert_outcomes(passed=1)
+    run(pytester, "--spmd-case-timeout=20").assert_outcomes(passed=1)
 
 
 def test_observations_over_the_limit_are_a_clear_error(pytester):
@@ -427,17 +427,17 @@ def test_both(spmd):
 def test_an_unusable_results_dir_is_a_usage_error(pytester, where):
     (pytester.path / "a-file").write_text("")
     write(pytester, "def test_x(spmd):\n    healthy(spmd)\n")
-    result = run(pytester, f"--results-dir={where}")
+    result = run(pytester, f"--spmd-results-dir={where}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--results-dir=*cannot be used*writable folder*"])
+    result.stderr.fnmatch_lines(["*--spmd-results-dir=*cannot be used*writable folder*"])
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "0", "-3"])
 def test_timeouts_must_be_positive_and_finite(pytester, value):
     write(pytester, "def test_x(spmd):\n    healthy(spmd)\n")
-    result = run(pytester, f"--case-timeout={value}")
+    result = run(pytester, f"--spmd-case-timeout={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--case-timeout*is not a positive, finite number of seconds*"])
+    result.stderr.fnmatch_lines(["*--spmd-case-timeout*is not a positive, finite number of seconds*"])
 
 
 # ------------------------------------------------------------------------------------------
@@ -565,7 +565,7 @@ def test_6_healthy(spmd):
     time.sleep(2.5)  # well past the fault, also on a loaded machine
     healthy(spmd)
 ''')
-    result = run(pytester, "--case-timeout=3")
+    result = run(pytester, "--spmd-case-timeout=3")
     recs = records(pytester)
     assert len([line for line in raw_record_lines(pytester) if "amends" not in line]) == 6
     causes = {name: (rec["outcome"], (rec["late_fault"] or rec["evidence"] or "-").splitlines()[0])

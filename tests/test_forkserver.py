@@ -167,7 +167,7 @@ def test_c_ok(spmd):
     time.sleep(2.5)  # well past the fault, also on a loaded machine
     assert spmd.run(body_ok).values["sid"]
 ''')
-    result = pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", timeout=120)
+    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: forked",
                                  "FAULT test_cases.py::test_b_late: SIGABRT after the verdict of this case*"])
@@ -202,7 +202,7 @@ def test_abort(spmd):
 def test_xdist_workers_share_the_runs_server_and_crashes_keep_their_signal(pytester, monkeypatch):
     monkeypatch.setenv("HARNESS_FORK_SERVER", "on")
     pytester.makepyfile(test_shared=SHARED_CASES)
-    result = pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", "-m", "spmd", "-n", "2",
+    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-m", "spmd", "-n", "2",
                                            "--dist=load", timeout=120)
     result.assert_outcomes(passed=6, failed=1)
     # The exit status travels from the child's keeper: a signal is named as for a child of our own.
@@ -225,10 +225,10 @@ logs = Path("results").glob(f"run-*-p{os.getpid()}/logs/main/forkserver-*.log")
 Path("servers-at-conftest.txt").write_text(str(len(list(logs))))
 ''')
     pytester.makepyfile(test_shared=SHARED_CASES)
-    pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", "-m", "spmd", "-k", "server", timeout=120)
+    pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-m", "spmd", "-k", "server", timeout=120)
     assert (pytester.path / "servers-at-conftest.txt").read_text() != "0"
     # Selecting no SPMD case starts nothing early (the first SPMD case collected would).
-    pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", "-m", "not spmd", timeout=120)
+    pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-m", "not spmd", timeout=120)
     assert (pytester.path / "servers-at-conftest.txt").read_text() == "0"
 
 

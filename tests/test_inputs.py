@@ -21,7 +21,7 @@ pytestmark = pytest.mark.selftest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # --------------------------------------------------------------------------------------------
-# Item 4: a malformed registry (--known-bugs=PATH points the plugin at a registry file)
+# Item 4: a malformed registry (--spmd-known-bugs=PATH points the plugin at a registry file)
 # --------------------------------------------------------------------------------------------
 
 ENTRY = '''
@@ -51,7 +51,7 @@ def run_with_registry(pytester, monkeypatch, registry: str, *args: str) -> pytes
     monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", "2.6.0")  # a release the entry carries
     pytester.makepyfile(test_judged=JUDGED_CASE)
     (pytester.path / "bugs.toml").write_text(registry)
-    return pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", "--known-bugs=bugs.toml",
+    return pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "--spmd-known-bugs=bugs.toml",
                                          *args, timeout=120)
 
 
@@ -138,8 +138,8 @@ def run_with_baseline(pytester, monkeypatch, baseline: dict | str, *args: str) -
     pytester.makepyfile(test_block=RECORDING_CASE)
     text = baseline if isinstance(baseline, str) else json.dumps(baseline)
     (pytester.path / "baseline.json").write_text(text)
-    return pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider",
-                                         "--shardings-baseline=baseline.json", *args, timeout=120)
+    return pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider",
+                                         "--spmd-shardings-baseline=baseline.json", *args, timeout=120)
 
 
 def test_a_matching_baseline_is_used(pytester, monkeypatch):
@@ -148,13 +148,13 @@ def test_a_matching_baseline_is_used(pytester, monkeypatch):
 
 def test_a_truncated_baseline_under_xdist_is_a_usage_error_naming_the_file(pytester, monkeypatch):
     result = run_with_baseline(pytester, monkeypatch, json.dumps(GOOD_BASELINE)[:40], "-n", "2")
-    assert_refused_before_any_case(result, pytester, "baseline.json", "not valid JSON", "--update-shardings")
+    assert_refused_before_any_case(result, pytester, "baseline.json", "not valid JSON", "--spmd-update-shardings")
 
 
 @pytest.mark.parametrize("change, fragments", [
     # Taken on another backend: its shardings say nothing about this one.
     pytest.param({"backend": "cpu"}, ["backend", "'cpu'", "this run uses backend fake with 4 devices",
-                                      "--shardings-baseline", "--update-shardings"], id="other-backend"),
+                                      "--spmd-shardings-baseline", "--spmd-update-shardings"], id="other-backend"),
     # Taken with another device count.
     pytest.param({"devices": 8}, ["devices", "8", "this run uses backend fake with 4 devices"], id="other-devices"),
     # A torch_xla version that is not PEP 440 would switch the drift check off.
@@ -248,7 +248,7 @@ def test_the_matrix_refuses_a_suite_timeout_that_is_not_a_positive_finite_number
 
 
 def test_pytest_says_in_plain_words_what_a_case_timeout_must_be(pytester):
-    result = pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", "--case-timeout=nan")
+    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "--spmd-case-timeout=nan")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--case-timeout: 'nan' is not a positive, finite number of seconds*"])
+    result.stderr.fnmatch_lines(["*--spmd-case-timeout: 'nan' is not a positive, finite number of seconds*"])
     assert "_positive" not in result.stderr.str()

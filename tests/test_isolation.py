@@ -53,7 +53,7 @@ def write_cases(pytester: pytest.Pytester, tests: str) -> None:
 
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("--backend", "fake", "-p", "no:cacheprovider", *args)
+    return pytester.runpytest_subprocess("--spmd-backend", "fake", "-p", "no:cacheprovider", *args)
 
 
 def records(pytester: pytest.Pytester) -> dict[str, dict]:
@@ -107,7 +107,7 @@ def test_hangs(spmd):
 def test_after(spmd):
     spmd.run(body_ok)
 ''')
-    result = run(pytester, "--case-timeout", "2")
+    result = run(pytester, "--spmd-case-timeout", "2")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
         "*CaseTimedOut: timeout after 2s*",
@@ -182,20 +182,20 @@ def test_second(spmd):
 
 def test_bad_backend_is_a_usage_error_naming_the_backends(pytester):
     pytester.makepyfile(test_x="def test_x(): pass")
-    result = pytester.runpytest_subprocess("--backend", "nosuch")
+    result = pytester.runpytest_subprocess("--spmd-backend", "nosuch")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--backend: invalid choice: 'nosuch' (choose from *cpu*tpu*fake*)*"])
+    result.stderr.fnmatch_lines(["*--spmd-backend: invalid choice: 'nosuch' (choose from *cpu*tpu*fake*)*"])
 
 
 @pytest.mark.parametrize("option, value", [
-    pytest.param("--devices", "0", id="zero-devices"),
-    pytest.param("--case-timeout", "-1", id="negative-timeout"),
+    pytest.param("--spmd-devices", "0", id="zero-devices"),
+    pytest.param("--spmd-case-timeout", "-1", id="negative-timeout"),
 ])
 def test_bad_numbers_are_usage_errors(pytester, option, value):
     pytester.makepyfile(test_x="def test_x(): pass")
     result = pytester.runpytest_subprocess(option, value)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"*{option}*invalid*"])
+    result.stderr.fnmatch_lines([f"*argument {option}: *{value}* is not a positive*"])
 
 
 def test_unmet_needs_skip_with_numbers(pytester):
@@ -212,7 +212,7 @@ def test_tpu(spmd):
 def test_xla(spmd):
     spmd.run(body_ok)
 ''')
-    result = run(pytester, "-rs", "--devices", "4")
+    result = run(pytester, "-rs", "--spmd-devices", "4")
     result.assert_outcomes(skipped=3)
     result.stdout.fnmatch_lines([
         "*needs 8 devices; backend fake has 4*",

@@ -518,7 +518,7 @@ def test_suite_command_runs_the_spmd_cases_with_xdist_only_when_asked(monkeypatc
     python = Path("/envs/e/bin/python")
     plain = PytestSuite(Path("/repo"), lambda s: None).command(python, Path("/out/2.7.0"))
     assert plain == [str(python), "-m", "pytest", "-c", "/repo/pyproject.toml", "--rootdir", "/repo", "-m", "spmd", "cases",
-                     "--results-dir", "/out/2.7.0", "-p", "no:cacheprovider"]
+                     "--spmd-results-dir", "/out/2.7.0", "-p", "no:cacheprovider"]
     parallel = PytestSuite(Path("/repo"), lambda s: None, jobs=2, extra_args=["-k", "scalar"]).command(python, Path("/o"))
     assert parallel[-4:] == ["-n", "2", "-k", "scalar"]
     monkeypatch.setenv("PYTHONPATH", "/elsewhere/site-packages")

@@ -112,7 +112,7 @@ def test_other(spmd):
 def test_plugin_applies_the_registry_end_to_end(pytester, monkeypatch, version, outcomes, lines):
     monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", version)
     pytester.makepyfile(test_judged=JUDGED_CASES)
-    result = pytester.runpytest_subprocess("--backend", "fake", "-p", "no:cacheprovider", "-rxf")
+    result = pytester.runpytest_subprocess("--spmd-backend", "fake", "-p", "no:cacheprovider", "-rxf")
     result.assert_outcomes(**outcomes)
     result.stdout.fnmatch_lines_random(lines)
     if version == "2.9.0":

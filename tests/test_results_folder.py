@@ -68,7 +68,7 @@ def run(pytester: pytest.Pytester, *args: str, **env: str) -> pytest.RunResult:
     for key in [k for k in os.environ if k.startswith("PYTEST_XDIST_")]:
         del os.environ[key]
     try:
-        return pytester.runpytest_subprocess("--backend=fake", "-p", "no:cacheprovider", *args, timeout=120)
+        return pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", *args, timeout=120)
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -93,7 +93,7 @@ def test_results_dir_dot_keeps_every_file_and_adds_only_a_run_folder(pytester: p
     pytester.makepyfile(test_cases=CASES)
     plant_foreign_files(pytester.path)
     before = tree(pytester.path)
-    result = run(pytester, "--results-dir=.", "-m", "spmd")
+    result = run(pytester, "--spmd-results-dir=.", "-m", "spmd")
     result.assert_outcomes(passed=1, skipped=1)
     after = tree(pytester.path)
     assert {k: v for k, v in after.items() if k in before} == before, "a file the harness did not write changed"
@@ -126,7 +126,7 @@ def test_a_second_run_keeps_the_first_runs_crash_evidence(pytester: pytest.Pytes
 def test_two_concurrent_runs_in_one_folder_keep_each_others_files(pytester: pytest.Pytester):
     pytester.makepyfile(test_cases=CASES)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")} | {"ABORT_CASE": "1"}
-    argv = [sys.executable, "-m", "pytest", "--backend=fake", "-p", "no:cacheprovider", "-m", "spmd"]
+    argv = [sys.executable, "-m", "pytest", "--spmd-backend=fake", "-p", "no:cacheprovider", "-m", "spmd"]
     procs = [subprocess.Popen(argv, cwd=pytester.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
              for _ in range(2)]
     assert [p.wait(timeout=120) for p in procs] == [1, 1]
@@ -225,8 +225,8 @@ def test_long_failure(spmd, n):
     results = pytester.path / "results"
     results.mkdir()
     script = (f"mount -t tmpfs -o size=160k tmpfs {results} && cd {pytester.path} && "
-              f"{sys.executable} -m pytest --backend=fake -p no:cacheprovider -m spmd --fork-server=off "
-              f"--results-dir={results}; echo EXIT=$?; cat {results}/latest/verdicts-main.jsonl > {pytester.path}/kept.jsonl")
+              f"{sys.executable} -m pytest --spmd-backend=fake -p no:cacheprovider -m spmd --spmd-fork-server=off "
+              f"--spmd-results-dir={results}; echo EXIT=$?; cat {results}/latest/verdicts-main.jsonl > {pytester.path}/kept.jsonl")
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     if "mount" in out and "permission denied" in out.lower():

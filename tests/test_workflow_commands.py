@@ -116,7 +116,7 @@ STUB_PYTEST = """#!{python}
 # into a run folder as the plugin does.
 import json, os, pathlib, sys
 from harness.runfolder import RunFolder
-results = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--results-dir=")))
+results = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--spmd-results-dir=")))
 print({stdout!r}, flush=True)
 print({stderr!r}, file=sys.stderr, flush=True)
 run = RunFolder.new(results)

@@ -286,7 +286,7 @@ import json, os, pathlib, sys
 from harness.runfolder import RunFolder
 args = sys.argv[1:]
 pathlib.Path(os.environ["STUB_ARGV_FILE"]).write_text(json.dumps(args))
-results = pathlib.Path(next(a.split("=", 1)[1] for a in args if a.startswith("--results-dir=")))
+results = pathlib.Path(next(a.split("=", 1)[1] for a in args if a.startswith("--spmd-results-dir=")))
 records = os.environ.get("STUB_RECORDS", "")
 code = int(os.environ.get("STUB_EXIT", "0"))
 if records:
@@ -359,11 +359,11 @@ def test_ci_script_runs_the_spmd_marker_under_xdist_with_junit(stub_venv: Path, 
     env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE))
     results = tmp_path / "results"
     proc = run_ci_script(stub_venv, env, "--skip-install", "--results", str(results), "--devices", "8",
-                         "--", "--case-timeout", "60")
+                         "--", "--spmd-case-timeout", "60")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "argv.json").read_text()) == [
-        "cases", "-m", "spmd", "-n", "2", "--backend=cpu", "--devices=8", f"--results-dir={results}",
-        f"--junitxml={results / 'junit.xml'}", "--case-timeout", "60"]
+        "cases", "-m", "spmd", "-n", "2", "--spmd-backend=cpu", "--spmd-devices=8", f"--spmd-results-dir={results}",
+        f"--junitxml={results / 'junit.xml'}", "--spmd-case-timeout", "60"]
 
 
 def test_ci_script_under_github_actions_writes_step_summary_and_annotations(stub_venv: Path, tmp_path: Path):

@@ -83,7 +83,7 @@ def suite_argv(opts: WorkerOptions) -> list[str]:
     results = str(opts.results_dir)
     # --opt=value: pytest picks its rootdir and config before plugin options exist, so a separate
     # value (/results) would be read as a test path and the repo's pytest config dropped.
-    return [*base, f"--backend={opts.backend}", f"--results-dir={results}",
+    return [*base, f"--spmd-backend={opts.backend}", f"--spmd-results-dir={results}",
             f"--junitxml={opts.results_dir / 'junit.xml'}", *opts.extra_args]
 
 
@@ -174,7 +174,7 @@ def _suite_error(report: HostReport) -> str | None:
     if problem:
         return f"suite: {problem}"
     if not report.records:
-        return "suite ran but recorded no case (is the spmd plugin installed and --results-dir honoured?)"
+        return "suite ran but recorded no case (is the spmd plugin installed and --spmd-results-dir honoured?)"
     return None
 
 

@@ -64,18 +64,18 @@ def read_run(results_dir: Path) -> SuiteRun:
 
 
 class PytestSuite:
-    """`<env>/bin/python -m pytest -m spmd cases --results-dir DIR -p no:cacheprovider` from the repo root."""
+    """`<env>/bin/python -m pytest -m spmd cases --spmd-results-dir DIR -p no:cacheprovider` from the repo root."""
 
     def __init__(self, repo: Path, say: Callable[[str], None], *, jobs: int = 1, extra_args: Sequence[str] = (),
                  timeout_s: float = 3600.0) -> None:
         self.repo, self.say, self.jobs, self.extra_args, self.timeout_s = repo, say, jobs, tuple(extra_args), timeout_s
 
     def command(self, python: Path, results_dir: Path) -> list[str]:
-        # -c and --rootdir pin the repo's pytest config: otherwise pytest takes the --results-dir value
+        # -c and --rootdir pin the repo's pytest config: otherwise pytest takes the --spmd-results-dir value
         # (a path outside the repo) as a rootdir candidate, finds no pyproject.toml there and silently
         # runs without the repo's markers, xfail_strict and filterwarnings.
         cmd = [str(python), "-m", "pytest", "-c", str(self.repo / "pyproject.toml"), "--rootdir", str(self.repo),
-               "-m", "spmd", *SUITE_PATHS, "--results-dir", str(results_dir), "-p", "no:cacheprovider"]
+               "-m", "spmd", *SUITE_PATHS, "--spmd-results-dir", str(results_dir), "-p", "no:cacheprovider"]
         if self.jobs > 1:
             cmd += ["-n", str(self.jobs)]
         return cmd + list(self.extra_args)

@@ -1,6 +1,6 @@
 """A stand-in for `python -m pytest -m spmd` that needs no torch_xla.
 
-The worker appends `--backend B --results-dir D --junitxml F` (and any extra args); this script
+The worker appends `--spmd-backend=B --spmd-results-dir=D --junitxml=F` (and any extra args); this script
 writes CaseRecords into D the way the spmd plugin does, then exits like pytest would. Placement
 comes from the env the worker's pod (or --local) gets, so behaviour can depend on the host:
     --disagree-on-slice S   slice S records another sharding for fc.weight
@@ -29,8 +29,8 @@ CASES = ("cases/test_fake_family.py::test_sharded[func-on]", "cases/test_fake_fa
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--backend", required=True)
-    parser.add_argument("--results-dir", type=Path, required=True)
+    parser.add_argument("--spmd-backend", dest="backend", required=True)
+    parser.add_argument("--spmd-results-dir", dest="results_dir", type=Path, required=True)
     parser.add_argument("--junitxml", required=True)
     parser.add_argument("--disagree-on-slice", type=int)
     parser.add_argument("--crash-on")

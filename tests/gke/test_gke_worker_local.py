@@ -38,7 +38,7 @@ def test_worker_reports_tagged_records(tmp_path: Path) -> None:
     assert "fake suite on 1:1, backend fake" in log  # the suite's output is in the pod log
     assert [(r["slice_id"], r["host_id"], r["outcome"]) for r in report["records"]] == [(1, 1, "passed"), (1, 1, "xfailed")]
     assert report["records"][0]["shardings"]["fc.weight"] == "{devices=[4,1]0,1,2,3}"
-    assert report["suite_command"][-3:] == ["--backend=fake", f"--results-dir={tmp_path / 'results'}",
+    assert report["suite_command"][-3:] == ["--spmd-backend=fake", f"--spmd-results-dir={tmp_path / 'results'}",
                                             f"--junitxml={tmp_path / 'results' / 'junit.xml'}"]
     assert json.loads((tmp_path / "results" / "report.json").read_text())["pod"] == "p-1-1"
     assert (tmp_path / "results" / "junit.xml").exists()

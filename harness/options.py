@@ -1,0 +1,118 @@
+"""The plugin's options: one table, one `--spmd-` prefix, each also an ini key.
+
+The plugin is a pytest11 entry point, so it is loaded by every pytest in the venv, beside other
+projects' conftests. Generic names (`--backend`, `--devices`) collided with theirs ("option
+dest 'backend' already used"), so every option and ini key carries the `spmd` prefix.
+
+A value is taken from, in order: the command line, the environment variable where one exists,
+the ini file (`[tool.pytest.ini_options]` / `pytest.ini`), the default. An ini value is parsed
+and checked like the command line's; a bad one is a usage error naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import pytest
+
+from harness import argtypes
+from harness.backends import BACKEND_NAMES
+from harness.errors import HarnessUsageError
+
+FORK_SERVER_CHOICES = ("auto", "on", "off")
+FORK_SERVER_ENV = "HARNESS_FORK_SERVER"
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise HarnessUsageError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+    return parse
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str  # the ini key and argparse dest: spmd_backend
+    default: Any
+    help: str
+    parse: Callable[[str], Any] = str
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    env: str | None = None  # an environment variable that overrides the ini file
+    ini: bool = True  # False for one-off actions (rewrite the baseline) that make no sense in a config file
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+OPTIONS = (
+    Option("spmd_backend", "cpu", choices=BACKEND_NAMES, parse=_choice(BACKEND_NAMES),
+           help="where case bodies run: cpu (PJRT CPU, virtual devices), tpu (this host's TPUs), "
+                "fake (no torch_xla; for testing the harness). Default: cpu."),
+    Option("spmd_devices", 4, parse=argtypes.positive_int, metavar="N",
+           help="number of virtual devices for the cpu/fake backends (CPU_NUM_DEVICES). Default: 4."),
+    Option("spmd_case_timeout", 180.0, parse=argtypes.positive_seconds, metavar="SECONDS",
+           help="kill a child (its whole process group) whose case or start-up runs longer. Default: 180."),
+    Option("spmd_results_dir", "results", metavar="DIR",
+           help="each run writes its verdicts, child logs and HLO excerpts into DIR/run-<start>-p<pid>/ "
+                "and points DIR/latest at it; nothing else in DIR is touched. Default: results."),
+    Option("spmd_shardings_baseline", None, metavar="PATH",
+           help="the sharding baseline to compare passing cases with. "
+                "Default: baselines/shardings/<backend>-<devices>.json under the rootdir."),
+    Option("spmd_known_bugs", None, metavar="PATH",
+           help="the known-bug registry the known_bug markers name (a copy you own, e.g. after a fix "
+                "landed in your torch_xla). Default: the one shipped in harness/known_bugs.toml."),
+    Option("spmd_fork_server", None, choices=FORK_SERVER_CHOICES, parse=_choice(FORK_SERVER_CHOICES),
+           env=FORK_SERVER_ENV,
+           help="fork case children from a server that imported torch_xla once: auto (on for the cpu "
+                "backend; tpu children are always fresh processes), on, off. "
+                f"Default: ${FORK_SERVER_ENV} if set, else auto."),
+)
+BY_NAME = {option.name: option for option in OPTIONS}
+UPDATE_SHARDINGS = "spmd_update_shardings"
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("spmd", "SPMD regression harness (each option is also an ini key, e.g. spmd_backend = cpu)")
+    for option in OPTIONS:
+        # The command line's default is None so that "not given" can fall through to the ini file.
+        kwargs: dict[str, Any] = {"default": None, "help": option.help, "dest": option.name}
+        if option.choices:
+            kwargs["choices"] = option.choices
+        else:
+            kwargs["type"] = option.parse
+        if option.metavar:
+            kwargs["metavar"] = option.metavar
+        group.addoption(option.flag, **kwargs)
+        if option.ini:
+            parser.addini(option.name, help=option.help.split(". Default")[0], default="")
+    group.addoption("--spmd-update-shardings", action="store_true", dest=UPDATE_SHARDINGS,
+                    help="rewrite the baseline entries of the cases that ran and passed, and print what changed")
+
+
+def value(config: pytest.Config, name: str, namespace: Any = None) -> Any:
+    """The option's value: command line, environment, ini file, default (see the module doc).
+
+    namespace: pytest's early known_args_namespace, for hooks that run before full parsing.
+    """
+    option = BY_NAME[name]
+    given = getattr(namespace if namespace is not None else config.option, name, None)
+    if given is not None:
+        return given
+    if option.env and os.environ.get(option.env):
+        return _parsed(option, os.environ[option.env], f"${option.env}")
+    text = str(config.getini(name)).strip() if option.ini else ""
+    if text:
+        return _parsed(option, text, f"ini key {name} = {text!r} ({config.inipath or 'ini file'})")
+    return option.default
+
+
+def _parsed(option: Option, text: str, where: str) -> Any:
+    try:
+        return option.parse(text)
+    except (HarnessUsageError, ValueError) as exc:
+        raise pytest.UsageError(f"{where}: {exc}") from None
