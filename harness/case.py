@@ -45,20 +45,33 @@ class CaseResult:
 
     @property
     def shardings(self) -> dict[str, str]:
-        return self.observations.get("shardings", {})
+        return Recorded("sharding", self.observations.get("shardings", {}))
 
     @property
     def hlo(self) -> dict[str, str]:
-        return self.observations.get("hlo", {})
+        return Recorded("HLO text", self.observations.get("hlo", {}))
 
     @property
     def values(self) -> dict[str, Any]:
-        return self.observations.get("values", {})
+        return Recorded("value", self.observations.get("values", {}))
 
     def raise_for_outcome(self) -> "CaseResult":
+        __tracebackhide__ = True  # the case's own line leads the traceback, not this one
         if self.error is not None:
             raise self.error
         return self
+
+
+class Recorded(dict):  # type: ignore[type-arg]  # dict[str, Any]; subclassed for __missing__
+    """What a case body recorded, by name. A name it did not record says which names it did."""
+
+    def __init__(self, kind: str, data: dict[str, Any]) -> None:
+        super().__init__(data)
+        self.kind = kind
+
+    def __missing__(self, name: str) -> Any:
+        recorded = ", ".join(sorted(self)) or "none"
+        raise KeyError(f"the case recorded no {self.kind} named {name!r}; recorded: {recorded}")
 
 
 def body_ref(body: Callable[..., Any]) -> BodyRef:
@@ -141,6 +154,7 @@ class SpmdRunner:
         preload: run the backend's set-up (import torch_xla, use_spmd) before the body; a body
             that must see the process before torch_xla is imported passes False (implies fresh).
         """
+        __tracebackhide__ = True  # a failing case's traceback starts at the case's own line
         fresh = fresh or not preload
         spec = self.spec(functionalization, preload, env)
         ref = body_ref(body).to_dict()

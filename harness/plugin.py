@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
 from harness import baseline, options, results, runfolder, runservers, versions
 from harness.backends import Backend, make_backend
@@ -442,7 +443,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     harness = item.config.stash[SESSION_KEY]
     reason = unmet_needs(item, harness.backend)
     if reason:
-        pytest.skip(reason)
+        # Reported at the case (its file and line), as a skip marker would be, not at this hook.
+        raise pytest.skip.Exception(reason, _use_item_location=True)
 
 
 @pytest.fixture
@@ -497,7 +499,24 @@ def _apply_registry(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
         report.outcome = "failed"
         report.longrepr = judgement.message
     elif judgement.verdict is not Verdict.PASSED:
-        report.sections.append(("known-bug registry", judgement.message))
+        _lead_with_verdict(report, judgement.message)
+
+
+def _lead_with_verdict(report: pytest.TestReport, verdict: str) -> None:
+    """Put the registry's judgement first: the first lines of the failure, the FAILED summary line
+    and the JUnit message, ahead of the traceback (which stays, below it)."""
+    longrepr = report.longrepr
+    chain = getattr(longrepr, "chain", None)
+    first = chain[0][0] if chain else getattr(longrepr, "reprtraceback", None)
+    entries = getattr(first, "reprentries", None)
+    if entries is None:
+        report.longrepr = f"{verdict}\n\n{longrepr}"
+        return
+    # ReprEntryNative prints its lines as they are and survives xdist's report serialization.
+    entries.insert(0, ReprEntryNative([f"{verdict}\n\n"]))
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        crash.message = verdict
 
 
 def _compare_shardings(item: pytest.Item, report: pytest.TestReport) -> None:

@@ -643,6 +643,7 @@ def assert_sharding_equal(actual: str | Sharding, expected: str | Sharding, cont
     Either side may be text or a value; iota and explicit device lists compare equal.
     `context` names what was checked, e.g. "fc.weight".
     """
+    __tracebackhide__ = True  # the case's assertion line leads, not this helper's source
     actual_value, expected_value = as_sharding(actual), as_sharding(expected)
     if actual_value != expected_value:
         subject = f" for {context}" if context else ""
@@ -655,6 +656,7 @@ def assert_sharding_equal(actual: str | Sharding, expected: str | Sharding, cont
 
 def assert_tiled_along(actual: str | Sharding, dim: int, num_devices: int, context: str = "") -> None:
     """Raise AssertionError unless tensor dimension `dim` is cut into `num_devices` pieces."""
+    __tracebackhide__ = True  # the case's assertion line leads, not this helper's source
     value = as_sharding(actual)
     if not isinstance(value, TupleSharding) and is_tiled_along(value, dim, num_devices):
         return

@@ -184,3 +184,39 @@ def test_the_judgement_message_keeps_the_exact_version_string():
 def test_a_version_that_is_not_pep_440_is_a_clear_error():
     with pytest.raises(RegistryError, match="not a PEP 440 version"):
         get_entry(SCALAR).carried_by_release("nightly-latest")
+
+
+# --------------------------------------------------------------------------------------------
+# The verdict comes first: the FAILED line, the first line of the failure and the JUnit message
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_regressed_known_bug_leads_with_the_verdict(pytester, monkeypatch):
+    monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", "2.9.0")
+    pytester.makepyfile(test_judged=JUDGED_CASES)
+    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "--junitxml=junit.xml",
+                                           "-rf", "-k", "test_reproduces or test_other")
+    result.assert_outcomes(failed=2)
+    # The short summary is cut to the terminal's width (80 columns here).
+    result.stdout.fnmatch_lines(["FAILED test_judged.py::test_reproduces - REGRESSION? torch_xla 2.9.0*"])
+    result.stdout.fnmatch_lines(["FAILED test_judged.py::test_other - failed on torch_xla 2.9.0*"])
+    # In the failure's own section, the verdict is the first line after the header.
+    lines = result.outlines
+    header = next(i for i, line in enumerate(lines) if line.strip("_ ").startswith("test_reproduces"))
+    assert lines[header + 1].startswith("REGRESSION? torch_xla 2.9.0"), lines[header:header + 4]
+    junit = (pytester.path / "junit.xml").read_text()
+    assert 'message="REGRESSION? torch_xla 2.9.0 fails with the signature' in junit
+
+
+def test_a_skip_for_unmet_needs_is_reported_at_the_case(pytester):
+    pytester.makepyfile(test_needs='''
+import pytest
+
+@pytest.mark.spmd
+@pytest.mark.needs(devices=64, xla=False)
+def test_big(spmd):
+    pass
+''')
+    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED ?1? test_needs.py:?: needs 64 devices; backend fake has 4"])
