@@ -10,6 +10,11 @@ every idle child is closed before another one starts.
 spares: when a case takes a fresh child, start the next one for the same spec right away, so
 its import runs on an idle core while the case runs. A spare has run no case, so it is as
 fresh as a new process. Off on exclusive devices and where every core is busy (xdist).
+
+Every child comes from a server's keeper (harness.forkserver): forked from a server that imported
+torch_xla once, or, for a spec without fork imports or with forking off, exec'd fresh by a keeper
+of this pool's *exec server*, which imports nothing. Either way the keeper and the server are
+child subreapers, so what a body starts outside its session is ended with its child.
 """
 
 from __future__ import annotations
@@ -17,9 +22,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
+from harness import processes
 from harness.errors import ChildStartError
-from harness.forkclient import ForkServer, ForkServerClient, ServerAddress, server_key
+from harness.forkclient import EXEC_IMPORTS, KEEPER_REPORT_S, ForkServer, ForkServerClient, ServerAddress, server_key
 from harness.runner import ChildProcess, ChildSpec, LateFault
+
+# Closing a pool waits this long for each ended child's status (a stopped keeper is continued or
+# killed within KEEPER_REPORT_S); then it goes on: the run must end.
+CLOSE_WAIT_S = KEEPER_REPORT_S + 5.0
 
 
 class ChildPool:
@@ -57,19 +67,24 @@ class ChildPool:
         self.started += 1
         client = self._server_for(spec)
         try:
-            child = ChildProcess(spec, self.log_dir, client)
+            child = ChildProcess(spec, self.log_dir, client, fresh=self._fresh(spec))
         except ChildStartError:
-            if client is None or client.is_usable():
+            if client.is_usable():
                 raise
             # The server went away (ended, crashed): once, a server of this pool's own.
-            child = ChildProcess(spec, self.log_dir, self._server_for(spec, own=True))
+            child = ChildProcess(spec, self.log_dir, self._server_for(spec, own=True), fresh=self._fresh(spec))
         self.live.append(child)
         return child
 
-    def _server_for(self, spec: ChildSpec, own: bool = False) -> ForkServerClient | None:
-        if not self.fork or spec.fork_imports is None:
-            return None
-        key = server_key(spec.python, dict(spec.env), spec.fork_imports)
+    def _fresh(self, spec: ChildSpec) -> bool:
+        """Exec'd fresh by a keeper of the exec server, rather than forked from an importing server."""
+        return not self.fork or spec.fork_imports is None
+
+    def _server_for(self, spec: ChildSpec, own: bool = False) -> ForkServerClient:
+        if self._fresh(spec):  # one exec server per interpreter: its children take their own environment
+            key, imports = "exec-" + server_key(spec.python, {}, EXEC_IMPORTS), EXEC_IMPORTS
+        else:
+            key, imports = server_key(spec.python, dict(spec.env), spec.fork_imports), spec.fork_imports
         client = self.clients.get(key)
         if client is not None and client.is_usable() and not own:
             return client
@@ -85,7 +100,7 @@ class ChildPool:
         if server is None or not server.is_alive():
             if server is not None:
                 server.close()
-            server = ForkServer(spec.python, dict(spec.env), spec.fork_imports, self.log_dir)
+            server = ForkServer(spec.python, dict(spec.env), imports, self.log_dir)
             self.owned[key] = server
         address = server.address
         self.clients[key] = client = ForkServerClient(address, self.startup_timeout)
@@ -160,5 +175,5 @@ class ChildPool:
             server.close()
         self.owned.clear()
         for child in self.ended:
-            child.proc.wait()
+            processes.wait_for_exit(child.proc, CLOSE_WAIT_S)  # bounded: a run's end cannot hang here
         self.ended.clear()

@@ -579,3 +579,107 @@ def test_6_healthy(spmd):
     assert all(outcome == "failed" for name, (outcome, _) in causes.items() if name != "test_6_healthy"), causes
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert_nothing_left(pytester.path)
+
+
+# ------------------------------------------------------------------------------------------
+# 9. Trust at the edges: keepers, escaped helpers, threads left running (issue #18)
+# ------------------------------------------------------------------------------------------
+
+# Both ways a child is started: exec'd fresh, or forked by a fork server. Either way its parent
+# is a keeper that waits for it (harness/forkserver.py).
+CHILD_MODES = {"fresh": ["--fork-server=off"], "forked": ["--fork-server=on"]}
+
+
+def kill_recorded(folder: Path) -> None:
+    """Clean up after a failing run: SIGKILL every pid a body wrote to helper-*.pid."""
+    for path in folder.glob("helper-*.pid"):
+        try:
+            os.kill(int(path.read_text() or 0), signal.SIGKILL)
+        except (ValueError, ProcessLookupError, PermissionError):
+            pass
+
+
+@pytest.mark.parametrize("mode", list(CHILD_MODES))
+def test_a_body_that_stops_its_keeper_does_not_hang_the_run(pytester, mode):
+    write(pytester, '''
+def body_stops_keeper(ctx):
+    os.kill(os.getppid(), signal.SIGSTOP)
+
+def test_stops(spmd):
+    spmd.run(body_stops_keeper)
+
+def test_after(spmd):
+    healthy(spmd)
+''')
+    started = time.monotonic()
+    result = run(pytester, *CHILD_MODES[mode], timeout=90)
+    result.assert_outcomes(passed=2)
+    assert time.monotonic() - started < 60, "closing the pool waited on the stopped keeper"
+    assert_nothing_left(pytester.path)
+
+
+@pytest.mark.parametrize("mode", list(CHILD_MODES))
+def test_a_keeper_killed_before_its_child_aborts_leaves_the_childs_sigabrt(pytester, mode):
+    write(pytester, '''
+def body_kills_keeper_then_aborts(ctx):
+    keeper = os.getppid()
+    os.kill(keeper, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while os.getppid() == keeper and time.monotonic() < deadline:  # adopted by whoever reaps orphans
+        time.sleep(0.01)
+    print("F0101 00:00:00.000000 1 x.cc:1] Check failed: after the keeper died", file=sys.stderr, flush=True)
+    os.abort()
+
+def test_kills_keeper(spmd):
+    spmd.run(body_kills_keeper_then_aborts)
+
+def test_after(spmd):
+    healthy(spmd)
+''')
+    result = run(pytester, *CHILD_MODES[mode], timeout=90)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: after the keeper died"])
+    assert records(pytester)["test_kills_keeper"]["evidence"].startswith("SIGABRT: F0101")
+    assert_nothing_left(pytester.path)
+
+
+ESCAPING_HELPERS = '''
+SLEEPER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+
+def sleeper(name):
+    return [sys.executable, "-c", SLEEPER, os.path.abspath(f"helper-{name}.pid")]
+
+def body_escapes(ctx):
+    # A session of its own: the child's process group no longer holds it.
+    subprocess.Popen(sleeper("new-session"), start_new_session=True)
+    # A double fork: the middle process exits, the helper is an orphan in a session of its own.
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv(sys.executable, sleeper("double-fork"))
+        os._exit(0)
+    deadline = time.monotonic() + 30
+    while len([p for p in os.listdir() if p.startswith("helper-") and open(p).read()]) < 2:
+        assert time.monotonic() < deadline, "the helpers did not start"
+        time.sleep(0.05)
+'''
+
+
+@pytest.mark.parametrize("mode", list(CHILD_MODES))
+def test_helpers_that_leave_the_session_do_not_outlive_their_child(pytester, mode):
+    write(pytester, ESCAPING_HELPERS + '''
+def test_escapes(spmd):
+    spmd.run(body_escapes)
+
+def test_after(spmd):
+    healthy(spmd)
+''')
+    try:
+        result = run(pytester, *CHILD_MODES[mode], timeout=90)
+        result.assert_outcomes(passed=2)
+        pids = [int(path.read_text()) for path in pytester.path.glob("helper-*.pid")]
+        assert len(pids) == 2
+        assert_nothing_left(pytester.path)
+        assert not [pid for pid in pids if is_running(pid)], "an escaped helper outlived the run"
+    finally:
+        kill_recorded(pytester.path)
