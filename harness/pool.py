@@ -49,6 +49,7 @@ class ChildPool:
         self.clients: dict[str, ForkServerClient] = {}
         self.idle: dict[ChildSpec, ChildProcess] = {}
         self.spares: dict[ChildSpec, ChildProcess] = {}
+        self.parked: list[ChildProcess] = []  # released unfit after a verdict; ended by settle()
         self.live: list[ChildProcess] = []  # started and not yet ended, whatever they are doing
         self.ended: list[ChildProcess] = []  # ended but maybe not yet reaped (no wait on the critical path)
         self.started = 0
@@ -132,8 +133,23 @@ class ChildPool:
     def release(self, child: ChildProcess, reusable: bool) -> None:
         if reusable and not child.ended and child.is_alive() and child.spec not in self.idle:
             self.idle[child.spec] = child
+        elif not child.quiet and not child.ended:
+            # Its case left a thread or process running, which may still crash or answer: that is
+            # the case's fault, not the next one's. settle() looks, and ends it, before the next case.
+            self.parked.append(child)
         else:
             self.discard(child)
+
+    def settle(self) -> list[LateFault]:
+        """End the parked children; what they did since their verdict is charged to their case."""
+        faults = []
+        for child in self.parked:
+            fault = child.post_mortem(released=True)
+            if fault is not None:
+                faults.append(fault)
+            self.discard(child)
+        self.parked.clear()
+        return faults
 
     def discard(self, child: ChildProcess) -> None:
         """End the child and its group now; its exit is collected later, off the critical path."""
@@ -146,8 +162,8 @@ class ChildPool:
         self.ended = [c for c in self.ended if not c.reaped()]
 
     def idle_deaths(self) -> list[LateFault]:
-        """Late faults of idle children that died or spoke since their last case (at session end)."""
-        faults = []
+        """Late faults of idle and parked children that died or spoke since their last case (at session end)."""
+        faults = self.settle()
         for spec, child in list(self.idle.items()):
             fault = child.post_mortem()
             if fault is not None:
@@ -157,15 +173,17 @@ class ChildPool:
         return faults
 
     def _close_idle(self) -> None:
-        for child in [*self.idle.values(), *self.spares.values()]:
+        for child in [*self.idle.values(), *self.spares.values(), *self.parked]:
             self.discard(child)
         self.idle.clear()
         self.spares.clear()
+        self.parked.clear()
 
     def close(self) -> None:
         """End every child and server this pool started, busy ones included, and collect their exits."""
         self.idle.clear()
         self.spares.clear()
+        self.parked.clear()
         for child in list(self.live):
             self.discard(child)
         for client in self.clients.values():

@@ -113,6 +113,9 @@ class Verdict:
     # discards the child. `poisoned` says why.
     reusable: bool = True
     poisoned: str = ""
+    # False when the body left a thread or a process running: the parent ends the child before
+    # the next case begins, and charges to this case whatever they did until then.
+    quiet: bool = True
 
 
 MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Request, Ready, StartupFailed, Started, Verdict)}

@@ -108,6 +108,7 @@ class ChildProcess:
         self.next_id = 1
         self.last_case: str | None = None  # the case of the last verdict: owner of a late fault
         self.last_offset = 0  # where that case's part of the log starts
+        self.quiet = True  # False: that case left a thread or process running (protocol.Verdict.quiet)
         self.cases_run = 0
         self.ended = False
         self.timeout_s = 0.0
@@ -270,17 +271,19 @@ class ChildProcess:
         if code not in (None, 0):
             raise self._crashed(case, f"{processes.describe_exit(code)} right after its verdict", offset)
         self.last_case, self.last_offset = case, offset
+        self.quiet = message.quiet
         return message
 
-    def post_mortem(self) -> LateFault | None:
-        """For an idle child: a LateFault of its last case if it died or spoke since that verdict."""
+    def post_mortem(self, released: bool = False) -> LateFault | None:
+        """For an idle child: a LateFault of its last case if it died or spoke since that verdict.
+        released: it was let go unfit, and may have ended cleanly (exit code 0) on its own."""
         if self.last_case is None or self.ended:
             return None
         self._drain()
         if self.buffer.pending():
             return self._late_fault(self.last_case, "protocol failure: the child answered again after its verdict")
         code = self.proc.poll()
-        if code is not None:
+        if code is not None and not (released and code == 0):
             return self._late_fault(self.last_case, f"{processes.describe_exit(code)} after the verdict of this "
                                     "case, while the child was idle")
         return None

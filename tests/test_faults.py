@@ -582,7 +582,7 @@ def test_6_healthy(spmd):
 
 
 # ------------------------------------------------------------------------------------------
-# 9. Trust at the edges: keepers, escaped helpers, threads left running (issue #18)
+# 9. Trust at the edges: keepers, escaped helpers, threads left running (issue #18, 5-7)
 # ------------------------------------------------------------------------------------------
 
 # Both ways a child is started: exec'd fresh, or forked by a fork server. Either way its parent
@@ -668,11 +668,13 @@ def body_escapes(ctx):
 @pytest.mark.parametrize("mode", list(CHILD_MODES))
 def test_helpers_that_leave_the_session_do_not_outlive_their_child(pytester, mode):
     write(pytester, ESCAPING_HELPERS + '''
+PIDS = []
+
 def test_escapes(spmd):
-    spmd.run(body_escapes)
+    PIDS.append(spmd.run(body_escapes).values.get("pid"))
 
 def test_after(spmd):
-    healthy(spmd)
+    assert healthy(spmd) not in PIDS, "a child that left helpers running was reused"
 ''')
     try:
         result = run(pytester, *CHILD_MODES[mode], timeout=90)
@@ -683,3 +685,62 @@ def test_after(spmd):
         assert not [pid for pid in pids if is_running(pid)], "an escaped helper outlived the run"
     finally:
         kill_recorded(pytester.path)
+
+
+@pytest.mark.parametrize("mode", list(CHILD_MODES))
+def test_a_thread_left_running_is_charged_to_its_case_not_the_next(pytester, mode):
+    write(pytester, '''
+PIDS = []
+
+def body_leaves_a_thread(ctx, go):
+    ctx.record("pid", os.getpid())
+    def later():  # fires only once the next case has begun (in whatever child that runs)
+        while not os.path.exists(go):
+            time.sleep(0.01)
+        print("F0101 00:00:00.000000 1 async.cc:1] Check failed: left running", file=sys.stderr, flush=True)
+        os.abort()
+    threading.Thread(target=later, daemon=True).start()
+
+def body_next(ctx, go):
+    open(go, "w").close()
+    time.sleep(3)  # long enough for a thread waiting on `go` in this process to fire
+    body_ok(ctx)
+
+def test_leaves_thread(spmd):
+    PIDS.append(spmd.run(body_leaves_a_thread, go=os.path.abspath("go")).values["pid"])
+
+def test_next(spmd):
+    assert spmd.run(body_next, go=os.path.abspath("go")).values["pid"] not in PIDS
+''')
+    result = run(pytester, *CHILD_MODES[mode], timeout=90)
+    result.assert_outcomes(passed=2)
+    recs = records(pytester)
+    assert recs["test_next"]["outcome"] == "passed"
+    assert "left running" not in (recs["test_next"]["evidence"] or "")
+    assert_nothing_left(pytester.path)
+
+
+def test_pending_device_work_is_waited_for_before_the_verdict(pytester):
+    """The child waits for torch_xla's device work before it answers (here a stand-in module whose
+    wait fails like asynchronous XLA work), so a failure there is charged to the case that queued it."""
+    write(pytester, '''
+import types
+
+def body_queues_failing_work(ctx):
+    def wait_device_ops(devices=()):
+        print("F0101 00:00:00.000000 1 async.cc:1] Check failed: queued device work", file=sys.stderr, flush=True)
+        os.abort()
+    for name in ("torch_xla", "torch_xla.core", "torch_xla.core.xla_model"):
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules["torch_xla.core.xla_model"].wait_device_ops = wait_device_ops
+
+def test_queues(spmd):
+    spmd.run(body_queues_failing_work)
+
+def test_after(spmd):
+    healthy(spmd)
+''')
+    result = run(pytester, timeout=90)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: queued device work"])
+    assert_nothing_left(pytester.path)
