@@ -113,11 +113,11 @@ class Server:
         # Processes that were ours before serving (none expected: an import's helper would be one).
         self.own_before = set(processes.children_of(os.getpid()))
         # A child's end wakes the loop at once: an orphan's status is due to its client.
-        self._wake_read, wake_write = os.pipe()
+        self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
-        os.set_blocking(wake_write, False)
+        os.set_blocking(self._wake_write, False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.set_wakeup_fd(wake_write)
+        signal.set_wakeup_fd(self._wake_write)
         self.selector.register(self._wake_read, selectors.EVENT_READ, "sigchld")
 
     def serve(self) -> None:
@@ -275,6 +275,7 @@ class Server:
             if kept.status_fd >= 0:
                 os.close(kept.status_fd)
         os.close(self._wake_read)
+        os.close(self._wake_write)
 
 
 def keep_child(request: dict[str, Any], fds: list[int], pid_write: int) -> int:
