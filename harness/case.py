@@ -160,6 +160,8 @@ class SpmdRunner:
         ref = body_ref(body).to_dict()
         kwargs = checked_kwargs(body, kwargs)
         self._log_request(spec, {"case": self.case_id, "body": ref, "kwargs": kwargs}, fresh)
+        for fault in self.pool.settle():  # children released unfit end before this case starts
+            self.late_faults(fault)
         child = self.pool.acquire(spec, fresh=fresh)
         try:
             result, child = self._run_in(child, spec, ref, kwargs, timeout or self.case_timeout)

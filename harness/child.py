@@ -9,7 +9,11 @@ that raises is reported as an exception and the child lives on; a body that kill
 
 After each body the child checks that the process is still fit for the next case (stdio open,
 resource limits and signal handlers as they were, the working directory back where it was);
-what it cannot undo makes the verdict non-reusable, and the parent discards the child.
+what it cannot undo makes the verdict non-reusable, and the parent discards the child. It also
+checks that the process is quiet: torch_xla's pending device work is waited for before the
+verdict (a failure there belongs to this case), and threads or processes the body left running
+make the child unfit, so it is ended before the next case starts and whatever they do later
+cannot be charged to an innocent case.
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable
 
-from harness import protocol
+from harness import processes, protocol
 from harness.context import CaseContext
+
+WATCHDOG_PID: int | None = None  # the harness's own process; not a helper the body left running
+KEEPER_PID: int | None = None  # the process that adopts this child's helpers that leave its session
 
 
 def start_watchdog() -> None:
@@ -41,7 +49,10 @@ def start_watchdog() -> None:
     lifeline = int(os.environ.pop(protocol.LIFELINE_FD_ENV, "-1"))
     if lifeline < 0:
         return
-    if os.fork() != 0:
+    global WATCHDOG_PID
+    pid = os.fork()
+    if pid != 0:
+        WATCHDOG_PID = pid
         os.close(lifeline)
         return
     try:  # the watchdog: keep only the lifeline (and the log on 1/2), so it holds no pipe open
@@ -100,6 +111,19 @@ class ProcessState:
         self.cwd = os.getcwd()
         self.limits = {name: resource.getrlimit(getattr(resource, name)) for name in _LIMIT_NAMES}
         self.handlers = _signal_handlers()
+        self.threads = set(threading.enumerate())
+
+    def unquiet(self) -> list[str]:
+        """What the body left running: a thread or a process could act (crash, answer) during the
+        next case, which would then be charged with it."""
+        problems = []
+        threads = [t.name for t in threading.enumerate() if t not in self.threads and t.is_alive()]
+        if threads:
+            problems.append(f"threads the body started are still running: {', '.join(threads)}")
+        helpers = _helpers_left()
+        if helpers:
+            problems.append(f"processes the body started are still running: {', '.join(map(str, helpers))}")
+        return problems
 
     def restore(self) -> list[str]:
         """Put back what can be put back; return what cannot (the child is then not reusable)."""
@@ -130,6 +154,24 @@ _LIMIT_NAMES = tuple(n for n in ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_NOFILE", "R
                                  "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_NPROC") if hasattr(resource, n))
 
 
+def _helpers_left() -> list[int]:
+    """Our children but the watchdog, and what our keeper adopted but us (helpers that left the
+    session: their parent ended, the keeper, a subreaper, took them)."""
+    parents = processes.parents()
+    mine = {os.getpid(), WATCHDOG_PID}
+    adopters = {os.getpid(), KEEPER_PID} - {None}
+    return sorted(pid for pid, parent in parents.items() if parent in adopters and pid not in mine)
+
+
+def wait_for_device_work() -> None:
+    """Wait for the device work the body queued, where torch_xla is loaded and has the call: an
+    asynchronous failure then kills or fails this case, not the next one. Never imports torch_xla."""
+    xm = sys.modules.get("torch_xla.core.xla_model")
+    wait = getattr(xm, "wait_device_ops", None)
+    if wait is not None:
+        wait()
+
+
 def _signal_handlers() -> dict[int, Any]:
     handlers = {}
     for sig in signal.valid_signals():
@@ -153,11 +195,18 @@ def run_request(request: protocol.Request) -> protocol.Verdict:
         outcome, exception = "error", describe_exception(exc)
         if isinstance(exc, MemoryError):
             ctx.poison("the body ran out of memory (MemoryError); the heap may be fragmented or limits lowered")
-    problems = state.restore() + ctx.poisoned
+    try:
+        wait_for_device_work()
+    except BaseException as exc:  # asynchronous work the body queued failed: this case's failure
+        if outcome == "ok":
+            outcome, exception = "error", describe_exception(exc)
+        ctx.poison(f"waiting for the body's device work raised {type(exc).__name__}")
+    unquiet = state.unquiet()
+    problems = state.restore() + unquiet + ctx.poisoned
     return protocol.Verdict(
         id=request.id, case=request.case, outcome=outcome, exception=exception,
         observations=ctx.observations(), duration_s=round(time.monotonic() - started, 3),
-        reusable=not problems, poisoned="; ".join(problems),
+        reusable=not problems, poisoned="; ".join(problems), quiet=not unquiet,
     )
 
 
@@ -199,7 +248,7 @@ def _replace_observations(verdict: protocol.Verdict, error_type: str, message: s
         id=verdict.id, case=verdict.case, outcome="error",
         exception={"type": f"harness.errors.{error_type}", "message": message, "traceback": message + "\n"},
         observations={"shardings": {}, "hlo": {}, "values": {}}, duration_s=verdict.duration_s,
-        reusable=verdict.reusable, poisoned=verdict.poisoned,
+        reusable=verdict.reusable, poisoned=verdict.poisoned, quiet=verdict.quiet,
     )
     return protocol.encode(replaced)
 
@@ -229,10 +278,25 @@ def serve(channel: ResultChannel) -> None:
         verdict = run_request(request)
         channel.send_bytes(encode_verdict(verdict))
         if not verdict.reusable:
+            linger()
             return
 
 
+def linger() -> None:
+    """An unfit child takes no more requests but stays until the parent ends it (stdin closed):
+    what the body left running (a thread that crashes later) then shows, forked or exec'd alike,
+    and is charged to the case that left it."""
+    try:
+        for _ in sys.stdin.buffer:
+            pass
+    except (OSError, ValueError):
+        pass  # the body closed stdin: nothing to wait on
+
+
 def main() -> int:
+    global KEEPER_PID
+    keeper = os.environ.pop(protocol.KEEPER_PID_ENV, "")
+    KEEPER_PID = int(keeper) if keeper.isdigit() else None
     start_watchdog()
     # A crash or a SIGTERM on timeout writes every thread's Python stack into the log.
     faulthandler.enable(all_threads=True)

@@ -6,6 +6,11 @@ server exists (to xdist workers, which start before its imports are done). `Fork
 one pytest process's connection: the first spawn waits for the server's "ready", each spawn
 returns a `ForkedProcess`, which is what runner.ChildProcess needs of a Popen: a pid, stdin,
 poll() and wait() with the exit status the child's keeper reports (a signal as -N, as Popen does).
+
+A keeper is not trusted to report: a body can stop it (SIGSTOP) or kill it. A child that has
+exited without a status gets its keeper continued (SIGCONT), then, after KEEPER_REPORT_S, killed:
+the server, a subreaper, then collects the child and reports the child's own status. Every wait
+here has a bound.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ from harness.forkserver import (CONTROL_FD_ENV, IMPORTS_ENV, LISTEN_FD_ENV, MAX_
 LAUNCH_NOW = "now"
 LAUNCH_ON_FIRST_CONNECTION = "on-first-connection"
 LISTEN_BACKLOG = 64
+# How long a child may be gone without its keeper reporting before the keeper is SIGKILLed.
+KEEPER_REPORT_S = 3.0
+# The key of a pool's exec server: no imports, every child exec'd fresh by its keeper.
+EXEC_IMPORTS: tuple[str, ...] = ()
 
 
 def server_key(python: str, env: Mapping[str, str], imports: tuple[str, ...]) -> str:
@@ -123,10 +132,12 @@ class ForkServer:
             if self.proc is None:
                 self._listener.close()
                 self._control_theirs.close()
-        self.control.close()  # the server's lifeline: it kills its group when this closes
+        self.control.close()  # the server's lifeline: it ends its descendants, then its group
         if self.proc is not None:
-            processes.kill_group_now(self.proc)
-            processes.wait_for_exit(self.proc, 5.0)
+            # Time to end what it adopted (escaped helpers); a server that cannot (stopped) is killed.
+            if processes.wait_for_exit(self.proc, processes.END_CHILDREN_S + 1.0) is None:
+                processes.kill_group_now(self.proc)
+                processes.wait_for_exit(self.proc, 5.0)
         for fd in (self._wake_read, self._wake_write):
             os.close(fd)
         shutil.rmtree(self._dir, ignore_errors=True)
@@ -135,12 +146,16 @@ class ForkServer:
 class ForkedProcess:
     """A child forked by a server: runner.ChildProcess's view of it, like a Popen's."""
 
-    def __init__(self, pid: int, stdin_fd: int, status_fd: int) -> None:
+    def __init__(self, pid: int, stdin_fd: int, status_fd: int, keeper: int | None = None) -> None:
         self.pid = pid
         self.stdin = os.fdopen(stdin_fd, "wb")
         self.returncode: int | None = None
+        self.status_lost = False  # True: the child is gone and nobody could say how it ended
         self._status_fd: int | None = status_fd
         self._status = b""
+        self._pidfd = _pidfd_open(pid)
+        self._keeper_pidfd = _pidfd_open(keeper) if keeper else None
+        self._gone_since: float | None = None  # when the child was first seen gone without a status
         os.set_blocking(status_fd, False)
 
     def poll(self) -> int | None:
@@ -149,21 +164,46 @@ class ForkedProcess:
         try:
             chunk = os.read(self._status_fd, 64)
         except BlockingIOError:
+            self._nudge_keeper()
             return None
         if chunk:
             self._status += chunk
             if not self._status.endswith(b"\n"):
                 return None
             self.returncode = int(self._status)
-        elif not processes.is_running(self.pid):
-            # The keeper was killed before it could report (the server ended first): the child is
-            # gone, its status with it. SIGKILL is what ends a server's group.
+        elif self._child_exited():
+            # Every writer is gone (keeper and server) and the status with them. SIGKILL is what
+            # ends a server's group; status_lost lets the evidence say the status is unknown.
             self.returncode = -signal.SIGKILL
+            self.status_lost = True
         else:
-            return None  # keeper gone, child still running: its pool will end it
-        os.close(self._status_fd)
-        self._status_fd = None
+            return None  # keeper and server gone, child still running: its pool will end it
+        self._close()
         return self.returncode
+
+    def _child_exited(self) -> bool:
+        if self._pidfd is not None:  # immune to the pid being reused
+            return bool(select.select([self._pidfd], [], [], 0)[0])
+        return not processes.is_running(self.pid)
+
+    def _nudge_keeper(self) -> None:
+        """The child is gone and its keeper has not reported: continue it, and in the end kill it."""
+        if self._keeper_pidfd is None or not self._child_exited():
+            return
+        now = time.monotonic()
+        if self._gone_since is None:
+            self._gone_since = now
+            _pidfd_signal(self._keeper_pidfd, signal.SIGCONT)  # a stopped keeper cannot reap
+        elif now - self._gone_since > KEEPER_REPORT_S:
+            _pidfd_signal(self._keeper_pidfd, signal.SIGKILL)  # the server reports the child instead
+            os.close(self._keeper_pidfd)
+            self._keeper_pidfd = None
+
+    def _close(self) -> None:
+        for fd in (self._status_fd, self._pidfd, self._keeper_pidfd):
+            if fd is not None:
+                os.close(fd)
+        self._status_fd = self._pidfd = self._keeper_pidfd = None
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -172,6 +212,20 @@ class ForkedProcess:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
             time.sleep(0.01)
         return self.returncode  # type: ignore[return-value]
+
+
+def _pidfd_open(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None  # not Linux, or gone already
+
+
+def _pidfd_signal(pidfd: int, sig: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except (AttributeError, OSError):
+        pass  # ended meanwhile
 
 
 class ForkServerClient:
@@ -216,13 +270,18 @@ class ForkServerClient:
         readable, _, _ = select.select([self.sock], [], [], 0)
         return not readable  # a ready server says nothing unasked: readable means closed
 
-    def spawn(self, env: Mapping[str, str], log_fd: int, pass_fds: tuple[int, ...]) -> ForkedProcess:
-        """A new child with `env` (post-fork variables), stdout/stderr on log_fd, `pass_fds` open."""
+    def spawn(self, env: Mapping[str, str], log_fd: int, pass_fds: tuple[int, ...],
+              argv: list[str] | None = None) -> ForkedProcess:
+        """A new child with `env` (post-fork variables), stdout/stderr on log_fd, `pass_fds` open;
+        with `argv`, a fresh process: the child execs argv with the whole of `env`."""
         if self.ready is None:
             self.ready = self._receive("ready", self.startup_timeout)
         stdin_read, stdin_write = os.pipe()
         status_read, status_write = os.pipe()
-        request = {"env": {k: v for k, v in env.items() if k in POST_FORK_VARIABLES}, "fds": list(pass_fds)}
+        if argv:
+            request: dict[str, Any] = {"env": dict(env), "fds": list(pass_fds), "argv": list(argv)}
+        else:
+            request = {"env": {k: v for k, v in env.items() if k in POST_FORK_VARIABLES}, "fds": list(pass_fds)}
         try:
             try:
                 socket.send_fds(self.sock, [json.dumps(request).encode()],
@@ -238,7 +297,7 @@ class ForkServerClient:
         finally:
             os.close(stdin_read)
             os.close(status_write)
-        return ForkedProcess(reply["pid"], stdin_write, status_read)
+        return ForkedProcess(reply["pid"], stdin_write, status_read, reply.get("keeper"))
 
     def close(self) -> None:
         self.sock.close()

@@ -19,11 +19,23 @@ For each child the server forks a *keeper*, which forks the child and waits for 
 that asked for the child is not its parent, so the keeper writes the child's exit status (a
 signal included) to a pipe the client passed along. The child starts a session of its own, takes
 its stdin, log and pipes from the client, sets its environment, reseeds its random generators and
-runs `harness.child.main()`: from there on it is exactly a child started by exec.
+runs `harness.child.main()`: from there on it is exactly a child started by exec. A request that
+names an `argv` gets a child that execs it with the request's whole environment: a fresh process
+(`--spmd-fork-server=off`, TPU), kept the same way (the pool's *exec server* imports nothing).
+
+Containment (harness.processes, Linux): the server and every keeper are child subreapers. A
+helper the body started that leaves the child's session (setsid, a double fork) is adopted by the
+keeper when its parent ends; when the child has ended, the keeper reports its status, then kills
+and reaps every process it adopted, generation after generation. A keeper that dies first (a body
+can SIGKILL its parent) leaves the child and the helpers to the server: the server reaps that
+child and writes *its* exit status on the client's pipe (it keeps a copy of the write end until
+the status is in), and kills every other process it adopts. When the owner goes, the server ends
+all of its descendants, then its group.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -35,6 +47,9 @@ import socket
 import sys
 import time
 from typing import Any
+
+from harness import processes
+from harness.protocol import KEEPER_PID_ENV
 
 IMPORTS_ENV = "HARNESS_FORKSERVER_IMPORTS"
 LISTEN_FD_ENV = "HARNESS_FORKSERVER_LISTEN_FD"
@@ -56,6 +71,8 @@ SOCKET_FOLDER_PREFIX = "spmd-fork-"  # the private temp folder holding a server'
 MAX_PASSED_FDS = 16
 # The descriptors a spawn request carries before the client's own: stdin, log, exit-status pipe.
 FIXED_FDS = 3
+KEEPER_REPORTED = 0  # a keeper's exit code once the child's status is on the client's pipe
+KEEPER_FAILED = 1
 
 
 def import_modules(names: list[str]) -> list[str]:
@@ -72,6 +89,14 @@ def import_modules(names: list[str]) -> list[str]:
     return done
 
 
+@dataclasses.dataclass
+class Kept:
+    """A child the server forked a keeper for, and the server's copy of its exit-status pipe."""
+
+    child: int
+    status_fd: int
+
+
 class Server:
     def __init__(self, listener: socket.socket, control: socket.socket, ready: dict[str, Any]) -> None:
         self.listener = listener
@@ -81,6 +106,19 @@ class Server:
         self.selector.register(listener, selectors.EVENT_READ, "accept")
         self.selector.register(control, selectors.EVENT_READ, "control")
         self.clients: list[socket.socket] = []
+        self.keepers: dict[int, Kept] = {}  # by keeper pid
+        self.orphans: dict[int, Kept] = {}  # by child pid: children whose keeper died before reporting
+        # Set once a keeper died before reporting: from then on we may adopt a child's helpers.
+        self.adopting = False
+        # Processes that were ours before serving (none expected: an import's helper would be one).
+        self.own_before = set(processes.children_of(os.getpid()))
+        # A child's end wakes the loop at once: an orphan's status is due to its client.
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self._wake_write)
+        self.selector.register(self._wake_read, selectors.EVENT_READ, "sigchld")
 
     def serve(self) -> None:
         while True:
@@ -89,9 +127,67 @@ class Server:
                     self._check_owner()
                 elif key.data == "accept":
                     self._accept()
+                elif key.data == "sigchld":
+                    _drain(self._wake_read)
                 else:
                     self._answer(key.fileobj)  # type: ignore[arg-type]
-            reap_keepers()
+            self._reap()
+            if self.adopting:
+                self._end_strays()
+
+    def _reap(self) -> None:
+        """Collect ended keepers, orphans and strays; hand an orphan's status to its client."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.keepers:
+                self._keeper_ended(self.keepers.pop(pid), status)
+                continue
+            kept = self.orphans.pop(pid, None) or self._kept_child(pid)
+            if kept is not None:  # an orphan (maybe collected before its keeper): its status is owed
+                self._report(kept, status)
+
+    def _kept_child(self, pid: int) -> Kept | None:
+        return next((kept for kept in self.keepers.values() if kept.child == pid), None)
+
+    def _keeper_ended(self, kept: Kept, status: int) -> None:
+        if kept.status_fd < 0:
+            return  # its child was collected here already (it had become an orphan)
+        if os.waitstatus_to_exitcode(status) == KEEPER_REPORTED:
+            os.close(kept.status_fd)
+            return
+        # The keeper died first: its child, running or not yet collected, is ours (a subreaper's).
+        self.adopting = True
+        try:
+            pid, child_status = os.waitpid(kept.child, os.WNOHANG)
+        except ChildProcessError:  # the keeper collected it and died before writing: status lost
+            os.close(kept.status_fd)
+            return
+        if pid == 0:
+            self.orphans[kept.child] = kept  # its exit comes to _reap
+        else:
+            self._report(kept, child_status)
+
+    @staticmethod
+    def _report(kept: Kept, status: int) -> None:
+        _write_status(kept.status_fd, status)
+        os.close(kept.status_fd)
+        kept.status_fd = -1
+
+    def _end_strays(self) -> None:
+        """Kill what we adopted that is neither a keeper nor a child whose status we owe: the
+        escaped helpers of a child whose keeper died. Its orphaned child is ended by its pool."""
+        owed = {kept.child for kept in (*self.orphans.values(), *self.keepers.values())}
+        for pid in processes.children_of(os.getpid()):
+            if pid not in self.keepers and pid not in owed and pid not in self.own_before:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def _check_owner(self) -> None:
         """The owner never writes: readable means it is gone (EOF, or a reset). Keepers go too."""
@@ -99,10 +195,13 @@ class Server:
             gone = not self.control.recv(1)
         except OSError:
             gone = True
-        if gone:  # the owner could not tidy up (SIGKILL): its socket folder goes with us
+        if gone:  # the owner's close, or SIGKILL: its socket folder goes with us
             folder = os.path.dirname(self.listener.getsockname() or "")
             if os.path.basename(folder).startswith(SOCKET_FOLDER_PREFIX):
                 shutil.rmtree(folder, ignore_errors=True)
+            # Every descendant, escaped helpers included (they are ours once their keeper is gone);
+            # then the group, ourselves with it.
+            processes.end_children()
             os.killpg(0, signal.SIGKILL)
 
     def _accept(self) -> None:
@@ -128,7 +227,8 @@ class Server:
                 os.close(fd)
             return
         try:
-            reply = {"pid": self._fork_keeper(json.loads(message), fds)}
+            keeper, child = self._fork_keeper(json.loads(message), fds)
+            reply = {"pid": child, "keeper": keeper}
         except Exception as exc:  # noqa: BLE001 - the client must hear why; the server goes on
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -139,19 +239,20 @@ class Server:
         except OSError:
             pass  # that client is gone; its child's lifeline ends the child
 
-    def _fork_keeper(self, request: dict[str, Any], fds: list[int]) -> int:
-        """Fork a keeper that forks the child and reports its exit; return the child's pid."""
+    def _fork_keeper(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int]:
+        """Fork a keeper that forks the child and reports its exit; return (keeper, child) pids."""
         if len(fds) < FIXED_FDS:
             raise ValueError(f"a spawn request carries at least {FIXED_FDS} descriptors, got {len(fds)}")
         pid_read, pid_write = os.pipe()
         keeper = os.fork()
         if keeper == 0:
+            code = KEEPER_FAILED
             try:
                 os.close(pid_read)
                 self._close_server_sockets()
-                keep_child(request, fds, pid_write)
+                code = keep_child(request, fds, pid_write)
             finally:
-                os._exit(0)
+                os._exit(code)
         os.close(pid_write)
         try:
             pid_text = os.read(pid_read, 64)
@@ -159,17 +260,29 @@ class Server:
             os.close(pid_read)
         if not pid_text:
             raise RuntimeError("the keeper process died before it forked the child")
-        return int(pid_text)
+        # Our copy of the status pipe: if the keeper dies before it reports, we report instead.
+        self.keepers[keeper] = Kept(int(pid_text), os.dup(fds[2]))
+        return keeper, int(pid_text)
 
     def _close_server_sockets(self) -> None:
+        """In a keeper: nothing of the server's stays open, nor its signal wake-up."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         self.selector.close()  # the forked copy of the epoll descriptor; the server's stays as it is
         for sock in (self.listener, self.control, *self.clients):
             sock.close()
+        for kept in (*self.keepers.values(), *self.orphans.values()):
+            if kept.status_fd >= 0:
+                os.close(kept.status_fd)
+        os.close(self._wake_read)
+        os.close(self._wake_write)
 
 
-def keep_child(request: dict[str, Any], fds: list[int], pid_write: int) -> None:
-    """In the keeper: fork the child, tell the server its pid, wait, write its exit status."""
+def keep_child(request: dict[str, Any], fds: list[int], pid_write: int) -> int:
+    """In the keeper: fork the child, tell the server its pid, wait, write its exit status, then
+    end every process this keeper adopted (the child's helpers that left its session)."""
     stdin_fd, log_fd, status_fd, *passed = fds
+    processes.become_subreaper()  # where it cannot be, the server's ready message says so
     child = os.fork()
     if child == 0:
         os.close(pid_write)
@@ -180,25 +293,32 @@ def keep_child(request: dict[str, Any], fds: list[int], pid_write: int) -> None:
     for fd in (stdin_fd, log_fd, *passed):
         os.close(fd)
     _, status = os.waitpid(child, 0)
+    reported = _write_status(status_fd, status)
+    processes.end_children()
+    return KEEPER_REPORTED if reported else KEEPER_FAILED
+
+
+def _write_status(fd: int, status: int) -> bool:
+    """The exit status line a client reads (forkclient.ForkedProcess): -N for signal N, as Popen."""
     try:
-        os.write(status_fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+        os.write(fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+        return True
     except OSError:
-        pass  # the client is gone
+        return False  # the client is gone
 
 
-def reap_keepers() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def become_child(request: dict[str, Any], stdin_fd: int, log_fd: int, passed: list[int]) -> None:
     code = 70
     try:
+        keeper = os.getppid()
         os.setsid()
         os.dup2(stdin_fd, 0)
         os.dup2(log_fd, 1)
@@ -208,9 +328,17 @@ def become_child(request: dict[str, Any], stdin_fd: int, log_fd: int, passed: li
                 os.close(fd)
         # The client named its pipes by its own fd numbers; here they arrived with new ones.
         renumber = dict(zip(request["fds"], passed))
-        env = {k: v for k, v in os.environ.items() if k not in POST_FORK_VARIABLES}
+        argv = request.get("argv")
+        # A fresh process takes the request's environment whole; a forked one keeps the server's
+        # and changes only what is read after the fork.
+        env = {} if argv else {k: v for k, v in os.environ.items() if k not in POST_FORK_VARIABLES}
         for key, value in request["env"].items():
             env[key] = str(renumber.get(int(value), value)) if key.endswith("_FD") else value
+        env[KEEPER_PID_ENV] = str(keeper)
+        if argv:
+            for fd in passed:
+                os.set_inheritable(fd, True)
+            os.execve(argv[0], argv, env)
         os.environ.clear()
         os.environ.update(env)
         reseed()
@@ -254,8 +382,11 @@ def main() -> int:
         print(f"fork server: the imports pulled in {held}, which read the environment at import; "
               "forked children could not change it", file=sys.stderr, flush=True)
         return 2
+    # Without a subreaper, escaped helpers go to init: the log and every client say so.
+    containment = processes.become_subreaper()
     ready = {"ready": True, "pid": os.getpid(), "imported": imported,
-             "threads": len(os.listdir("/proc/self/task")), "startup_s": round(time.monotonic() - started, 3)}
+             "threads": len(os.listdir("/proc/self/task")), "startup_s": round(time.monotonic() - started, 3),
+             "containment": "subreaper" if containment is None else processes.SUBREAPER_UNAVAILABLE.format(why=containment)}
     print(f"fork server ready: {json.dumps(ready)}", flush=True)  # clients receive it on connecting
     Server(listener, control, ready).serve()
     return 0

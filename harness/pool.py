@@ -10,6 +10,11 @@ every idle child is closed before another one starts.
 spares: when a case takes a fresh child, start the next one for the same spec right away, so
 its import runs on an idle core while the case runs. A spare has run no case, so it is as
 fresh as a new process. Off on exclusive devices and where every core is busy (xdist).
+
+Every child comes from a server's keeper (harness.forkserver): forked from a server that imported
+torch_xla once, or, for a spec without fork imports or with forking off, exec'd fresh by a keeper
+of this pool's *exec server*, which imports nothing. Either way the keeper and the server are
+child subreapers, so what a body starts outside its session is ended with its child.
 """
 
 from __future__ import annotations
@@ -17,9 +22,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
+from harness import processes
 from harness.errors import ChildStartError
-from harness.forkclient import ForkServer, ForkServerClient, ServerAddress, server_key
+from harness.forkclient import EXEC_IMPORTS, KEEPER_REPORT_S, ForkServer, ForkServerClient, ServerAddress, server_key
 from harness.runner import ChildProcess, ChildSpec, LateFault
+
+# Closing a pool waits this long for each ended child's status (a stopped keeper is continued or
+# killed within KEEPER_REPORT_S); then it goes on: the run must end.
+CLOSE_WAIT_S = KEEPER_REPORT_S + 5.0
 
 
 class ChildPool:
@@ -39,6 +49,7 @@ class ChildPool:
         self.clients: dict[str, ForkServerClient] = {}
         self.idle: dict[ChildSpec, ChildProcess] = {}
         self.spares: dict[ChildSpec, ChildProcess] = {}
+        self.parked: list[ChildProcess] = []  # released unfit after a verdict; ended by settle()
         self.live: list[ChildProcess] = []  # started and not yet ended, whatever they are doing
         self.ended: list[ChildProcess] = []  # ended but maybe not yet reaped (no wait on the critical path)
         self.started = 0
@@ -57,19 +68,24 @@ class ChildPool:
         self.started += 1
         client = self._server_for(spec)
         try:
-            child = ChildProcess(spec, self.log_dir, client)
+            child = ChildProcess(spec, self.log_dir, client, fresh=self._fresh(spec))
         except ChildStartError:
-            if client is None or client.is_usable():
+            if client.is_usable():
                 raise
             # The server went away (ended, crashed): once, a server of this pool's own.
-            child = ChildProcess(spec, self.log_dir, self._server_for(spec, own=True))
+            child = ChildProcess(spec, self.log_dir, self._server_for(spec, own=True), fresh=self._fresh(spec))
         self.live.append(child)
         return child
 
-    def _server_for(self, spec: ChildSpec, own: bool = False) -> ForkServerClient | None:
-        if not self.fork or spec.fork_imports is None:
-            return None
-        key = server_key(spec.python, dict(spec.env), spec.fork_imports)
+    def _fresh(self, spec: ChildSpec) -> bool:
+        """Exec'd fresh by a keeper of the exec server, rather than forked from an importing server."""
+        return not self.fork or spec.fork_imports is None
+
+    def _server_for(self, spec: ChildSpec, own: bool = False) -> ForkServerClient:
+        if self._fresh(spec):  # one exec server per interpreter: its children take their own environment
+            key, imports = "exec-" + server_key(spec.python, {}, EXEC_IMPORTS), EXEC_IMPORTS
+        else:
+            key, imports = server_key(spec.python, dict(spec.env), spec.fork_imports), spec.fork_imports
         client = self.clients.get(key)
         if client is not None and client.is_usable() and not own:
             return client
@@ -85,7 +101,7 @@ class ChildPool:
         if server is None or not server.is_alive():
             if server is not None:
                 server.close()
-            server = ForkServer(spec.python, dict(spec.env), spec.fork_imports, self.log_dir)
+            server = ForkServer(spec.python, dict(spec.env), imports, self.log_dir)
             self.owned[key] = server
         address = server.address
         self.clients[key] = client = ForkServerClient(address, self.startup_timeout)
@@ -117,8 +133,23 @@ class ChildPool:
     def release(self, child: ChildProcess, reusable: bool) -> None:
         if reusable and not child.ended and child.is_alive() and child.spec not in self.idle:
             self.idle[child.spec] = child
+        elif not child.quiet and not child.ended:
+            # Its case left a thread or process running, which may still crash or answer: that is
+            # the case's fault, not the next one's. settle() looks, and ends it, before the next case.
+            self.parked.append(child)
         else:
             self.discard(child)
+
+    def settle(self) -> list[LateFault]:
+        """End the parked children; what they did since their verdict is charged to their case."""
+        faults = []
+        for child in self.parked:
+            fault = child.post_mortem(released=True)
+            if fault is not None:
+                faults.append(fault)
+            self.discard(child)
+        self.parked.clear()
+        return faults
 
     def discard(self, child: ChildProcess) -> None:
         """End the child and its group now; its exit is collected later, off the critical path."""
@@ -131,8 +162,8 @@ class ChildPool:
         self.ended = [c for c in self.ended if not c.reaped()]
 
     def idle_deaths(self) -> list[LateFault]:
-        """Late faults of idle children that died or spoke since their last case (at session end)."""
-        faults = []
+        """Late faults of idle and parked children that died or spoke since their last case (at session end)."""
+        faults = self.settle()
         for spec, child in list(self.idle.items()):
             fault = child.post_mortem()
             if fault is not None:
@@ -142,15 +173,17 @@ class ChildPool:
         return faults
 
     def _close_idle(self) -> None:
-        for child in [*self.idle.values(), *self.spares.values()]:
+        for child in [*self.idle.values(), *self.spares.values(), *self.parked]:
             self.discard(child)
         self.idle.clear()
         self.spares.clear()
+        self.parked.clear()
 
     def close(self) -> None:
         """End every child and server this pool started, busy ones included, and collect their exits."""
         self.idle.clear()
         self.spares.clear()
+        self.parked.clear()
         for child in list(self.live):
             self.discard(child)
         for client in self.clients.values():
@@ -160,5 +193,5 @@ class ChildPool:
             server.close()
         self.owned.clear()
         for child in self.ended:
-            child.proc.wait()
+            processes.wait_for_exit(child.proc, CLOSE_WAIT_S)  # bounded: a run's end cannot hang here
         self.ended.clear()

@@ -6,20 +6,34 @@ everything it started: `terminate_group` sends SIGTERM to the whole process grou
 SIGKILLs the group, and it does so even when the leader is already dead, because a descendant
 (a gloo rank, an inductor compile worker, a forked copy of a case body) may still be running.
 
+A session is not a container: a body can leave it (`setsid`, `start_new_session=True`, a double
+fork). What catches those is a *child subreaper* (`become_subreaper`, Linux 3.4+): orphans of its
+descendants are re-parented to it instead of to init, so `end_children` finds every one of them
+among its own children and ends them, generation after generation. Elsewhere the harness says
+that it cannot contain them (`SUBREAPER_UNAVAILABLE`).
+
 `signal_name` and `describe_exit` turn return codes into words, guarded for numbers that name no
 signal; `tail_text` and `tail_file` bound what is shown of a log in lines *and* bytes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import IO, Mapping, Sequence
+from typing import IO, Collection, Mapping, Sequence
 
 TERMINATE_GRACE_S = 5.0
+# How long end_children keeps killing and reaping; SIGKILLed processes go in milliseconds unless a
+# disk wait holds them.
+END_CHILDREN_S = 5.0
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+SUBREAPER_UNAVAILABLE = ("no child subreaper on this system ({why}): a helper a case body starts in a "
+                         "session of its own, or double-forks, is not ended with its child")
 TAIL_LINES = 40
 TAIL_BYTES = 8_000
 # How much of the end of a log file is read to find its tail: enough for TAIL_LINES normal lines.
@@ -149,7 +163,95 @@ def wait_for_exit(proc: subprocess.Popen, timeout_s: float) -> int | None:
 def is_running(pid: int) -> bool:
     """Alive and not a zombie, from /proc (for a process that is not our child, whose exit we
     cannot wait for: an orphaned zombie may wait for a reaper that a container lacks)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+# ---------------------------------------------------------------- containment (subreaper)
+
+
+def become_subreaper() -> str | None:
+    """Make this process a child subreaper; None when it is one, else why it cannot be."""
+    if not sys.platform.startswith("linux"):
+        return f"prctl(PR_SET_CHILD_SUBREAPER) is Linux only, this is {sys.platform}"
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            return f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}"
+    except (OSError, AttributeError) as exc:
+        return f"prctl is not reachable: {exc}"
+    return None
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/PID/stat after the command name (which may hold spaces): state, ppid, pgrp, ..."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def parents() -> dict[int, int]:
+    """pid -> parent pid of every process this one can see (empty without /proc)."""
+    found = {}
+    try:
+        entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
     except OSError:
-        return False
+        return found
+    for name in entries:
+        fields = _stat_fields(name)
+        if fields is not None and fields[0] != "Z":
+            found[int(name)] = int(fields[1])
+    return found
+
+
+def children_of(pid: int) -> list[int]:
+    """The live (not zombie) children of pid."""
+    return [child for child, parent in parents().items() if parent == pid]
+
+
+def end_children(timeout_s: float = END_CHILDREN_S, keep: Collection[int] = ()) -> None:
+    """SIGKILL every child of this process but `keep`, reap it, and repeat: in a subreaper the
+    orphans of each killed generation become children of ours. Bounded by timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        doomed = [pid for pid in children_of(os.getpid()) if pid not in keep]
+        if not doomed:
+            break
+        for pid in doomed:
+            _kill_quietly(pid, signal.SIGKILL)
+        for pid in doomed:
+            _reap_by(pid, deadline)
+    _reap_zombies(keep)
+
+
+def _kill_quietly(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap_by(pid: int, deadline: float) -> None:
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] != 0 or time.monotonic() >= deadline:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.005)
+
+
+def _reap_zombies(keep: Collection[int]) -> None:
+    """Collect the exits of adopted children that had ended on their own (zombies)."""
+    try:
+        entries = [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return
+    for pid in entries:
+        fields = _stat_fields(pid)
+        if fields is not None and fields[0] == "Z" and int(fields[1]) == os.getpid() and pid not in keep:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass

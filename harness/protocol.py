@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 RESULT_FD_ENV = "HARNESS_RESULT_FD"
 LIFELINE_FD_ENV = "HARNESS_LIFELINE_FD"  # read end of a pipe only the parent can write: EOF = parent gone
+KEEPER_PID_ENV = "HARNESS_KEEPER_PID"  # the child's keeper: what it adopts are the child's escaped helpers
 PRELOAD_ENV = "HARNESS_PRELOAD"  # comma-separated "module:function" set-up hooks run at start
 BACKEND_ENV = "HARNESS_BACKEND"
 DEVICES_ENV = "HARNESS_DEVICES"
@@ -112,6 +113,9 @@ class Verdict:
     # discards the child. `poisoned` says why.
     reusable: bool = True
     poisoned: str = ""
+    # False when the body left a thread or a process running: the parent ends the child before
+    # the next case begins, and charges to this case whatever they did until then.
+    quiet: bool = True
 
 
 MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Request, Ready, StartupFailed, Started, Verdict)}

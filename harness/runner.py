@@ -1,9 +1,14 @@
 """The parent's handle on one child process: start it, send it a case, read its answers, end it.
 
-One `ChildProcess` is one `python -m harness.child` in a session of its own (harness.processes),
-with an explicit environment, its stdout/stderr in its own log file, answers on a private pipe
-(harness.protocol) and a lifeline pipe whose only write end the parent holds: when the parent
-goes, even by SIGKILL, the child's watchdog kills the child's whole process group.
+One `ChildProcess` is one `python -m harness.child` in a session of its own, with an explicit
+environment, its stdout/stderr in its own log file, answers on a private pipe (harness.protocol)
+and a lifeline pipe whose only write end the parent holds: when the parent goes, even by SIGKILL,
+the child's watchdog kills the child's whole process group. Every child, fresh or forked, comes
+from a server's keeper (harness.forkserver): a fresh one is exec'd by its keeper. Popen would
+make pytest its parent, and pytest cannot be the subreaper that catches what a body starts in a
+session of its own (it would adopt every orphan of the run and must not reap what it did not
+start); a keeper can, and its server, a subreaper too, still reports the child if a body kills
+the keeper.
 
 Who is charged with what:
   * the child dies, times out or answers out of turn between "started" and its verdict: the case
@@ -19,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import select
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +31,7 @@ from typing import Any
 
 from harness import evidence, processes, protocol
 from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError
-from harness.forkclient import ForkServerClient
+from harness.forkclient import KEEPER_REPORT_S, ForkServerClient
 
 # A child acknowledges a request as soon as it reads it; one that does not within this time is
 # stuck in what its previous case left running.
@@ -73,10 +77,10 @@ EXITED = _Exited()
 
 
 class ChildProcess:
-    def __init__(self, spec: ChildSpec, log_dir: Path, server: ForkServerClient | None = None) -> None:
-        """Start the child: exec'd fresh, or forked by `server` (harness.forkserver)."""
+    def __init__(self, spec: ChildSpec, log_dir: Path, server: ForkServerClient, fresh: bool = False) -> None:
+        """Start the child by `server`'s keeper: forked, or (fresh) exec'd as `python -m harness.child`."""
         self.spec = spec
-        self.forked = server is not None
+        self.forked = not fresh
         log_dir.mkdir(parents=True, exist_ok=True)
         result_read, result_write = os.pipe()
         lifeline_read, self.lifeline = os.pipe()
@@ -87,12 +91,8 @@ class ChildProcess:
         self.log_path = log_dir / f"child-{time.time_ns()}.log"
         try:
             with self.log_path.open("wb") as log:
-                if server is not None:
-                    self.proc: Any = server.spawn(env, log.fileno(), (result_write, lifeline_read))
-                else:
-                    self.proc = processes.start_in_session(
-                        [spec.python, "-u", "-m", "harness.child"], env=env, stdout=log,
-                        stdin=subprocess.PIPE, pass_fds=(result_write, lifeline_read))
+                argv = [spec.python, "-u", "-m", "harness.child"] if fresh else None
+                self.proc: Any = server.spawn(env, log.fileno(), (result_write, lifeline_read), argv)
         except BaseException:
             for fd in (result_read, self.lifeline):
                 os.close(fd)
@@ -108,6 +108,7 @@ class ChildProcess:
         self.next_id = 1
         self.last_case: str | None = None  # the case of the last verdict: owner of a late fault
         self.last_offset = 0  # where that case's part of the log starts
+        self.quiet = True  # False: that case left a thread or process running (protocol.Verdict.quiet)
         self.cases_run = 0
         self.ended = False
         self.timeout_s = 0.0
@@ -151,6 +152,8 @@ class ChildProcess:
         ready, _, _ = select.select(watched, [], [], timeout) if watched else ([], [], time.sleep(timeout))
         if self.result_fd in ready:
             self._read_chunk()
+        elif self.pidfd in ready and self.proc.poll() is None:
+            time.sleep(min(timeout, 0.02))  # it exited; its keeper has yet to report how (no spinning)
 
     def _read_chunk(self) -> bool:
         chunk = os.read(self.result_fd, READ_CHUNK)
@@ -168,7 +171,9 @@ class ChildProcess:
         return got
 
     def _exit_description(self) -> str:
-        code = processes.wait_for_exit(self.proc, 5.0)
+        code = processes.wait_for_exit(self.proc, KEEPER_REPORT_S + 5.0)
+        if getattr(self.proc, "status_lost", False):
+            return "exit status unknown (its keeper and fork server ended before reporting it)"
         return processes.describe_exit(code)
 
     # ---------------------------------------------------------------- start-up
@@ -266,17 +271,19 @@ class ChildProcess:
         if code not in (None, 0):
             raise self._crashed(case, f"{processes.describe_exit(code)} right after its verdict", offset)
         self.last_case, self.last_offset = case, offset
+        self.quiet = message.quiet
         return message
 
-    def post_mortem(self) -> LateFault | None:
-        """For an idle child: a LateFault of its last case if it died or spoke since that verdict."""
+    def post_mortem(self, released: bool = False) -> LateFault | None:
+        """For an idle child: a LateFault of its last case if it died or spoke since that verdict.
+        released: it was let go unfit, and may have ended cleanly (exit code 0) on its own."""
         if self.last_case is None or self.ended:
             return None
         self._drain()
         if self.buffer.pending():
             return self._late_fault(self.last_case, "protocol failure: the child answered again after its verdict")
         code = self.proc.poll()
-        if code is not None:
+        if code is not None and not (released and code == 0):
             return self._late_fault(self.last_case, f"{processes.describe_exit(code)} after the verdict of this "
                                     "case, while the child was idle")
         return None

@@ -579,3 +579,168 @@ def test_6_healthy(spmd):
     assert all(outcome == "failed" for name, (outcome, _) in causes.items() if name != "test_6_healthy"), causes
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert_nothing_left(pytester.path)
+
+
+# ------------------------------------------------------------------------------------------
+# 9. Trust at the edges: keepers, escaped helpers, threads left running (issue #18, 5-7)
+# ------------------------------------------------------------------------------------------
+
+# Both ways a child is started: exec'd fresh, or forked by a fork server. Either way its parent
+# is a keeper that waits for it (harness/forkserver.py).
+CHILD_MODES = {"fresh": ["--spmd-fork-server=off"], "forked": ["--spmd-fork-server=on"]}
+
+
+def kill_recorded(folder: Path) -> None:
+    """Clean up after a failing run: SIGKILL every pid a body wrote to helper-*.pid."""
+    for path in folder.glob("helper-*.pid"):
+        try:
+            os.kill(int(path.read_text() or 0), signal.SIGKILL)
+        except (ValueError, ProcessLookupError, PermissionError):
+            pass
+
+
+@pytest.mark.parametrize("mode", list(CHILD_MODES))
+def test_a_body_that_stops_its_keeper_does_not_hang_the_run(pytester, mode):
+    write(pytester, '''
+def body_stops_keeper(ctx):
+    os.kill(os.getppid(), signal.SIGSTOP)
+
+def test_stops(spmd):
+    spmd.run(body_stops_keeper)
+
+def test_after(spmd):
+    healthy(spmd)
+''')
+    started = time.monotonic()
+    result = run(pytester, *CHILD_MODES[mode], timeout=90)
+    result.assert_outcomes(passed=2)
+    assert time.monotonic() - started < 60, "closing the pool waited on the stopped keeper"
+    assert_nothing_left(pytester.path)
+
+
+@pytest.mark.parametrize("mode", list(CHILD_MODES))
+def test_a_keeper_killed_before_its_child_aborts_leaves_the_childs_sigabrt(pytester, mode):
+    write(pytester, '''
+def body_kills_keeper_then_aborts(ctx):
+    keeper = os.getppid()
+    os.kill(keeper, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while os.getppid() == keeper and time.monotonic() < deadline:  # adopted by whoever reaps orphans
+        time.sleep(0.01)
+    print("F0101 00:00:00.000000 1 x.cc:1] Check failed: after the keeper died", file=sys.stderr, flush=True)
+    os.abort()
+
+def test_kills_keeper(spmd):
+    spmd.run(body_kills_keeper_then_aborts)
+
+def test_after(spmd):
+    healthy(spmd)
+''')
+    result = run(pytester, *CHILD_MODES[mode], timeout=90)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: after the keeper died"])
+    assert records(pytester)["test_kills_keeper"]["evidence"].startswith("SIGABRT: F0101")
+    assert_nothing_left(pytester.path)
+
+
+ESCAPING_HELPERS = '''
+SLEEPER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+
+def sleeper(name):
+    return [sys.executable, "-c", SLEEPER, os.path.abspath(f"helper-{name}.pid")]
+
+def body_escapes(ctx):
+    # A session of its own: the child's process group no longer holds it.
+    subprocess.Popen(sleeper("new-session"), start_new_session=True)
+    # A double fork: the middle process exits, the helper is an orphan in a session of its own.
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execv(sys.executable, sleeper("double-fork"))
+        os._exit(0)
+    deadline = time.monotonic() + 30
+    while len([p for p in os.listdir() if p.startswith("helper-") and open(p).read()]) < 2:
+        assert time.monotonic() < deadline, "the helpers did not start"
+        time.sleep(0.05)
+'''
+
+
+@pytest.mark.parametrize("mode", list(CHILD_MODES))
+def test_helpers_that_leave_the_session_do_not_outlive_their_child(pytester, mode):
+    write(pytester, ESCAPING_HELPERS + '''
+PIDS = []
+
+def test_escapes(spmd):
+    PIDS.append(spmd.run(body_escapes).values.get("pid"))
+
+def test_after(spmd):
+    assert healthy(spmd) not in PIDS, "a child that left helpers running was reused"
+''')
+    try:
+        result = run(pytester, *CHILD_MODES[mode], timeout=90)
+        result.assert_outcomes(passed=2)
+        pids = [int(path.read_text()) for path in pytester.path.glob("helper-*.pid")]
+        assert len(pids) == 2
+        assert_nothing_left(pytester.path)
+        assert not [pid for pid in pids if is_running(pid)], "an escaped helper outlived the run"
+    finally:
+        kill_recorded(pytester.path)
+
+
+@pytest.mark.parametrize("mode", list(CHILD_MODES))
+def test_a_thread_left_running_is_charged_to_its_case_not_the_next(pytester, mode):
+    write(pytester, '''
+PIDS = []
+
+def body_leaves_a_thread(ctx, go):
+    ctx.record("pid", os.getpid())
+    def later():  # fires only once the next case has begun (in whatever child that runs)
+        while not os.path.exists(go):
+            time.sleep(0.01)
+        print("F0101 00:00:00.000000 1 async.cc:1] Check failed: left running", file=sys.stderr, flush=True)
+        os.abort()
+    threading.Thread(target=later, daemon=True).start()
+
+def body_next(ctx, go):
+    open(go, "w").close()
+    time.sleep(3)  # long enough for a thread waiting on `go` in this process to fire
+    body_ok(ctx)
+
+def test_leaves_thread(spmd):
+    PIDS.append(spmd.run(body_leaves_a_thread, go=os.path.abspath("go")).values["pid"])
+
+def test_next(spmd):
+    assert spmd.run(body_next, go=os.path.abspath("go")).values["pid"] not in PIDS
+''')
+    result = run(pytester, *CHILD_MODES[mode], timeout=90)
+    result.assert_outcomes(passed=2)
+    recs = records(pytester)
+    assert recs["test_next"]["outcome"] == "passed"
+    assert "left running" not in (recs["test_next"]["evidence"] or "")
+    assert_nothing_left(pytester.path)
+
+
+def test_pending_device_work_is_waited_for_before_the_verdict(pytester):
+    """The child waits for torch_xla's device work before it answers (here a stand-in module whose
+    wait fails like asynchronous XLA work), so a failure there is charged to the case that queued it."""
+    write(pytester, '''
+import types
+
+def body_queues_failing_work(ctx):
+    def wait_device_ops(devices=()):
+        print("F0101 00:00:00.000000 1 async.cc:1] Check failed: queued device work", file=sys.stderr, flush=True)
+        os.abort()
+    for name in ("torch_xla", "torch_xla.core", "torch_xla.core.xla_model"):
+        sys.modules[name] = types.ModuleType(name)
+    sys.modules["torch_xla.core.xla_model"].wait_device_ops = wait_device_ops
+
+def test_queues(spmd):
+    spmd.run(body_queues_failing_work)
+
+def test_after(spmd):
+    healthy(spmd)
+''')
+    result = run(pytester, timeout=90)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: queued device work"])
+    assert_nothing_left(pytester.path)
