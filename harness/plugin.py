@@ -39,6 +39,7 @@ RUN_SERVERS_KEY = pytest.StashKey[runservers.RunServers]()
 RUN_FOLDER_KEY = pytest.StashKey[runfolder.RunFolder]()
 PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
 WORKERINPUT_RUN_KEY = "spmd_harness_run"
+CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
 # Options that make pytest print something and stop: the plugin then writes and starts nothing.
 INFORMATION_ONLY_OPTIONS = ("help", "version", "collectonly", "markers", "showfixtures", "show_fixtures_per_test")
 # A write into the results folder that fails with one of these cannot succeed for the next case
@@ -336,7 +337,7 @@ def _close_run(session: pytest.Session, harness: HarnessSession) -> None:
     stats = getattr(session.config.pluginmanager.get_plugin("terminalreporter"), "stats", {})
     counts = {key: len(reports) for key, reports in stats.items()
               if key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")}
-    failed_ids = list(dict.fromkeys(r.nodeid for key in ("failed", "error") for r in stats.get(key, [])
+    failed_ids = list(dict.fromkeys(_case_id_of_report(r) for key in ("failed", "error") for r in stats.get(key, [])
                                     if getattr(r, "nodeid", None)))
     xmlpath = getattr(session.config.option, "xmlpath", None)
     try:
@@ -452,7 +453,7 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
     """Runs case bodies in child processes; see harness.case.SpmdRunner.run."""
     harness = request.config.stash[SESSION_KEY]
     journal = harness.claim_run_folder() / f"requests-{harness.worker}.jsonl"
-    runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, request.node.nodeid, journal,
+    runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, _case_id(request.node), journal,
                         late_faults=harness.charge_late_fault)
     request.node.stash[RUNNER_KEY] = runner
     yield runner
@@ -460,6 +461,8 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    if call.when == "setup" and item.get_closest_marker("spmd") and _case_id(item) != item.nodeid:
+        item.user_properties.append((CASE_ID_PROPERTY, _case_id(item)))  # before the report copies them
     report: pytest.TestReport = yield
     if call.when == "call":
         _apply_registry(item, call, report)
@@ -467,6 +470,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if item.get_closest_marker("spmd") and (call.when == "call" or (call.when == "setup" and not report.passed)):
         _write_record(item, call, report)
     return report
+
+
+def _case_id(item: pytest.Item) -> str:
+    """The stable case name records and baselines use (harness.results.case_id)."""
+    return results.case_id(item.nodeid, item.path, item.config.rootpath)
+
+
+def _case_id_of_report(report: Any) -> str:
+    """A report's case name; set by the worker that ran it (the xdist controller has no items)."""
+    return dict(getattr(report, "user_properties", ())).get(CASE_ID_PROPERTY, report.nodeid)
 
 
 def _child_version(item: pytest.Item) -> str | None:
@@ -533,14 +546,14 @@ def _compare_shardings(item: pytest.Item, report: pytest.TestReport) -> None:
         return
     version = _child_version(item)
     if harness.update_shardings:
-        harness.shardings_seen[item.nodeid] = (observed, version)
+        harness.shardings_seen[_case_id(item)] = (observed, version)
         return
     base = harness.baseline()
     if base is None:
         return
-    changes = base.compare(item.nodeid, observed)
+    changes = base.compare(_case_id(item), observed)
     if changes is None:
-        harness.cases_without_entry.append(item.nodeid)
+        harness.cases_without_entry.append(_case_id(item))
         return
     if not changes:
         return
@@ -573,7 +586,7 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
     for result in runner.results if runner else []:
         shardings.update(result.shardings)
     record = results.CaseRecord(
-        nodeid=item.nodeid, family=results.family_of(item.nodeid), outcome=_outcome_of(report),
+        nodeid=_case_id(item), family=results.family_of(_case_id(item)), outcome=_outcome_of(report),
         reason=_reason(report, judgement),
         known_bug=(judgement.entry if judgement and judgement.entry else entries[0].id if entries else None),
         known_bugs=[e.id for e in entries],
@@ -589,7 +602,7 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
     def write() -> None:
         folder = harness.claim_run_folder()
         for result in runner.results if runner else []:
-            _keep_hlo(folder, item.nodeid, result.hlo)
+            _keep_hlo(folder, _case_id(item), result.hlo)
         results.write_record(folder, record, harness.worker)
 
     _write_results(harness, item.config, write)

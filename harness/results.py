@@ -112,6 +112,28 @@ _FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 
 
+def case_id(nodeid: str, path: Path, rootpath: Path) -> str:
+    """The case's stable name in records, baselines and the journal: pytest's node id when the
+    file lies under the rootdir, else the file's path from its outermost package folder.
+
+    A case file outside the rootdir (pytorch/xla's test/ tree run with this repository's config,
+    `-c pyproject.toml --rootdir=...`) gets a node id of `::test_x` from pytest: its file is gone
+    from the id, so cases of two files would collide, and its family would be empty.
+    """
+    file_part, _, rest = nodeid.partition("::")
+    if file_part and not file_part.startswith(".."):
+        return nodeid
+    path = Path(path)
+    try:
+        relative = path.relative_to(rootpath)
+    except ValueError:
+        top = path.parent
+        while (top / "__init__.py").is_file():
+            top = top.parent
+        relative = path.relative_to(top)
+    return f"{relative.as_posix()}::{rest}"
+
+
 def family_of(nodeid: str) -> str:
     """`cases/test_scalar_specs.py::x` -> `scalar_specs`."""
     stem = Path(nodeid.split("::", 1)[0]).stem

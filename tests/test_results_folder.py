@@ -243,3 +243,37 @@ def test_long_failure(spmd, n):
             pass  # the line the disk cut
     assert 1 <= len(complete) < 40 and len(kept) - len(complete) <= 1
     assert all(r["outcome"] == "failed" for r in complete)
+
+
+OUTSIDE_CASE = '''
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body(ctx):
+    ctx.record("where", __file__)
+
+def test_x(spmd):
+    spmd.run(body)
+'''
+
+
+def test_cases_outside_the_rootdir_keep_distinct_stable_names(pytester: pytest.Pytester, tmp_path_factory):
+    """pytorch/xla's tree run with this project's config: two case files outside the rootdir,
+    with the same test name, must not collide (pytest's own node id for both files, given as
+    files, is `::test_x`)."""
+    project = pytester.path / "project"
+    project.mkdir()
+    (project / "pytest.ini").write_text("[pytest]\nspmd_backend = fake\n")
+    elsewhere = tmp_path_factory.mktemp("upstream")
+    for folder in ("spmd", "distributed"):
+        (elsewhere / folder).mkdir()
+        (elsewhere / folder / f"test_{folder}_cases.py").write_text(OUTSIDE_CASE)
+    result = pytester.runpytest_subprocess(
+        "-c", str(project / "pytest.ini"), f"--rootdir={project}", "-p", "no:cacheprovider",
+        f"--spmd-results-dir={project / 'results'}", *(str(p) for p in sorted(elsewhere.rglob("test_*.py"))),
+        timeout=120)
+    result.assert_outcomes(passed=2)
+    records = list(read_records(project / "results"))
+    assert sorted(r.nodeid for r in records) == ["test_distributed_cases.py::test_x", "test_spmd_cases.py::test_x"]
+    assert sorted(r.family for r in records) == ["distributed_cases", "spmd_cases"]
