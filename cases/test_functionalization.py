@@ -125,35 +125,42 @@ def sgd_step(model, optimizer, images, labels):
     return loss
 
 
-def wrap_vit(mesh, model):
+def wrap_vit(mesh, model, layout=None):
     from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
 
     from cases import models
+    from harness import meshes
 
+    # A layout with a data axis (harness.meshes) gives every unit extra_data_axis, as training does.
+    extra = {} if layout is None else {**layout.fsdpv2_kwargs(), "auto_wrapper_callable": meshes.fsdpv2_wrapper(layout)}
     # The mesh is passed explicitly: no release needs the global mesh for this, and setting it
     # would leave state behind in a warm child.
-    return SpmdFullyShardedDataParallel(model, mesh=mesh, auto_wrap_policy=models.block_wrap_policy())
+    return SpmdFullyShardedDataParallel(model, mesh=mesh, auto_wrap_policy=models.block_wrap_policy(), **extra)
 
 
-def body_fsdpv2_vit_train(ctx, steps: int, lr: float) -> None:
-    """Train FSDPv2(ViT) a few SGD steps on a batch-sharded input, next to a CPU copy of the model."""
+def body_fsdpv2_vit_train(ctx, steps: int, lr: float, layout: str | None = None) -> None:
+    """Train FSDPv2(ViT) a few SGD steps on a batch-sharded input, next to a CPU copy of the model.
+
+    `layout`: a training mesh layout of harness.meshes (cases/test_meshes.py); None: (n, 1) fsdp x model.
+    """
     import torch
 
-    from harness import xla
+    from harness import meshes, xla
 
     n = ctx.record("devices", xla.num_devices())
-    mesh = xla.mesh((n, 1), ("fsdp", "model"))
+    layout = None if layout is None else meshes.get(layout)
+    mesh = xla.mesh((n, 1), ("fsdp", "model")) if layout is None else meshes.build(layout, ctx)
     threads = torch.get_num_threads()
     # The eager CPU reference competes with XLA's own thread pool; one thread keeps it at
     # milliseconds per step instead of seconds on a busy machine. Restored for the next case.
     torch.set_num_threads(1)
     try:
-        train_next_to_cpu(ctx, mesh, n, steps, lr)
+        train_next_to_cpu(ctx, mesh, n, steps, lr, layout)
     finally:
         torch.set_num_threads(threads)
 
 
-def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float) -> None:
+def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float, layout=None) -> None:
     import copy
 
     import torch
@@ -164,10 +171,11 @@ def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float) -> None:
 
     model = models.build_vit(seed=0)
     reference = copy.deepcopy(model)  # same init, stays on CPU
-    wrapped = wrap_vit(mesh, model)  # the model stays on CPU until FSDPv2 moves it
+    wrapped = wrap_vit(mesh, model, layout)  # the model stays on CPU until FSDPv2 moves it
+    batch_spec = ("fsdp", None, None, None) if layout is None else layout.batch_spec(4)
     # Everything FSDPv2 decides is recorded (the sharding baseline compares it): every parameter,
     # every wrapped unit's output at step 0, the step's graph, the parameters after the steps.
-    recording.record_parameters(ctx, wrapped)
+    ctx.record("param_shapes", recording.record_parameters(ctx, wrapped))
     stop_recording_outputs = recording.record_unit_outputs(ctx, wrapped, xla.is_fsdpv2_unit)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=lr)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
@@ -175,7 +183,7 @@ def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float) -> None:
     for step in range(steps):
         images, labels = models.random_batch(seed=100 + step, batch=2 * n)
         device_images = images.to(xla.device())
-        xs.mark_sharding(device_images, mesh, ("fsdp", None, None, None))
+        xs.mark_sharding(device_images, mesh, batch_spec)
         loss = sgd_step(wrapped, optimizer, device_images, labels.to(xla.device()))
         if step == 0:
             stop_recording_outputs()

@@ -136,7 +136,7 @@ def body_partition_spec(ctx, shape, mesh_shape, extra_data_axis, shard_maximal) 
     ctx.record_sharding("tensor", xla.spec_of(on_device))
 
 
-def body_fsdpv2_scalar_param(ctx, steps: int, reintroduce_list_spec: bool = False) -> None:
+def body_fsdpv2_scalar_param(ctx, steps: int, reintroduce_list_spec: bool = False, layout: str | None = None) -> None:
     """FSDPv2 over Linear plus a 0-dim nn.Parameter (a learned scale); a few SGD steps vs CPU."""
     import torch
     import torch.nn as nn
@@ -154,11 +154,11 @@ def body_fsdpv2_scalar_param(ctx, steps: int, reintroduce_list_spec: bool = Fals
             return self.fc(x) * self.scale
 
     torch.manual_seed(0)
-    wrapped = _wrap_and_train_against_cpu(ctx, ScaledLinear(), lambda model, x: model(x).pow(2).mean(), steps)
+    wrapped = _wrap_and_train_against_cpu(ctx, ScaledLinear(), lambda model, x: model(x).pow(2).mean(), steps, layout)
     _record_param_specs(ctx, wrapped, "after_steps.")
 
 
-def body_fsdpv2_scalar_output(ctx, steps: int, reintroduce_list_spec: bool = False) -> None:
+def body_fsdpv2_scalar_output(ctx, steps: int, reintroduce_list_spec: bool = False, layout: str | None = None) -> None:
     """FSDPv2 over a module whose forward returns its 0-dim loss: the shard_output path."""
     import torch
     import torch.nn as nn
@@ -185,11 +185,12 @@ def body_fsdpv2_scalar_output(ctx, steps: int, reintroduce_list_spec: bool = Fal
         return loss
 
     torch.manual_seed(0)
-    _wrap_and_train_against_cpu(ctx, LossModule(), loss_of, steps)
+    _wrap_and_train_against_cpu(ctx, LossModule(), loss_of, steps, layout)
 
 
-def _wrap_and_train_against_cpu(ctx, model, loss_of, steps: int):
-    """Wrap `model` in FSDPv2 over the fsdp mesh, train it and a CPU copy on the same batch, compare.
+def _wrap_and_train_against_cpu(ctx, model, loss_of, steps: int, layout: str | None = None):
+    """Wrap `model` in FSDPv2 over the fsdp mesh (or a harness.meshes layout), train it and a CPU
+    copy on the same batch, compare.
 
     Returns the wrapped model. Runs in the child.
     """
@@ -199,15 +200,16 @@ def _wrap_and_train_against_cpu(ctx, model, loss_of, steps: int):
     import torch_xla.distributed.spmd as xs
     from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
 
-    from harness import xla
+    from harness import meshes, xla
 
     reference = copy.deepcopy(model)
     x_cpu = torch.randn(2 * xla.num_devices(), 16)
-    mesh = _fsdp_mesh()
-    wrapped = FSDPv2(model, mesh=mesh)
+    layout = None if layout is None else meshes.get(layout)
+    mesh = _fsdp_mesh() if layout is None else meshes.build(layout, ctx)
+    wrapped = FSDPv2(model, mesh=mesh, **({} if layout is None else layout.fsdpv2_kwargs()))
     _record_param_specs(ctx, wrapped, "")
     x = x_cpu.to(xla.device())
-    xs.mark_sharding(x, mesh, ("fsdp", None))
+    xs.mark_sharding(x, mesh, ("fsdp", None) if layout is None else layout.batch_spec(2))
     xla_losses = _train(wrapped, loss_of, x, steps, on_xla=True, ctx=ctx)
     cpu_losses = _train(reference, loss_of, x_cpu, steps, on_xla=False)
     _assert_close_to_reference(ctx, wrapped, reference, xla_losses, cpu_losses)

@@ -26,6 +26,7 @@ from packaging.version import InvalidVersion, Version
 from harness.errors import BaselineError
 from harness.schema import shown, unknown_keys
 from harness.sharding import ShardingParseError, format_sharding, parse_sharding
+from harness.tiles import grids_side_by_side, is_multi_axis
 
 BASELINE_DIR = Path("baselines") / "shardings"  # under the repository root (pytest's rootdir)
 
@@ -174,6 +175,18 @@ def _checked_fields(data: Any, where: str) -> tuple[str, int, str | None, dict[s
                 raise BaselineError(f"{where}: case {case!r}, tensor {name!r}: {shown(spec)} is not sharding text "
                                     f'(e.g. "{{replicated}}"); {REWRITE}')
     return backend, devices, version, {case: dict(tensors) for case, tensors in cases.items()}
+
+
+def listing(changes: list[Change], indent: str = "  ") -> str:
+    """One line per change; a move that involves a partially replicated or multi-axis sharding is
+    followed by both layouts as device grids (harness.tiles), since the one-line text of two such
+    shardings can differ only in a device list that says nothing at a glance."""
+    lines = []
+    for change in changes:
+        lines.append(f"{indent}{change}")
+        if change.before is not None and change.after is not None and (is_multi_axis(change.before) or is_multi_axis(change.after)):
+            lines += [f"{indent}    {row}" for row in grids_side_by_side(change.before, change.after, ("baseline", "this run"))]
+    return "\n".join(lines)
 
 
 def is_drift(changes: list[Change] | None) -> bool:

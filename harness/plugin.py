@@ -559,7 +559,7 @@ def _compare_shardings(item: pytest.Item, report: pytest.TestReport) -> None:
         return
     lines = [str(c) for c in changes]
     item.stash[SHARDING_CHANGES_KEY] = lines
-    listing = "\n".join(f"  {line}" for line in lines)
+    listing = baseline.listing(changes)  # with device grids where a layout has several axes
     if baseline.is_drift(changes) and base.on_release_line(version):
         report.outcome = "failed"
         report.longrepr = (

@@ -51,6 +51,18 @@ class Disagreement:
         seen = "; ".join(f"{', '.join(hosts)} saw {text!r}" for text, hosts in self.variants)
         return f"{self.nodeid}: tensor {self.tensor!r} sharded differently across hosts: {seen}"
 
+    def grids(self) -> list[str]:
+        """The two most common layouts as device grids, when either is partially replicated or
+        cut along several dimensions (their one-line texts differ only in a device list); else []."""
+        try:
+            from harness.tiles import grids_side_by_side, is_multi_axis
+        except ImportError:  # a worker image older than harness.tiles: the text alone
+            return []
+        (first, first_hosts), (second, second_hosts) = self.variants[:2]
+        if not (is_multi_axis(first) or is_multi_axis(second)):
+            return []
+        return grids_side_by_side(first, second, (", ".join(first_hosts), ", ".join(second_hosts)))
+
 
 @dataclasses.dataclass
 class Aggregate:
@@ -188,7 +200,8 @@ def _cross_host_suite(root: ET.Element, result: Aggregate) -> None:
     agree = ET.SubElement(suite, "testcase", classname="cross-host", name="sharding-agreement", time="0")
     if result.disagreements:
         failure = ET.SubElement(agree, "failure", message=f"{len(result.disagreements)} sharding disagreement(s)")
-        failure.text = "\n".join(d.describe() for d in result.disagreements)
+        failure.text = "\n".join("\n".join([d.describe(), *(f"    {row}" for row in d.grids())])
+                                 for d in result.disagreements)
     run = ET.SubElement(suite, "testcase", classname="cross-host", name="run", time="0")
     if result.run_problems:
         ET.SubElement(run, "failure", message=result.run_problems[0]).text = "\n".join(result.run_problems)
@@ -217,6 +230,13 @@ def summary_markdown(result: Aggregate, meta: dict[str, Any]) -> str:
         lines.append(f"| {r.label} | {r.pod or '-'} | " + " | ".join(map(str, counts)) + f" | {status} |")
     if result.failures:
         lines += ["", f"## Failures ({len(result.failures)})", ""] + [f"- {_cell(f)}" for f in result.failures]
+    grids = [(d, d.grids()) for d in result.disagreements]
+    if any(rows for _, rows in grids):
+        lines += ["", "## Sharding disagreements as device grids", "",
+                  "Which device holds which tile (rows and columns index the tensor's cut dimensions).", ""]
+        for d, rows in grids:
+            if rows:
+                lines += [f"`{d.nodeid}` tensor `{d.tensor}`:", "", "```", *rows, "```", ""]
     changes = baseline_changes(result)
     if changes:
         lines += ["", f"## Sharding changes against the baseline, reported ({len(changes)})", "",
