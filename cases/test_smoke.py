@@ -11,7 +11,7 @@ pytestmark = pytest.mark.spmd
 
 
 def body_mark_sharding_4x1(ctx) -> None:
-    """Runs in the child: shard a (16, 32) tensor over an (n, 1) mesh along dim 0 (n = 4, or 8 with --devices=8)."""
+    """Runs in the child: shard a (16, 32) tensor over an (n, 1) mesh along dim 0 (n = 4, or 8 with --spmd-devices=8)."""
     import torch
     import torch_xla.distributed.spmd as xs
 

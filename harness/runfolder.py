@@ -156,7 +156,7 @@ class RunFolder:
             if not self._is_ours_in_progress():
                 raise HarnessUsageError(
                     f"{self.path} already exists and is not this run's folder; remove it or choose "
-                    "another --results-dir") from None
+                    "another --spmd-results-dir") from None
         manifest = Manifest(run_id=self.run_id, pid=self.controller_pid, host=socket.gethostname(),
                             started=self.started, argv=list(sys.argv))
         try:
@@ -171,8 +171,9 @@ class RunFolder:
 
     def _is_ours_in_progress(self) -> bool:
         """Another process of this same run made the folder a moment ago (its manifest may follow)."""
-        if MANIFEST_NAME not in {p.name for p in self.path.iterdir()}:
-            return not any(self.path.iterdir())
+        entries = {p.name for p in self.path.iterdir()}  # listed once: the manifest may appear any moment
+        if MANIFEST_NAME not in entries:
+            return not entries
         try:
             return read_manifest(self.path).run_id == self.run_id
         except ValueError:

@@ -140,8 +140,8 @@ def test_moved_tiles_of_a_partially_replicated_parameter_fail_against_the_baseli
 
     def run(patch: bool, baseline: str) -> pytest.RunResult:
         monkeypatch.setenv("PATCH", "1" if patch else "0")
-        return pytester.runpytest_subprocess("--backend=cpu", "--devices=4", "-p", "no:cacheprovider",
-                                             f"--shardings-baseline={baseline}", timeout=300)
+        return pytester.runpytest_subprocess("--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider",
+                                             f"--spmd-shardings-baseline={baseline}", timeout=300)
 
     run(False, "baseline.json").assert_outcomes(passed=1)  # unpatched: the committed entry holds
     run(True, "absent.json").assert_outcomes(passed=1)  # losses and tile shapes unchanged: nothing else sees it
