@@ -360,7 +360,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
     reason = f"xdist worker {worker} crashed while running this case (the worker process died; see the pytest output)"
     record = results.CaseRecord(nodeid=crashitem, family=results.family_of(crashitem), outcome="failed",
                                 reason=reason, evidence=str(report.longrepr), backend=harness.backend.name,
-                                devices=harness.backend.capabilities().devices)
+                                devices=harness.backend.capabilities().devices, **_stack_versions())
     _write_results(harness, worker_node.config, lambda: results.write_record(
         harness.claim_run_folder(), record, harness.worker))
 
@@ -597,6 +597,7 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
         body_s=round(sum(r.duration_s for r in runner.results), 3) if runner else 0.0,
         shardings=shardings, sharding_changes=item.stash.get(SHARDING_CHANGES_KEY, []),
         sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None,
+        **_stack_versions(),
     )
 
     def write() -> None:
@@ -606,6 +607,12 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
         results.write_record(folder, record, harness.worker)
 
     _write_results(harness, item.config, write)
+
+
+def _stack_versions() -> dict[str, str | None]:
+    """torch, jax and the harness as installed in this venv (the children run the same one)."""
+    stack = versions.stack()
+    return {"torch": stack["torch"], "jax": stack["jax"], "harness": versions.harness()}
 
 
 def _reason(report: pytest.TestReport, judgement: Judgement | None) -> str:

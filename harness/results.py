@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from harness import runfolder
+from harness import runfolder, versions
 from harness.errors import DamagedRecord
 from harness.processes import describe_exit
 from harness.schema import shown
@@ -70,6 +70,14 @@ class CaseRecord:
     # started): the evidence of that fault. The outcome is then "failed".
     late_fault: str = ""
 
+    # What else the run used, from the installed packages (harness.versions): the torch_xla above
+    # is the one the child imported; these say which torch and jax came with it, which harness
+    # judged it, and the record layout (schema) a reader can check.
+    torch: str | None = None
+    jax: str | None = None
+    harness: str | None = None
+    schema: int = versions.RECORD_SCHEMA
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, allow_nan=False)
 
@@ -101,7 +109,8 @@ _FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     **{name: ("a string", lambda v: isinstance(v, str))
        for name in ("family", "outcome", "reason", "evidence", "backend", "late_fault")},
     **{name: ("a string or null", lambda v: v is None or isinstance(v, str))
-       for name in ("known_bug", "registry_verdict", "signature", "torch_xla")},
+       for name in ("known_bug", "registry_verdict", "signature", "torch_xla", "torch", "jax", "harness")},
+    "schema": ("a whole number", _is_count),
     **{name: ("a whole number or null", lambda v: v is None or _is_count(v)) for name in ("devices", "slice_id", "host_id")},
     **{name: ("a number", lambda v: _is_count(v) or isinstance(v, float)) for name in ("duration_s", "body_s")},
     **{name: ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))

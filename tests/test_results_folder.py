@@ -277,3 +277,14 @@ def test_cases_outside_the_rootdir_keep_distinct_stable_names(pytester: pytest.P
     records = list(read_records(project / "results"))
     assert sorted(r.nodeid for r in records) == ["test_distributed_cases.py::test_x", "test_spmd_cases.py::test_x"]
     assert sorted(r.family for r in records) == ["distributed_cases", "spmd_cases"]
+
+
+def test_records_carry_the_stack_the_harness_and_the_schema(pytester: pytest.Pytester):
+    from harness import versions
+
+    pytester.makepyfile(test_cases=CASES)
+    run(pytester, "-m", "spmd").assert_outcomes(passed=1, skipped=1)
+    for record in read_records(pytester.path / "results"):
+        assert record.schema == versions.RECORD_SCHEMA
+        assert record.harness == versions.harness() and record.harness != "unknown"
+        assert (record.torch, record.jax) == (versions.installed("torch"), versions.installed("jax"))
