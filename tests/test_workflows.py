@@ -743,3 +743,34 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_no_credentials(t
     for source in copied:
         assert source.rstrip("/") in context, f"{source} is COPY'd but left out of the build context"
     assert "gha-creds-*.json" in (REPO_ROOT / ".gitignore").read_text().split()
+
+
+@pytest.mark.parametrize("name", [
+    "torch_xla-2.9.0-cp312-linux_x86_64.whl",  # a tag missing
+    "torch_xla-not.a.version-cp312-cp312-linux_x86_64.whl",  # the version is no PEP 440 version
+    "torch_xla.whl",
+])
+def test_a_file_that_is_no_wheel_name_is_refused_by_name(tmp_path: Path, name: str):
+    from harness.errors import HarnessUsageError
+    from harness.wheeltags import python_of_wheels
+
+    folder = wheel_folder(tmp_path, name)
+    with pytest.raises(HarnessUsageError, match="is not a wheel filename"):
+        python_of_wheels(folder)
+
+
+def test_compressed_python_tags_are_read_as_a_set(tmp_path: Path):
+    from harness.wheeltags import python_of_wheels
+
+    folder = wheel_folder(tmp_path, "torch_xla-2.9.0-cp311.cp312-cp311.cp312-linux_x86_64.whl",
+                          "torch-2.9.0-cp312-cp312-linux_x86_64.whl")
+    assert python_of_wheels(folder) == "3.12"
+
+
+def test_the_wheel_tags_are_read_without_packaging_as_on_the_bare_runner(tmp_path: Path):
+    # The runner's system Python has pip but maybe not packaging: pip's vendored copy stands in.
+    folder = wheel_folder(tmp_path, "torch_xla-2.9.0-cp312-cp312-linux_x86_64.whl")
+    code = ("import sys; sys.modules['packaging'] = sys.modules['packaging.utils'] = None; "
+            "from harness.wheeltags import main; sys.exit(main([sys.argv[1]]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert (proc.returncode, proc.stdout) == (0, "version=3.12\n"), proc.stderr
