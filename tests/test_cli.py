@@ -139,3 +139,18 @@ def test_the_tools_default_output_folders_are_ignored_by_git():
 
     ignored = (REPO / ".gitignore").read_text().split()
     assert f"/{GKE}/" in ignored and f"/{MATRIX}/" in ignored
+
+
+def test_the_release_is_described_licensed_and_classified():
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    version = project["version"]
+    assert f"## {version}" in (REPO / "CHANGELOG.md").read_text(), "the changelog lacks this version"
+    assert "Framework :: Pytest" in project["classifiers"]
+    assert project["license"] == "Apache-2.0" and (REPO / "LICENSE").read_text().lstrip().startswith("Apache License")
+    # The same OWNER placeholder as README's workflow snippet, so one search-and-replace fixes both.
+    for url in project["urls"].values():
+        assert url.startswith("https://github.com/OWNER/spmd-regression-harness"), url
