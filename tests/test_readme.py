@@ -145,3 +145,26 @@ def test_no_lab_notes_in_the_user_docs():
         # A negative "per-case overhead" read as a typo; the column is now named and explained.
         for note in ("/work/", "this machine measured", "per-case overhead (s) |"):
             assert note not in text, f"{doc.name}: {note!r}"
+
+
+def test_the_fix_procedures_window_judges_builds_as_the_readme_says():
+    """Step 2 of 'When a PR fixes a known bug', applied to the registry code: the fix's +git builds
+    count as fixed, earlier nightlies and releases still carry the bug, the exact PR fails first."""
+    import dataclasses
+
+    from packaging.specifiers import SpecifierSet
+
+    from harness.registry import Verdict, get_entry, judge
+
+    text = section("## On every torch_xla PR")
+    windows = re.findall(r"`carried_by = \"([^\"]+)\"`", text[text.index("### When a PR fixes a known bug"):])
+    window = next(w for w in windows if "<" in w)  # the moved one; the first is the open entry's
+    entry = get_entry("fsdpv2-params-left-replicated")
+    assert f"did not reproduce on torch_xla 2.10.0+git1a2b3c4" in judge(entry, "2.10.0+git1a2b3c4", None).message
+    fixed = dataclasses.replace(entry, carried_by=SpecifierSet(window))
+    assert not fixed.carried_by_release("2.10.0+git1a2b3c4")
+    assert fixed.carried_by_release("2.10.0.dev20260228") and fixed.carried_by_release("2.9.0")
+    assert not fixed.carried_by_release("2.10.0.dev20260302")
+    evidence = "AssertionError: blocks.0.mlp.fc1.weight left {replicated} instead of sharded"
+    assert entry.matching_signature(evidence)
+    assert judge(fixed, "2.10.0+gitold", evidence).verdict is Verdict.REGRESSED  # a branch from before the fix
