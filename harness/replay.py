@@ -8,7 +8,11 @@ kwargs, the child's exact environment). This replays them:
     python -m harness.replay                                 # everything: the benchmark's "floor"
 
 Requests that shared a warm child share a process here too (one per environment); requests that
-needed a fresh child get one each.
+needed a fresh child get one each. Also installed as `spmd-replay`.
+
+Exit codes: 0 every replayed body finished without an exception (or --print-commands); 1 a body
+raised; another nonzero code is the exit status of the first replay process that failed (a
+crash); 2 usage error (no journalled requests there, a bad option).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import protocol, runfolder
+from harness import cli, protocol, runfolder
 from harness.errors import HarnessUsageError
 
 
@@ -39,7 +43,7 @@ def read_journal(results_dir: Path, case_filter: str = "") -> list[dict[str, Any
     if not entries:
         raise HarnessUsageError(
             f"no journalled requests{f' matching {case_filter!r}' if case_filter else ''} in {results_dir}; "
-            "run pytest with --results-dir there first"
+            "run pytest with --spmd-results-dir there first"
         )
     return entries
 
@@ -105,12 +109,15 @@ def replay(results_dir: Path, case_filter: str, print_commands: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.replay", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--results-dir", type=Path, default=Path("results"))
+    parser = cli.PlainParser(prog=cli.prog("harness.replay", "spmd-replay"), description=__doc__)
+    parser.add_argument("--results-dir", type=Path, default=Path("results"), metavar="DIR",
+                        help="a results folder (its latest run) or one run's folder (default: results)")
+    # pytest's spelling of the same folder, as the time-to-verdict benchmark passes it.
+    cli.add_hidden_alias(parser, "--spmd-results-dir", dest="results_dir", type=Path)
     parser.add_argument("--case", default="", help="replay only requests whose case id contains this")
     parser.add_argument("--print-commands", action="store_true", help="print the commands instead of running them")
     parser.add_argument("--run-group", type=Path, help=argparse.SUPPRESS)
+    cli.add_version(parser, "spmd-replay")
     args = parser.parse_args(argv)
     if args.run_group:
         return run_group_here(args.run_group)

@@ -1,20 +1,23 @@
 """Turn a results folder into a Markdown job summary and GitHub failure annotations.
 
     python -m harness.report RESULTS_DIR [--summary FILE] [--step-summary FILE] [--annotate]
+        [--github-output FILE]            (also installed as `spmd-report`)
 
 The summary groups cases per bug family (case, verdict, registry entry, reason, evidence) and
 ends with a totals line. It is always written to RESULTS_DIR/summary.md (so it travels with the
-uploaded results) and appended to $GITHUB_STEP_SUMMARY when that is set.
+uploaded results) and appended to $GITHUB_STEP_SUMMARY when that is set. The counts (cases,
+failed, regressed, unexpected-passed, xfailed, passed, skipped) are appended as `name=value`
+lines to $GITHUB_OUTPUT when that is set: the reusable workflow's outputs.
 
 RESULTS_DIR is a results folder (its `latest` run is read), one run's folder, or a folder of
 per-host results folders (a GKE launch). See harness.runfolder.
 
-Exit status: 0 when at least one case record was read and the run is complete; 1 when the run's
+Exit codes: 0 when at least one case record was read and the run is complete; 1 when the run's
 manifest shows a problem the records do not (the run never finished, pytest exited with an
 internal or usage error, a failure pytest saw has no record); 2 when no record was read or every
 case skipped. A run that executed nothing must not look green, whatever pytest's own exit code
 was. Failed cases alone do not change the exit status: pytest's exit code already says that, and
-the CI script keeps it.
+the CI script keeps it. 2 also for a usage error.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from harness import runfolder
+from harness import cli, runfolder
 from harness.results import VERDICTS_GLOB, CaseRecord, family_of, read_records, suite_exit_problem
 
 # Long log tails would make the summary table unreadable; the full text is in the uploaded JSON.
@@ -294,16 +297,42 @@ def plain_failure_lines(results: Results) -> list[str]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.split("\n")[0])
-    parser.add_argument("results_dir", type=Path, help="folder holding verdicts-*.jsonl (searched recursively)")
-    parser.add_argument("--summary", type=Path, default=None,
-                        help="where to write the Markdown summary (default: RESULTS_DIR/summary.md)")
-    parser.add_argument("--step-summary", type=Path, default=os.environ.get("GITHUB_STEP_SUMMARY") or None,
+    parser = cli.PlainParser(prog=cli.prog("harness.report", "spmd-report"), description=__doc__)
+    parser.add_argument("results_dir", type=Path, metavar="RESULTS_DIR",
+                        help="a results folder (its latest run), one run's folder, or a GKE launch's folder")
+    parser.add_argument("--summary", type=Path, metavar="FILE", default=None,
+                        help="where to write the Markdown summary (default: the run's folder/summary.md)")
+    parser.add_argument("--step-summary", type=Path, metavar="FILE", default=os.environ.get("GITHUB_STEP_SUMMARY") or None,
                         help="also append the summary here (default: $GITHUB_STEP_SUMMARY when set)")
+    parser.add_argument("--github-output", type=Path, metavar="FILE", default=os.environ.get("GITHUB_OUTPUT") or None,
+                        help="append the counts here as name=value lines (default: $GITHUB_OUTPUT when set)")
     parser.add_argument("--annotate", action="store_true",
                         help="print GitHub workflow commands (::error) for failures instead of a plain list")
     parser.add_argument("--title", default="SPMD regression results", help="heading of the summary")
+    cli.add_version(parser, "spmd-report")
     return parser.parse_args(argv)
+
+
+def counts(results: Results) -> dict[str, int]:
+    """What the reusable workflow exposes as outputs: a caller can branch on regressions alone."""
+    outcomes = collections.Counter(r.outcome for r in results.records)
+    verdicts = collections.Counter(r.registry_verdict for r in results.records)
+    return {
+        "cases": len(results.records),
+        "failed": sum(1 for r in results.records if is_failure(r)),
+        "regressed": verdicts["regressed"],
+        "unexpected-passed": verdicts["unexpected-pass"],
+        "xfailed": outcomes["xfailed"],
+        "passed": outcomes["passed"],
+        "skipped": outcomes["skipped"],
+    }
+
+
+def write_github_output(path: Path, values: dict[str, int]) -> None:
+    # Appended: earlier steps' outputs in the same file must stay. Integers only, so no value can
+    # carry a newline or a heredoc delimiter into the file.
+    with path.open("a", encoding="utf-8") as fh:
+        fh.writelines(f"{name}={value}\n" for name, value in values.items())
 
 
 def write_summary(text: str, summary: Path, step_summary: Path | None) -> None:
@@ -328,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = runfolder.find_runs(args.results_dir)
     home = runs[0] if len(runs) == 1 else args.results_dir  # the run's own folder when there is one
     write_summary(render_summary(results, args.title), args.summary or home / "summary.md", args.step_summary)
+    if args.github_output is not None:
+        write_github_output(args.github_output, counts(results))
     for line in annotations(results) if args.annotate else plain_failure_lines(results):
         print(line)
     print(f"harness.report {home}: {totals_line(results)}")

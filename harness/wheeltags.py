@@ -8,7 +8,8 @@ checks the interpreter it was given before installing anything.
     python -m harness.wheeltags DIR            prints `version=3.12` (a GitHub step output line)
     python -m harness.wheeltags DIR --check    exit 2 naming both versions unless this Python fits
 
-Standard library only: it runs on the bare runner before any venv exists.
+It runs on the bare runner before any venv exists, where the system Python may lack
+`packaging`; pip (which the runner's Python has) vendors the same module, so that one is used then.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ import re
 import sys
 from pathlib import Path
 
+try:
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+except ImportError:  # the bare runner's system Python: the copy pip vendors
+    from pip._vendor.packaging.utils import InvalidWheelFilename, parse_wheel_filename  # type: ignore[no-redef]
+
 from harness.errors import HarnessUsageError
 
-# name-version(-build)?-pythontag-abitag-platform.whl; the python tag may be compressed (cp312.cp313).
-_WHEEL = re.compile(r"^(?P<name>[^-]+)-[^-]+(-\d[^-]*)?-(?P<python>[^-]+)-[^-]+-[^-]+\.whl$")
 _CPYTHON = re.compile(r"^cp(\d)(\d+)$")
 
 
@@ -28,11 +32,13 @@ def python_of_wheels(folder: Path) -> str:
     """'3.12' for a folder whose CPython wheels are cp312; HarnessUsageError if none or mixed."""
     versions = {}
     for wheel in sorted(Path(folder).glob("*.whl")):
-        match = _WHEEL.match(wheel.name)
-        if not match:
-            raise HarnessUsageError(f"{wheel.name} is not a wheel filename (name-version-python-abi-platform.whl)")
-        tags = [_CPYTHON.match(tag) for tag in match["python"].split(".")]
-        found = {f"{m[1]}.{m[2]}" for m in tags if m}
+        try:
+            # A compressed tag set (cp312.cp313-...) comes back as one Tag per combination.
+            tags = parse_wheel_filename(wheel.name)[3]
+        except InvalidWheelFilename as exc:
+            raise HarnessUsageError(f"{wheel.name} is not a wheel filename (name-version-python-abi-platform.whl): "
+                                    f"{exc}") from None
+        found = {f"{m[1]}.{m[2]}" for m in (_CPYTHON.match(tag.interpreter) for tag in tags) if m}
         if found:
             versions[wheel.name] = found
     if not versions:

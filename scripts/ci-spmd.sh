@@ -9,7 +9,9 @@
 # Options (each also settable through the environment variable in brackets):
 #   --wheels DIR     folder with one torch-*.whl and one torch_xla-*.whl   [SPMD_WHEELS_DIR]
 #   --devices N      CPU XLA devices per case (default 4)                   [SPMD_DEVICES]
-#   --results DIR    results folder (default results)                       [SPMD_RESULTS_DIR]
+#   --results-dir DIR  results folder (default results)                     [SPMD_RESULTS_DIR]
+#   --known-bugs PATH  the known-bug registry to judge by (default: the harness's own,
+#                    harness/known_bugs.toml), e.g. a torch_xla PR's copy     [SPMD_KNOWN_BUGS]
 #   --workers N      pytest-xdist workers (default 2)                       [SPMD_WORKERS]
 #   --venv DIR       virtualenv to create/use (default .venv)               [SPMD_VENV]
 #   --python-version X.Y  refuse to start unless python3 (or $PYTHON) is X.Y [SPMD_PYTHON_VERSION]
@@ -24,7 +26,8 @@
 # Under GitHub Actions, workflow commands are stopped while pytest runs (its stderr then joins its
 # stdout), so nothing the code under test prints can annotate, mask or silence the job.
 # Exit status: pytest's, except that a run that ran nothing (pytest exit 5, or no case records)
-# always fails.
+# always fails; 2 for a usage error (an unknown option, a missing --known-bugs file, wheels for
+# another Python).
 set -euo pipefail
 
 # pytorch/xla PR wheels pin nightly jax/jaxlib in their pallas extra. Those are published to JAX's
@@ -36,6 +39,7 @@ PYTEST_NO_TESTS_COLLECTED=5
 wheels_dir=${SPMD_WHEELS_DIR:-}
 devices=${SPMD_DEVICES:-4}
 results_dir=${SPMD_RESULTS_DIR:-}
+known_bugs=${SPMD_KNOWN_BUGS:-}
 workers=${SPMD_WORKERS:-2}
 venv=${SPMD_VENV:-}
 python_version=${SPMD_PYTHON_VERSION:-}
@@ -54,7 +58,10 @@ parse_args() {
     case $1 in
       --wheels) wheels_dir=${2:?--wheels needs a folder}; shift 2 ;;
       --devices) devices=${2:?--devices needs a number}; shift 2 ;;
+      --results-dir) results_dir=${2:?--results-dir needs a folder}; shift 2 ;;
+      # The 0.1.0 spelling, kept so existing callers keep working; --help shows only --results-dir.
       --results) results_dir=${2:?--results needs a folder}; shift 2 ;;
+      --known-bugs) known_bugs=${2:?--known-bugs needs a file}; shift 2 ;;
       --workers) workers=${2:?--workers needs a number}; shift 2 ;;
       --venv) venv=${2:?--venv needs a folder}; shift 2 ;;
       --python-version) python_version=${2:?--python-version needs X.Y}; shift 2 ;;
@@ -67,6 +74,9 @@ parse_args() {
   done
   [[ $devices =~ ^[1-9][0-9]*$ ]] || die "--devices must be a positive integer, got '$devices'"
   [[ $workers =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer, got '$workers'"
+  # Checked here, before minutes of installing: pytest would refuse it only at its start.
+  [[ -z $known_bugs || -f $known_bugs ]] ||
+    die "--known-bugs $known_bugs: no such file (a path in the calling repository's checkout, e.g. its copy of harness/known_bugs.toml)"
 }
 
 # Exactly one wheel matching the pattern, or a message that says what was found.
@@ -133,8 +143,10 @@ run_pytest() {
   # `--opt=value`: pytest finds its rootdir and config before plugins register their options, so
   # a separate value of a plugin option would be taken for a test path. `cases` keeps the run to
   # the SPMD cases: collecting tests/ could fail on test-only imports this venv does not have.
+  local registry=()
+  [[ -n $known_bugs ]] && registry=("--spmd-known-bugs=$known_bugs")
   "$venv/bin/pytest" cases -m spmd -n "$workers" --spmd-backend=cpu --spmd-devices="$devices" \
-    --spmd-results-dir="$results_dir" --junitxml="$results_dir/junit.xml" "${pytest_extra[@]}"
+    --spmd-results-dir="$results_dir" --junitxml="$results_dir/junit.xml" "${registry[@]}" "${pytest_extra[@]}"
 }
 
 report() {
@@ -154,13 +166,19 @@ run_in_image() {
   [[ -n $wheels_dir ]] && mounts+=(-v "$wheels_dir:$wheels_dir:ro")
   [[ $results_dir == "$PWD"/* ]] || { mkdir -p "$results_dir"; mounts+=(-v "$results_dir:$results_dir"); }
   [[ $venv == "$PWD"/* ]] || { mkdir -p "$venv"; mounts+=(-v "$venv:$venv"); }
-  if [[ -n ${GITHUB_STEP_SUMMARY:-} ]]; then
-    mounts+=(-v "$GITHUB_STEP_SUMMARY:$GITHUB_STEP_SUMMARY")
-    env+=(-e GITHUB_STEP_SUMMARY)
-  fi
+  [[ -n $known_bugs && $known_bugs != "$PWD"/* ]] && mounts+=(-v "$known_bugs:$known_bugs:ro")
+  # The job summary and the step's outputs (harness.report writes the counts there).
+  local file
+  for file in GITHUB_STEP_SUMMARY GITHUB_OUTPUT; do
+    if [[ -n ${!file:-} ]]; then
+      mounts+=(-v "${!file}:${!file}")
+      env+=(-e "$file")
+    fi
+  done
   [[ -n ${GITHUB_ACTIONS:-} ]] && env+=(-e GITHUB_ACTIONS)
-  local inner=(bash scripts/ci-spmd.sh --devices "$devices" --results "$results_dir" --workers "$workers"
+  local inner=(bash scripts/ci-spmd.sh --devices "$devices" --results-dir "$results_dir" --workers "$workers"
                --venv "$venv")
+  [[ -n $known_bugs ]] && inner+=(--known-bugs "$known_bugs")
   [[ -n $wheels_dir ]] && inner+=(--wheels "$wheels_dir")
   [[ -n $python_version ]] && inner+=(--python-version "$python_version")
   [[ $skip_install == true ]] && inner+=(--skip-install)
@@ -179,6 +197,7 @@ main() {
   wheels_dir=$(absolute "$wheels_dir")
   results_dir=$(absolute "$results_dir")
   venv=$(absolute "$venv")
+  known_bugs=$(absolute "$known_bugs")
   cd "$(dirname "$0")/.."
   results_dir=${results_dir:-$PWD/results}
   # A venv made in the image points at the image's Python: keep it apart from the host's .venv.

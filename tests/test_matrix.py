@@ -448,7 +448,7 @@ def test_cli_not_enough_disk_exits_3_before_building(tmp_path: Path):
     # A wheel folder without a torch_xla wheel.
     pytest.param(["--wheels", "EMPTY"], "needs exactly one torch_xla wheel", id="wheels-no-xla"),
     # An unknown option.
-    pytest.param(["--release", "2.6.0"], "unrecognized arguments", id="unknown-option"),
+    pytest.param(["--release", "2.6.0"], "unknown argument(s): --release", id="unknown-option"),
     # compare needs both folders.
     pytest.param(["compare", "--good", "/tmp"], "--bad", id="compare-missing-bad"),
     # compare with a folder that is neither wheels nor results.

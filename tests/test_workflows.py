@@ -349,7 +349,7 @@ PASSED_CASE = CaseRecord(nodeid="cases/test_scalar_specs.py::test_wrap[on]", fam
 def test_ci_script_keeps_pytests_exit_code_and_fails_empty_runs(
         stub_venv: Path, tmp_path: Path, stub_exit: int, records: str, expected_exit: int):
     env = hermetic_env(tmp_path, STUB_EXIT=str(stub_exit), STUB_RECORDS=records)
-    proc = run_ci_script(stub_venv, env, "--skip-install", "--results", str(tmp_path / "results"))
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(tmp_path / "results"))
     assert proc.returncode == expected_exit, proc.stdout + proc.stderr
     if records:
         assert (tmp_path / "results" / "latest" / "summary.md").is_file()
@@ -358,7 +358,7 @@ def test_ci_script_keeps_pytests_exit_code_and_fails_empty_runs(
 def test_ci_script_runs_the_spmd_marker_under_xdist_with_junit(stub_venv: Path, tmp_path: Path):
     env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE))
     results = tmp_path / "results"
-    proc = run_ci_script(stub_venv, env, "--skip-install", "--results", str(results), "--devices", "8",
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(results), "--devices", "8",
                          "--", "--spmd-case-timeout", "60")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "argv.json").read_text()) == [
@@ -370,7 +370,7 @@ def test_ci_script_under_github_actions_writes_step_summary_and_annotations(stub
     step_summary = tmp_path / "step-summary.md"
     env = hermetic_env(tmp_path, STUB_EXIT="1", STUB_RECORDS=jsonl(FAILED_CASE),
                        GITHUB_ACTIONS="true", GITHUB_STEP_SUMMARY=str(step_summary))
-    proc = run_ci_script(stub_venv, env, "--skip-install", "--results", str(tmp_path / "results"))
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(tmp_path / "results"))
     assert proc.returncode == 1
     assert "::error title=SPMD regression%3A cases/test_scalar_specs.py%3A%3Atest_wrap[off]::spec lost" in proc.stdout
     assert "### `scalar_specs`" in step_summary.read_text()
@@ -379,11 +379,11 @@ def test_ci_script_under_github_actions_writes_step_summary_and_annotations(stub
 def test_ci_script_keeps_an_earlier_run_and_never_reports_it_as_this_one(stub_venv: Path, tmp_path: Path):
     results = tmp_path / "results"
     earlier = run_ci_script(stub_venv, hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE)),
-                            "--skip-install", "--results", str(results))
+                            "--skip-install", "--results-dir", str(results))
     assert earlier.returncode == 0, earlier.stderr
     (results / "notes.txt").write_text("a user's file")
     before = sorted(str(p.relative_to(results)) for p in results.rglob("*"))
-    proc = run_ci_script(stub_venv, hermetic_env(tmp_path), "--skip-install", "--results", str(results))
+    proc = run_ci_script(stub_venv, hermetic_env(tmp_path), "--skip-install", "--results-dir", str(results))
     assert proc.returncode == 2, "an earlier run's verdicts made an empty run look green"
     assert "wrote no run folder" in proc.stderr
     assert sorted(str(p.relative_to(results)) for p in results.rglob("*")) == before, "a file was deleted or added"
@@ -419,7 +419,7 @@ def test_ci_script_installs_the_wheels_then_nightly_jax_from_jaxs_index_as_upstr
                           f"torch_xla-2.10.0+git2-{tag}-{tag}-linux_x86_64.whl")
     pip_log = tmp_path / "pip.jsonl"
     env = hermetic_env(tmp_path, STUB_PIP_LOG=str(pip_log), STUB_RECORDS=jsonl(PASSED_CASE))
-    proc = run_ci_script(stub_venv, env, "--wheels", str(wheels), "--results", str(tmp_path / "results"))
+    proc = run_ci_script(stub_venv, env, "--wheels", str(wheels), "--results-dir", str(tmp_path / "results"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     calls = [json.loads(line) for line in pip_log.read_text().splitlines()]
     torch_wheel, xla_wheel = (str(w) for w in sorted(wheels.glob("*.whl")))
@@ -428,6 +428,53 @@ def test_ci_script_installs_the_wheels_then_nightly_jax_from_jaxs_index_as_upstr
     jax_call = calls[1]
     assert "--pre" in jax_call and jax_call[jax_call.index("--index-url") + 1] == JAX_NIGHTLY_INDEX
     assert not {"--extra-index-url", "-f", "--find-links"} & {arg for call in calls for arg in call}
+
+
+def test_ci_script_still_takes_the_old_results_spelling(stub_venv: Path, tmp_path: Path):
+    env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE))
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results", str(tmp_path / "old"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "old" / "latest" / "summary.md").is_file()
+    help_text = run_ci_script(stub_venv, env, "--help").stdout
+    assert "--results-dir DIR" in help_text and "--results " not in help_text
+
+
+def test_ci_script_judges_by_the_callers_registry_when_given_one(stub_venv: Path, tmp_path: Path):
+    registry = tmp_path / "pr" / "known_bugs.toml"
+    registry.parent.mkdir()
+    registry.write_text("# the PR's copy\n")
+    env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE), SPMD_KNOWN_BUGS=str(registry))
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(tmp_path / "results"))
+    assert proc.returncode == 0, proc.stderr
+    assert f"--spmd-known-bugs={registry}" in json.loads((tmp_path / "argv.json").read_text())
+
+
+def test_ci_script_refuses_a_missing_registry_before_installing(stub_venv: Path, tmp_path: Path):
+    executable(stub_venv / "bin" / "python", STUB_PIP_PYTHON.format(python=sys.executable))
+    pip_log = tmp_path / "pip.jsonl"
+    proc = run_ci_script(stub_venv, hermetic_env(tmp_path, STUB_PIP_LOG=str(pip_log)),
+                         "--known-bugs", str(tmp_path / "caller" / "missing.toml"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "missing.toml: no such file" in proc.stderr
+    assert not pip_log.exists(), "it installed before refusing"
+
+
+def test_ci_script_writes_the_counts_to_the_steps_outputs(stub_venv: Path, tmp_path: Path):
+    output = tmp_path / "github-output"
+    output.write_text("earlier=1\n")
+    regressed = CaseRecord(nodeid="cases/test_scalar_specs.py::test_wrap[scalar]", family="scalar_specs",
+                           outcome="failed", registry_verdict="regressed", known_bug="fsdpv2-scalar-param-spec")
+    xfailed = CaseRecord(nodeid="cases/test_dtensor.py::test_parallelize", family="dtensor", outcome="xfailed",
+                         registry_verdict="reproduced")
+    env = hermetic_env(tmp_path, STUB_EXIT="1", STUB_RECORDS=jsonl(FAILED_CASE, regressed, xfailed, PASSED_CASE),
+                       GITHUB_ACTIONS="true", GITHUB_OUTPUT=str(output))
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(tmp_path / "results"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = output.read_text().splitlines()
+    assert lines[0] == "earlier=1", "an earlier step's output was overwritten"
+    assert dict(line.split("=", 1) for line in lines[1:]) == {
+        "cases": "4", "failed": "2", "regressed": "1", "unexpected-passed": "0", "xfailed": "1", "passed": "1",
+        "skipped": "0"}
 
 
 # --- scripts/nightly-multislice.sh, with a stub launcher -----------------------------------------
@@ -567,12 +614,15 @@ def test_ci_script_with_an_image_reruns_itself_inside_it_with_the_same_paths(stu
     bin_dir.mkdir()
     executable(bin_dir / "docker", STUB_DOCKER.format(python=sys.executable))
     wheels, results, summary = tmp_path / "wheels", tmp_path / "results", tmp_path / "step-summary.md"
+    output, registry = tmp_path / "github-output", tmp_path / "pr-known-bugs.toml"
     wheels.mkdir()
     summary.touch()
+    output.touch()
+    registry.write_text("")
     env = hermetic_env(tmp_path, PATH=f"{bin_dir}:{os.environ['PATH']}", STUB_DOCKER_ARGV=str(tmp_path / "docker.json"),
                        STUB_DOCKER_EXIT="3", SPMD_IMAGE=DEV_IMAGE, GITHUB_ACTIONS="true",
-                       GITHUB_STEP_SUMMARY=str(summary))
-    proc = run_ci_script(stub_venv, env, "--wheels", str(wheels), "--results", str(results), "--", "-k", "vit")
+                       GITHUB_STEP_SUMMARY=str(summary), GITHUB_OUTPUT=str(output), SPMD_KNOWN_BUGS=str(registry))
+    proc = run_ci_script(stub_venv, env, "--wheels", str(wheels), "--results-dir", str(results), "--", "-k", "vit")
     assert proc.returncode == 3, "the container's exit status is the script's"
     argv = json.loads((tmp_path / "docker.json").read_text())
     assert argv[:4] == ["run", "--rm", "--shm-size", "16g"]
@@ -583,7 +633,9 @@ def test_ci_script_with_an_image_reruns_itself_inside_it_with_the_same_paths(stu
         assert mount in options, f"{mount} not mounted: {options}"
     assert {"GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "HOME=/tmp"} <= set(options)
     assert options[options.index("-w") + 1] == str(REPO_ROOT)
+    assert {"GITHUB_OUTPUT", f"{output}:{output}", f"{registry}:{registry}:ro"} <= set(options)
     assert inner[:2] == ["bash", "scripts/ci-spmd.sh"] and "--image" not in inner
+    assert inner[inner.index("--known-bugs") + 1] == str(registry)
     assert inner[inner.index("--wheels") + 1] == str(wheels) and inner[inner.index("--venv") + 1] == str(stub_venv)
     assert inner[-3:] == ["--", "-k", "vit"]
 
@@ -602,6 +654,37 @@ def test_the_job_runs_in_pytorch_xlas_dev_image_unless_told_otherwise():
     assert run["SPMD_PYTHON_VERSION"] == "${{ inputs.python-version }}"
     assert "inputs.container == ''" in steps["Set up Python"]["if"]
     assert "inputs.container == ''" in steps["Python of the wheels"]["if"]
+
+
+def test_the_callers_registry_reaches_the_script_from_the_callers_own_checkout():
+    workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
+    inputs = triggers(workflow)["workflow_call"]["inputs"]
+    assert inputs["known-bugs"] == {**inputs["known-bugs"], "type": "string", "default": ""}
+    steps = {s.get("name"): s for s in workflow["jobs"]["spmd"]["steps"]}
+    checkout = steps["Check out the caller's known-bug registry"]
+    # No `repository:` and no `ref:`: in a called workflow those default to the caller's (the PR's) tree.
+    assert checkout["if"] == "inputs.known-bugs != ''"
+    assert not {"repository", "ref"} & set(checkout["with"])
+    assert checkout["with"]["path"] == "caller" and checkout["with"]["sparse-checkout"] == "${{ inputs.known-bugs }}"
+    assert "format('caller/{0}', inputs.known-bugs)" in steps["Run the SPMD cases"]["env"]["SPMD_KNOWN_BUGS"]
+
+
+def test_the_workflows_outputs_are_the_counts_the_report_writes():
+    from harness.report import Results, counts
+
+    workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
+    outputs = triggers(workflow)["workflow_call"]["outputs"]
+    job = workflow["jobs"]["spmd"]
+    suite = next(s for s in job["steps"] if s.get("name") == "Run the SPMD cases")
+    written = set(counts(Results(records=[])))
+    for name, spec in outputs.items():
+        assert spec["value"] == f"${{{{ jobs.spmd.outputs.{name} }}}}", name
+        if name == "results-artifact":
+            assert job["outputs"][name] == "${{ inputs.results-artifact }}"
+        else:
+            assert job["outputs"][name] == f"${{{{ steps.{suite['id']}.outputs.{name} }}}}", name
+            assert name in written, f"harness.report does not write {name}"
+    assert {"failed", "regressed", "xfailed", "results-artifact"} <= set(outputs)
 
 
 def calling_snippets() -> dict[str, dict[str, Any]]:
@@ -660,3 +743,34 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_no_credentials(t
     for source in copied:
         assert source.rstrip("/") in context, f"{source} is COPY'd but left out of the build context"
     assert "gha-creds-*.json" in (REPO_ROOT / ".gitignore").read_text().split()
+
+
+@pytest.mark.parametrize("name", [
+    "torch_xla-2.9.0-cp312-linux_x86_64.whl",  # a tag missing
+    "torch_xla-not.a.version-cp312-cp312-linux_x86_64.whl",  # the version is no PEP 440 version
+    "torch_xla.whl",
+])
+def test_a_file_that_is_no_wheel_name_is_refused_by_name(tmp_path: Path, name: str):
+    from harness.errors import HarnessUsageError
+    from harness.wheeltags import python_of_wheels
+
+    folder = wheel_folder(tmp_path, name)
+    with pytest.raises(HarnessUsageError, match="is not a wheel filename"):
+        python_of_wheels(folder)
+
+
+def test_compressed_python_tags_are_read_as_a_set(tmp_path: Path):
+    from harness.wheeltags import python_of_wheels
+
+    folder = wheel_folder(tmp_path, "torch_xla-2.9.0-cp311.cp312-cp311.cp312-linux_x86_64.whl",
+                          "torch-2.9.0-cp312-cp312-linux_x86_64.whl")
+    assert python_of_wheels(folder) == "3.12"
+
+
+def test_the_wheel_tags_are_read_without_packaging_as_on_the_bare_runner(tmp_path: Path):
+    # The runner's system Python has pip but maybe not packaging: pip's vendored copy stands in.
+    folder = wheel_folder(tmp_path, "torch_xla-2.9.0-cp312-cp312-linux_x86_64.whl")
+    code = ("import sys; sys.modules['packaging'] = sys.modules['packaging.utils'] = None; "
+            "from harness.wheeltags import main; sys.exit(main([sys.argv[1]]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert (proc.returncode, proc.stdout) == (0, "version=3.12\n"), proc.stderr

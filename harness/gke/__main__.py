@@ -1,7 +1,8 @@
-"""CLI of the GKE fan-out.
+"""Run the SPMD suite on several TPU slices of a GKE cluster as one JobSet, or as local processes
+(--local); also installed as `spmd-gke`.
 
     python -m harness.gke run --accelerator v6e --topology 4x4 --slices 2 --image IMAGE
-        [--namespace NS] [--name NAME] [--timeout 3h] [--keep] [--dry-run] [--out DIR]
+        [--namespace NS] [--name NAME] [--timeout 3h] [--keep] [--dry-run] [--results-dir DIR]
         [--gcs-uri gs://BUCKET/PREFIX] [--kubeconfig FILE] [--context KUBECONTEXT]
     python -m harness.gke run --local --accelerator v4 --topology 2x2x2 [--parallel N] [-- PYTEST_ARGS]
     python -m harness.gke worker --results-dir DIR [--backend tpu] [-- PYTEST_ARGS]   (in the pod)
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import IO, Sequence
 
+from harness import argtypes, cli
 from harness.gke import accelerators, manifest
 from harness.errors import HarnessUsageError
 from harness.gke.bucket import UPLOAD_TIMEOUT_S
@@ -27,6 +29,7 @@ from harness.gke.worker import DEFAULT_SUITE
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_API, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 _UNITS = {"s": 1, "m": 60, "h": 3600}
+DEFAULT_RESULTS_DIR = "spmd-gke"  # in .gitignore
 
 
 def duration(text: str) -> float:
@@ -42,10 +45,15 @@ def duration(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m harness.gke", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_run(sub.add_parser("run", help="run the SPMD suite on N TPU slices (or --local)"))
-    _add_worker(sub.add_parser("worker", help="the entrypoint of each TPU host (in the pod)"))
+    parser = cli.PlainParser(prog=cli.prog("harness.gke", "spmd-gke"), description=__doc__)
+    cli.add_version(parser, "spmd-gke")
+    # Subparsers are PlainParsers too (argparse makes them of the parent's class).
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    exit_codes = __doc__[__doc__.index("Exit codes:"):]
+    _add_run(sub.add_parser("run", help="run the SPMD suite on N TPU slices (or --local)",
+                            description="Run the SPMD suite on N TPU slices (or --local).\n\n" + exit_codes))
+    _add_worker(sub.add_parser("worker", help="the entrypoint of each TPU host (in the pod)",
+                               description="The entrypoint of each TPU host (in the pod).\n\n" + exit_codes))
     return parser
 
 
@@ -62,9 +70,12 @@ def _add_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", action="store_true", help="do not delete the JobSet at the end")
     p.add_argument("--dry-run", action="store_true", help="print the manifests and exit")
     p.add_argument("--local", action="store_true", help="run the hosts as local processes on the CPU backend")
-    p.add_argument("--parallel", type=int, default=1, help="--local: hosts at a time (each imports torch_xla)")
+    p.add_argument("--parallel", type=argtypes.positive_int, default=1, help="--local: hosts at a time (each imports torch_xla)")
     p.add_argument("--suite-command", default=DEFAULT_SUITE, help="--local: the suite the workers run")
-    p.add_argument("--out", type=Path, help="where junit.xml, summary.md, results.json go (default ./spmd-gke/<name>)")
+    p.add_argument("--results-dir", dest="out", type=Path, metavar="DIR",
+                   help=f"where junit.xml, summary.md, results.json and each host's results go "
+                        f"(default ./{DEFAULT_RESULTS_DIR}/<name>)")
+    cli.add_hidden_alias(p, "--out", dest="out", type=Path)  # the 0.1.0 spelling; scripts/nightly-multislice.sh
     p.add_argument("--gcs-uri", default=os.environ.get("SPMD_HARNESS_GCS_URI"), help="gs://BUCKET/PREFIX: each worker pod also uploads its host report there, as the TPU "
                    "node pools' service account (the pods run on the host network); it needs "
                    "roles/storage.objectCreator (k8s/README.md)")
@@ -125,7 +136,7 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
     if args.dry_run:
         out.write(manifest.dump(launcher.render(cfg)))
         return EXIT_OK
-    cfg.out_dir = args.out or Path("spmd-gke") / cfg.name
+    cfg.out_dir = args.out or Path(DEFAULT_RESULTS_DIR) / cfg.name
     from harness.gke.aggregate import verdict_line
     from harness.gke.kube import Kube
 
@@ -139,7 +150,7 @@ def _run_local(args: argparse.Namespace, accel: accelerators.AcceleratorType, sl
     from harness.gke.aggregate import verdict_line
     from harness.gke.local import LocalConfig, run_local
 
-    out_dir = args.out or Path("spmd-gke") / "local"
+    out_dir = args.out or Path(DEFAULT_RESULTS_DIR) / "local"
     cfg = LocalConfig(accel=accel, slices=slices, out_dir=out_dir, parallel=args.parallel,
                       suite_command=args.suite_command, suite_timeout_s=args.timeout, extra_args=args.extra)
     if args.dry_run:

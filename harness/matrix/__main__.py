@@ -1,9 +1,11 @@
-"""CLI of the release matrix.
+"""Run the SPMD suite against several torch_xla releases or wheel builds (also installed as
+`spmd-matrix`), and tabulate registry entry x release; or, with `compare`, name the entries whose
+verdict changed between a good and a bad build (for `git bisect run`).
 
-    python -m harness.matrix --releases 2.6.0,2.7.0,2.9.0 [--wheels DIR ...] [--env RELEASE=PATH ...]
-        [--results NAME=DIR ...] [--out DIR] [--cache DIR] [--jobs-per-env N] [--suite-timeout S]
-        [--table FILE.md] [-- PYTEST_ARGS]
-    python -m harness.matrix compare --good DIR --bad DIR [--out DIR] [--cache DIR] [--jobs-per-env N]
+    python -m harness.matrix --releases 2.6.0,2.7.0,2.9.0 [--wheels DIR ...] [--env RELEASE=VENV ...]
+        [--results NAME=DIR ...] [--results-dir DIR] [--cache DIR] [--jobs-per-env N]
+        [--suite-timeout S] [--table FILE.md] [--readme FILE.md] [-- PYTEST_ARGS]
+    python -m harness.matrix compare --good DIR --bad DIR [--results-dir DIR] [--cache DIR] [--jobs-per-env N]
 
 Exit codes: 0 every cell agrees with the registry (compare: no entry changed verdict);
 1 a disagreement (compare: some entry changed); 2 usage error; 3 an environment could not be
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Callable, NoReturn, Sequence, TextIO
 
-from harness import argtypes
+from harness import argtypes, cli
 from harness.errors import HarnessUsageError, RegistryError
 from harness.matrix import columns as cols
 from harness.matrix import compare as cmp
@@ -39,17 +41,18 @@ EXIT_AGREE, EXIT_DISAGREE, EXIT_USAGE, EXIT_ENV, EXIT_INTERRUPTED = 0, 1, 2, 3, 
 EXIT_SKIP = 125
 REPO = Path(__file__).resolve().parents[2]
 TABLE_NAME = "release-matrix.md"
+DEFAULT_RESULTS_DIR = "matrix-out"  # in .gitignore
 
 
 class _HelpShown(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(cli.PlainParser):
     """argparse that raises instead of exiting: only main() decides the exit code."""
 
     def error(self, message: str) -> NoReturn:
-        raise HarnessUsageError(f"{message}\n{self.format_usage().strip()}")
+        raise HarnessUsageError(f"{cli.plain(message)} (see {self.prog} --help)\n{self.format_usage().strip()}")
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         if message:
@@ -58,8 +61,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, default=Path("matrix-out"),
-                   help="where each column's results folder and pytest log go (default: ./matrix-out)")
+    p.add_argument("--results-dir", dest="out", type=Path, default=Path(DEFAULT_RESULTS_DIR), metavar="DIR",
+                   help=f"where each column's results folder and pytest log go (default: ./{DEFAULT_RESULTS_DIR})")
+    cli.add_hidden_alias(p, "--out", dest="out", type=Path)  # the 0.1.0 spelling
     p.add_argument("--cache", type=Path, default=envs.default_cache_root(),
                    help=f"where environments are built and kept (default: {envs.default_cache_root()})")
     p.add_argument("--jobs-per-env", type=argtypes.positive_int, default=1, metavar="N",
@@ -67,18 +71,20 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite-timeout", type=argtypes.positive_seconds, default=3600.0, metavar="SECONDS",
                    help="stop a suite run that takes longer (default 3600)")
     p.add_argument("--registry", type=Path, default=REGISTRY_PATH, help=argparse.SUPPRESS)
+    cli.add_version(p, "spmd-matrix")
 
 
 def run_parser() -> _Parser:
-    p = _Parser(prog="python -m harness.matrix", allow_abbrev=False, description="Run the SPMD suite against several torch_xla "
-                "releases or wheel builds and tabulate registry entry x release.",
-                epilog="Bisect help: python -m harness.matrix compare --good DIR --bad DIR. Arguments after -- go to pytest.")
+    p = _Parser(prog=cli.prog("harness.matrix", "spmd-matrix"), description=__doc__,
+                epilog="Commands: (none) run the matrix; compare: bisect help, see `compare --help`. "
+                       "Arguments after -- go to pytest.")
     p.add_argument("--releases", help="comma-separated torch_xla releases, e.g. 2.6.0,2.7.0,2.9.0")
     p.add_argument("--wheels", type=Path, action="append", default=[], metavar="DIR",
                    help="a folder with torch and torch_xla wheels (PR build or nightly); a column named after the "
                         "torch_xla version in the wheel's filename. May be repeated.")
-    p.add_argument("--env", action="append", default=[], metavar="RELEASE=PATH",
-                   help="use this existing venv for a listed release instead of building one")
+    p.add_argument("--env", action="append", default=[], metavar="RELEASE=VENV",
+                   help="use this existing venv for a listed release instead of building one (saves the "
+                        "download; the column says 'existing venv')")
     p.add_argument("--results", action="append", default=[], metavar="NAME=DIR",
                    help="a column read from an earlier run's results folder (nothing is run for it)")
     p.add_argument("--table", type=Path, default=None, metavar="FILE.md",
@@ -90,12 +96,42 @@ def run_parser() -> _Parser:
 
 
 def compare_parser() -> _Parser:
-    p = _Parser(prog="python -m harness.matrix compare", allow_abbrev=False,
-                description="Name the registry entries whose verdict changed between a good and a bad build.")
+    p = _Parser(prog=cli.prog("harness.matrix", "spmd-matrix") + " compare",
+                description="Name the registry entries whose verdict changed between a good and a bad build.\n\n"
+                            + __doc__[__doc__.index("Exit codes:"):])
     p.add_argument("--good", type=Path, required=True, help="last good: a wheel folder or a results folder")
     p.add_argument("--bad", type=Path, required=True, help="first bad: a wheel folder or a results folder")
     _common(p)
     return p
+
+
+# Options that only say where this machine keeps files: left out of the "Generated by" line the
+# table carries into docs and README, where a local path means nothing to a reader.
+_LOCAL_FOLDERS = ("--results-dir", "--out", "--cache")
+
+
+def shown_arguments(argv: Sequence[str]) -> list[str]:
+    """argv as the generated table shows it: no local folders, `--env RELEASE=VENV` for a venv path."""
+    shown: list[str] = []
+    rest = iter(argv)
+    for arg in rest:
+        if arg == "--":
+            shown += [arg, *rest]
+            break
+        name, has_value, value = arg.partition("=")
+        if name in _LOCAL_FOLDERS:
+            if not has_value:
+                next(rest, None)
+            continue
+        if arg == "--env":
+            release = next(rest, "").partition("=")[0]
+            shown += ["--env", f"{release}=VENV"]
+            continue
+        if name == "--env" and has_value:
+            shown.append(f"--env={value.partition('=')[0]}=VENV")
+            continue
+        shown.append(arg)
+    return shown
 
 
 class Deps:
@@ -113,7 +149,7 @@ class Deps:
 def main(argv: Sequence[str] | None = None, deps: Deps | None = None) -> int:
     deps = deps or Deps()
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = "python -m harness.matrix " + shlex.join(argv)
+    command = "python -m harness.matrix " + shlex.join(shown_arguments(argv))
     try:
         if argv[:1] == ["compare"]:
             return _compare(compare_parser().parse_args(argv[1:]), deps)

@@ -1,0 +1,156 @@
+"""The command-line tools, as a user meets them: the installed names, --version, --help with the
+exit codes, usage errors in plain words, and the old option spellings that still work."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+
+pytestmark = pytest.mark.selftest
+
+REPO = Path(__file__).resolve().parents[1]
+# console script -> the module `python -m` runs
+TOOLS = {"spmd-report": "harness.report", "spmd-matrix": "harness.matrix", "spmd-gke": "harness.gke",
+         "spmd-replay": "harness.replay"}
+
+
+def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+def test_each_tool_is_installed_under_its_name():
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == set(TOOLS)
+    for script, target in scripts.items():
+        module_name, function = target.split(":")
+        assert module_name.removesuffix(".__main__") == TOOLS[script]
+        assert callable(getattr(importlib.import_module(module_name), function))
+
+
+@pytest.mark.parametrize("script, module", TOOLS.items())
+def test_version_names_the_harness_and_what_it_tests(script: str, module: str):
+    proc = run_module(module, "--version")
+    assert proc.returncode == 0, proc.stderr
+    harness_version = importlib.metadata.version("spmd-regression-harness")
+    assert proc.stdout.startswith(f"{script} {harness_version} (spmd-regression-harness); ")
+    torch_xla = _installed("torch_xla")
+    assert (f"torch_xla {torch_xla}" if torch_xla else "no torch_xla installed") in proc.stdout
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@pytest.mark.parametrize("args", [["harness.report"], ["harness.matrix"], ["harness.matrix", "compare"],
+                                  ["harness.gke"], ["harness.gke", "run"], ["harness.gke", "worker"],
+                                  ["harness.replay"]], ids=" ".join)
+def test_help_lists_the_exit_codes_as_written(args: list[str]):
+    proc = run_module(*args, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "Exit codes:" in proc.stdout
+    # Shown as written, not reflowed into one paragraph: the code list starts a line of its own.
+    assert "\nExit codes: 0 " in proc.stdout
+
+
+def test_the_matrix_help_shows_compare():
+    out = run_module("harness.matrix", "--help").stdout
+    assert "python -m harness.matrix compare --good DIR --bad DIR" in out and "compare --help" in out
+
+
+@pytest.mark.parametrize("args, said", [
+    (["harness.gke", "run", "--accelerator", "v4", "--topology", "2x2x2", "--slices", "two"],
+     "--slices: 'two' is not a whole number (see python -m harness.gke run --help)"),
+    (["harness.gke", "launch"], "COMMAND: 'launch' is not one of 'run', 'worker'"),
+    (["harness.gke", "run", "--topology", "2x2x2"], "missing --accelerator: it is required"),
+    (["harness.report", "results", "--anotate"], "unknown argument(s): --anotate (see python -m harness.report --help)"),
+    (["harness.matrix", "compare", "--good"], "--good needs a value"),
+    (["harness.replay", "--case"], "--case needs a value"),
+])
+def test_usage_errors_are_plain_words_and_exit_2(args: list[str], said: str):
+    proc = run_module(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert said in proc.stderr
+    assert "invalid" not in proc.stderr and "unrecognized" not in proc.stderr
+
+
+@pytest.mark.parametrize("message, plain", [
+    ("argument --slices: invalid int value: 'x'", "--slices: 'x' is not a whole number"),
+    ("argument --backend: invalid choice: 'gpu' (choose from 'tpu', 'cpu')", "--backend: 'gpu' is not one of 'tpu', 'cpu'"),
+    ("the following arguments are required: --good, --bad", "missing --good, --bad: they are required"),
+    ("argument --good: expected one argument", "--good needs a value (write --good VALUE)"),
+    ("something argparse may say one day", "something argparse may say one day"),
+])
+def test_argparse_messages_in_plain_words(message: str, plain: str):
+    assert cli.plain(message) == plain
+
+
+def test_the_matrix_takes_results_dir_and_still_its_old_out(tmp_path: Path):
+    from harness.matrix.__main__ import compare_parser, run_parser
+
+    for parser in (run_parser(), compare_parser()):
+        extra = ["--good", "g", "--bad", "b"] if "compare" in parser.prog else []
+        assert parser.parse_args([*extra, "--results-dir", "new"]).out == Path("new")
+        assert parser.parse_args([*extra, "--out", "old"]).out == Path("old")
+        assert parser.parse_args(extra).out == Path("matrix-out")
+        assert "--out" not in parser.format_help()
+
+
+def test_the_gke_launcher_takes_results_dir_and_still_its_old_out():
+    from harness.gke.__main__ import build_parser
+
+    base = ["run", "--accelerator", "v4", "--topology", "2x2x2"]
+    assert build_parser().parse_args([*base, "--results-dir", "new"]).out == Path("new")
+    assert build_parser().parse_args([*base, "--out", "old"]).out == Path("old")
+    assert build_parser().parse_args(base).out is None
+    assert "--out" not in run_module("harness.gke", "run", "--help").stdout
+
+
+def test_replay_takes_pytests_spelling_of_the_results_folder(tmp_path: Path):
+    proc = run_module("harness.replay", f"--spmd-results-dir={tmp_path}")
+    assert proc.returncode == 2 and f"no journalled requests in {tmp_path}" in proc.stderr
+
+
+def test_the_matrix_table_names_no_local_folder():
+    from harness.matrix.__main__ import shown_arguments
+
+    argv = ["--releases", "2.8.0,2.9.0", "--env", "2.9.0=/home/me/.venv", "--out", "/tmp/mx", "--cache=/scratch",
+            "--table", "docs/release-matrix.md", "--", "--results-dir", "kept"]
+    assert shown_arguments(argv) == ["--releases", "2.8.0,2.9.0", "--env", "2.9.0=VENV",
+                                     "--table", "docs/release-matrix.md", "--", "--results-dir", "kept"]
+
+
+def test_the_tools_default_output_folders_are_ignored_by_git():
+    from harness.gke.__main__ import DEFAULT_RESULTS_DIR as GKE
+    from harness.matrix.__main__ import DEFAULT_RESULTS_DIR as MATRIX
+
+    ignored = (REPO / ".gitignore").read_text().split()
+    assert f"/{GKE}/" in ignored and f"/{MATRIX}/" in ignored
+
+
+def test_the_release_is_described_licensed_and_classified():
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    version = project["version"]
+    assert f"## {version}" in (REPO / "CHANGELOG.md").read_text(), "the changelog lacks this version"
+    assert "Framework :: Pytest" in project["classifiers"]
+    assert project["license"] == "Apache-2.0" and (REPO / "LICENSE").read_text().lstrip().startswith("Apache License")
+    # The same OWNER placeholder as README's workflow snippet, so one search-and-replace fixes both.
+    for url in project["urls"].values():
+        assert url.startswith("https://github.com/OWNER/spmd-regression-harness"), url
