@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from harness import argtypes, baseline, results, runfolder, runservers
+from harness import argtypes, baseline, costcheck, results, runfolder, runservers
 from harness.backends import BACKEND_NAMES, Backend, make_backend
 from harness.case import SpmdRunner
 from harness.errors import CaseError, HarnessError, RegistryError
@@ -79,6 +79,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="fork case children from a server that imported torch_xla once (harness/forkserver.py): "
                          "auto (on for the cpu backend; tpu children are always fresh processes), on, off. "
                          f"Default: ${FORK_SERVER_ENV} if set, else auto.")
+    costcheck.add_options(group)
 
 
 class HarnessSession:
@@ -255,6 +256,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
         _load_inputs(session)
+    costcheck.configure(config, session.backend, load=not getattr(config.option, "help", False)
+                        and (session.backend.name != "tpu" or bool(config.getoption("costs_baseline"))))
     _stop_on_sigterm(config)
 
 
@@ -332,6 +335,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         harness.shardings_updated = {case: base.update(case, observed, version)
                                      for case, (observed, version) in sorted(harness.shardings_seen.items())}
         base.save()
+    costcheck.finish(session.config)
     if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if harness.worker == "main":
@@ -398,6 +402,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if harness is None:
         return
     _summarise_baseline(terminalreporter, harness)
+    costcheck.summarise(terminalreporter, config)
     if not harness.late_faults:
         return
     terminalreporter.section("faults after a case's verdict (charged to that case)", red=True)
@@ -471,6 +476,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if call.when == "call":
         _apply_registry(item, call, report)
         _compare_shardings(item, report)
+        costcheck.judge(item, report, item.stash.get(RUNNER_KEY, None), _child_version(item), call.excinfo is None)
     if item.get_closest_marker("spmd") and (call.when == "call" or (call.when == "setup" and not report.passed)):
         _write_record(item, call, report)
     return report
@@ -573,13 +579,14 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
         devices=harness.backend.capabilities().devices, duration_s=round(report.duration, 3),
         body_s=round(sum(r.duration_s for r in runner.results), 3) if runner else 0.0,
         shardings=shardings, sharding_changes=item.stash.get(SHARDING_CHANGES_KEY, []),
-        sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None,
+        sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None, **costcheck.record_fields(item),
     )
 
     def write() -> None:
         folder = harness.claim_run_folder()
         for result in runner.results if runner else []:
             _keep_hlo(folder, item.nodeid, result.hlo)
+        costcheck.keep_dumps(folder, item, report.failed)
         results.write_record(folder, record, harness.worker)
 
     _write_results(harness, item.config, write)
