@@ -28,6 +28,8 @@ SIGNATURES_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
 DUMPS_KEY = pytest.StashKey[dict[str, str]]()
 CHANGES_KEY = pytest.StashKey[list[str]]()
 DUMPS_FOLDER = "costs"
+NO_COST_CHECK_MARKER = ("no_cost_check(reason): neither steady state nor the cost baseline judges this case "
+                        "(a self-test whose bodies record a cost regression on purpose)")
 
 
 def add_options(group: Any) -> None:
@@ -78,6 +80,7 @@ class CostSession:
 
 def configure(config: pytest.Config, backend: Any, load: bool) -> None:
     """At configure time (the xdist controller too): a damaged baseline is a usage error now."""
+    config.addinivalue_line("markers", NO_COST_CHECK_MARKER)
     session = CostSession(config, backend)
     config.stash[SESSION_KEY] = session
     if load:
@@ -109,7 +112,8 @@ def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: st
         if body_passed and not hasattr(report, "wasxfail"):
             _fail(report, f"cost signature unreadable: {exc}")
         return
-    if not signatures or not body_passed or hasattr(report, "wasxfail") or report.skipped:
+    if (not signatures or not body_passed or hasattr(report, "wasxfail") or report.skipped
+            or item.get_closest_marker("no_cost_check")):
         return
     problems = [line for label, sig in sorted(signatures.items()) for line in costs.steady_state_problems(sig, label)]
     if problems:
