@@ -633,8 +633,10 @@ def test_cost_changes_between_consecutive_columns_list_changed_items_and_skip_co
         return CaseRecord(nodeid=f"cases/test_{family}.py::{name}", family=family, outcome="passed",
                           costs={"train": costs.comparable(signature(all_gather=all_gather))})
 
-    old = column("2.6.0", [rec_with("a", 3), rec_with("b", 3), rec_with("self", 3, family="costs")])
-    new = column("2.7.0", [rec_with("a", 5), rec_with("b", 3), rec_with("self", 9, family="costs")])
+    stopped = rec_with("c", 3)
+    stopped.outcome, stopped.costs = "xfailed", {"train": {"steps": [], "graphs": {}, "memory": {}}}
+    old = column("2.6.0", [rec_with("a", 3), rec_with("b", 3), rec_with("self", 3, family="costs"), stopped])
+    new = column("2.7.0", [rec_with("a", 5), rec_with("b", 3), rec_with("self", 9, family="costs"), rec_with("c", 3)])
     (step,) = consecutive_changes([old, new])
     assert [(m.case.split("::")[1], m.item, m.detail) for m in step.moved] == [
         ("a", "step0", "all-gather 3 -> 5 (+64 KiB per device)")]

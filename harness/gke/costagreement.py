@@ -31,11 +31,13 @@ class CostDisagreement:
 
 def compare_costs(reports: list[HostReport]) -> list[CostDisagreement]:
     """Same case and loop, different comparable signature on two hosts -> a CostDisagreement.
-    Only hosts whose record has the loop are compared (a case that failed early on one host is a
-    failure of its own)."""
+    Only hosts on which the case passed are compared (a case that failed on one host is a failure
+    of its own, and its loop may have stopped part way)."""
     seen: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
     for report in reports:
         for record in report.records:
+            if record.outcome != "passed":  # stopped mid-loop: part of a signature, a failure of its own
+                continue
             for loop, signature in record.costs.items():
                 seen.setdefault((record.nodeid, loop), []).append((report.label, signature))
     out = []

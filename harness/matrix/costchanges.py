@@ -1,8 +1,8 @@
 """What costs more or less between releases: per case and training loop, the items of the cost
 signature (harness.costs) that differ between consecutive columns.
 
-Read from the records' `costs`, for loops recorded in both columns (a case that stops earlier on a
-release carrying a bug records no signature there: the registry rows tell that story). A case
+Read from the records' `costs` of passing cases, for loops measured in both columns (a case that
+stops mid-loop on a release carrying a bug records part of one: the registry rows tell that story). A case
 whose loop was judged by no_cost_check (self-tests that record regressions on purpose) is left out.
 """
 
@@ -34,8 +34,9 @@ class Step:
 
 
 def _signatures(column: ColumnResult) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(r.nodeid, loop): sig for r in column.run.records if r.family not in SELFTEST_FAMILIES
-            for loop, sig in r.costs.items()}
+    # Only passing cases: a case that fails mid-loop (a release carrying its bug) records part of one.
+    return {(r.nodeid, loop): sig for r in column.run.records
+            if r.outcome == "passed" and r.family not in SELFTEST_FAMILIES for loop, sig in r.costs.items()}
 
 
 def consecutive_changes(columns: Sequence[ColumnResult]) -> list[Step]:
