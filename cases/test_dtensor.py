@@ -308,7 +308,7 @@ def test_parallelize_module_on_gloo_cpu_mesh(spmd, world_size: int) -> None:
 def body_per_parameter_workaround(ctx, steps: int) -> None:
     import torch
 
-    from harness import recording, xla
+    from harness import recording, stepcosts, xla
 
     dt = xla.dtensor()  # torch.distributed.tensor (torch 2.5+) or ._tensor (2.4)
 
@@ -329,14 +329,16 @@ def body_per_parameter_workaround(ctx, steps: int) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=SGD_LR)
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=SGD_LR)
     x_xla = x.to(xla.device())
+    meter = stepcosts.StepMeter(ctx, parameters=model.parameters(), optimizer=optimizer)
     for step in range(steps):
-        loss = model(x_xla).pow(2).mean()
-        if step == 0:
-            ctx.record_hlo("first_loss", recording.record_step_graph(ctx, "first_loss", [loss]))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        xla.sync()
+        with meter.step():  # the step's cost signature (harness.costs)
+            loss = model(x_xla).pow(2).mean()
+            if step == 0:
+                ctx.record_hlo("first_loss", recording.record_step_graph(ctx, "first_loss", [loss]))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            xla.sync()
         ref_loss = reference(x).pow(2).mean()
         ref_loss.backward()
         ref_optimizer.step()
@@ -350,7 +352,8 @@ def body_per_parameter_workaround(ctx, steps: int) -> None:
 @pytest.mark.needs(devices=2)
 @pytest.mark.parametrize("functionalization", FUNCTIONALIZATION)
 def test_per_parameter_distribute_tensor_workaround(spmd, functionalization: bool) -> None:
-    result = spmd.run(body_per_parameter_workaround, functionalization=functionalization, steps=2)
+    # Three steps: the third runs after the meter's two-step warm-up, so steady state is checked.
+    result = spmd.run(body_per_parameter_workaround, functionalization=functionalization, steps=3)
     expected = expected_param_specs(mesh_size(spmd))
     for name, spec in expected.items():
         assert_sharding_equal(result.shardings[name], spec, name)

@@ -167,7 +167,7 @@ def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float, layout=None) -> 
     import torch_xla.distributed.spmd as xs
 
     from cases import models
-    from harness import recording, xla
+    from harness import recording, stepcosts, xla
 
     model = models.build_vit(seed=0)
     reference = copy.deepcopy(model)  # same init, stays on CPU
@@ -180,15 +180,17 @@ def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float, layout=None) -> 
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=lr)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
     losses, cpu_losses = [], []
+    meter = stepcosts.StepMeter(ctx, parameters=wrapped.parameters(), optimizer=optimizer)
     for step in range(steps):
         images, labels = models.random_batch(seed=100 + step, batch=2 * n)
-        device_images = images.to(xla.device())
-        xs.mark_sharding(device_images, mesh, batch_spec)
-        loss = sgd_step(wrapped, optimizer, device_images, labels.to(xla.device()))
-        if step == 0:
-            stop_recording_outputs()
-            recording.record_step_graph(ctx, "step0", [loss, *wrapped.parameters()])
-        xla.sync()
+        with meter.step():  # the step's cost signature (harness.costs)
+            device_images = images.to(xla.device())
+            xs.mark_sharding(device_images, mesh, batch_spec)
+            loss = sgd_step(wrapped, optimizer, device_images, labels.to(xla.device()))
+            if step == 0:
+                stop_recording_outputs()
+                recording.record_step_graph(ctx, "step0", [loss, *wrapped.parameters()])
+            xla.sync()
         losses.append(loss.item())
         cpu_losses.append(sgd_step(reference, reference_optimizer, images, labels).item())
     ctx.record("losses", losses)

@@ -61,23 +61,27 @@ def _fsdp_mesh():
 
 def _train(model, make_loss, x, steps: int, on_xla: bool, ctx=None) -> list[float]:
     """SGD steps; with ctx (on XLA), the first step's unit outputs and graph are recorded."""
+    import contextlib
+
     import torch
 
-    from harness import recording, xla
+    from harness import recording, stepcosts, xla
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     stop = recording.record_unit_outputs(ctx, model, xla.is_fsdpv2_unit) if ctx else None
+    meter = stepcosts.StepMeter(ctx, parameters=model.parameters(), optimizer=optimizer) if ctx else None
     losses = []
     for step in range(steps):
-        optimizer.zero_grad()
-        loss = make_loss(model, x)
-        loss.backward()
-        optimizer.step()
-        if stop and step == 0:
-            stop()
-            recording.record_step_graph(ctx, "step0", [loss, *model.parameters()])
-        if on_xla:
-            xla.sync()
+        with meter.step() if meter else contextlib.nullcontext():  # the step's cost signature (harness.costs)
+            optimizer.zero_grad()
+            loss = make_loss(model, x)
+            loss.backward()
+            optimizer.step()
+            if stop and step == 0:
+                stop()
+                recording.record_step_graph(ctx, "step0", [loss, *model.parameters()])
+            if on_xla:
+                xla.sync()
         losses.append(float(loss.detach().cpu()))
     return losses
 

@@ -63,6 +63,9 @@ OPTIONS = (
     Option("spmd_shardings_baseline", None, metavar="PATH",
            help="the sharding baseline to compare passing cases with. "
                 "Default: baselines/shardings/<backend>-<devices>.json under the rootdir."),
+    Option("spmd_costs_baseline", None, metavar="PATH",
+           help="the cost baseline training steps are compared with (harness/costcheck.py). "
+                "Default: baselines/costs/<backend>-<devices>.json under the rootdir."),
     Option("spmd_known_bugs", None, metavar="PATH",
            help="the known-bug registry the known_bug markers name (a copy you own, e.g. after a fix "
                 "landed in your torch_xla). Default: the one shipped in harness/known_bugs.toml."),
@@ -74,6 +77,7 @@ OPTIONS = (
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 UPDATE_SHARDINGS = "spmd_update_shardings"
+UPDATE_COSTS = "spmd_update_costs"
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -92,6 +96,8 @@ def add_options(parser: pytest.Parser) -> None:
             parser.addini(option.name, help=option.help.split(". Default")[0], default="")
     group.addoption("--spmd-update-shardings", action="store_true", dest=UPDATE_SHARDINGS,
                     help="rewrite the baseline entries of the cases that ran and passed, and print what changed")
+    group.addoption("--spmd-update-costs", action="store_true", dest=UPDATE_COSTS,
+                    help="rewrite the cost baseline entries of the cases that ran and passed, and print what changed")
 
 
 def value(config: pytest.Config, name: str, namespace: Any = None) -> Any:

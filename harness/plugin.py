@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
-from harness import baseline, options, results, runfolder, runservers, versions
+from harness import baseline, costcheck, options, results, runfolder, runservers, versions
 from harness.backends import Backend, make_backend
 from harness.case import SpmdRunner
 from harness.errors import CaseError, HarnessError, RegistryError
@@ -248,6 +248,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
         _load_inputs(session)
+    costcheck.configure(config, session.backend, load=not getattr(config.option, "help", False)
+                        and (session.backend.name != "tpu" or bool(config.getoption("costs_baseline"))))
     _stop_on_sigterm(config)
 
 
@@ -325,6 +327,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         harness.shardings_updated = {case: base.update(case, observed, version)
                                      for case, (observed, version) in sorted(harness.shardings_seen.items())}
         base.save()
+    costcheck.finish(session.config)
     if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if harness.worker == "main":
@@ -391,6 +394,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if harness is None:
         return
     _summarise_baseline(terminalreporter, harness)
+    costcheck.summarise(terminalreporter, config)
     if not harness.late_faults:
         return
     terminalreporter.section("faults after a case's verdict (charged to that case)", red=True)
@@ -467,6 +471,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if call.when == "call":
         _apply_registry(item, call, report)
         _compare_shardings(item, report)
+        costcheck.judge(item, report, item.stash.get(RUNNER_KEY, None), _child_version(item), call.excinfo is None)
     if item.get_closest_marker("spmd") and (call.when == "call" or (call.when == "setup" and not report.passed)):
         _write_record(item, call, report)
     return report
@@ -596,7 +601,7 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
         devices=harness.backend.capabilities().devices, duration_s=round(report.duration, 3),
         body_s=round(sum(r.duration_s for r in runner.results), 3) if runner else 0.0,
         shardings=shardings, sharding_changes=item.stash.get(SHARDING_CHANGES_KEY, []),
-        sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None,
+        sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None, **costcheck.record_fields(item),
         **_stack_versions(),
     )
 
@@ -604,6 +609,7 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
         folder = harness.claim_run_folder()
         for result in runner.results if runner else []:
             _keep_hlo(folder, _case_id(item), result.hlo)
+        costcheck.keep_dumps(folder, item, report.failed)
         results.write_record(folder, record, harness.worker)
 
     _write_results(harness, item.config, write)

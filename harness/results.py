@@ -62,6 +62,10 @@ class CaseRecord:
     sharding_baseline: bool = True
     # How the shardings differ from the case's baseline entry (harness.baseline), one line per tensor.
     sharding_changes: list[str] = dataclasses.field(default_factory=list)
+    # Each training loop's cost signature (harness.costs.comparable), by loop label; and how it
+    # differs from the case's cost baseline entry or breaks steady state, one line per item.
+    costs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    cost_changes: list[str] = dataclasses.field(default_factory=list)
     # Where the host ran (filled in by the GKE worker and the --local launcher).
     slice_id: int | None = None
     host_id: int | None = None
@@ -114,7 +118,8 @@ _FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     **{name: ("a whole number or null", lambda v: v is None or _is_count(v)) for name in ("devices", "slice_id", "host_id")},
     **{name: ("a number", lambda v: _is_count(v) or isinstance(v, float)) for name in ("duration_s", "body_s")},
     **{name: ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
-       for name in ("known_bugs", "sharding_changes")},
+       for name in ("known_bugs", "sharding_changes", "cost_changes")},
+    "costs": ("a mapping of training loops to cost signatures", lambda v: _are_signatures(v)),
     "shardings": ("a mapping of tensor names to sharding text",
                   lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values())),
     "sharding_baseline": ("true or false", lambda v: isinstance(v, bool)),
@@ -141,6 +146,19 @@ def case_id(nodeid: str, path: Path, rootpath: Path) -> str:
             top = top.parent
         relative = path.relative_to(top)
     return f"{relative.as_posix()}::{rest}"
+
+
+def _are_signatures(value: Any) -> bool:
+    from harness.costs import CostReadError, check_signature
+
+    if not isinstance(value, dict):
+        return False
+    try:
+        for label, signature in value.items():
+            check_signature(signature, label)
+    except CostReadError:
+        return False
+    return True
 
 
 def family_of(nodeid: str) -> str:

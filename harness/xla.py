@@ -14,6 +14,74 @@ def enable_spmd() -> None:
     import torch_xla.runtime as xr
 
     xr.use_spmd()
+    enable_step_dumps()
+
+
+# Step graphs harness.stepcosts names get this prefix; XLA dumps only modules whose name matches.
+STEP_GRAPH_PREFIX = "harness_cost_"
+DUMP_DIR_ENV = "HARNESS_XLA_DUMP_DIR"
+
+
+def enable_step_dumps() -> str | None:
+    """Ask XLA to dump the partitioned module of the step graphs harness.stepcosts names.
+
+    XLA reads XLA_FLAGS once per process, at its first compilation, so this runs in the child's
+    set-up, before any case compiles (seen on 2.4.0 and 2.9.0: flags set after `import
+    torch_xla` and `use_spmd()` still apply). Only modules named `harness_cost_*` are dumped
+    (`--xla_dump_hlo_module_re`), so other cases pay nothing. torch_xla before 2.9 cannot name a
+    graph (no `_set_current_graph_name`; every module is `SyncTensorsGraph`): there every
+    compiled module is dumped and stepcosts keeps those its steps compiled. A user's own
+    --xla_dump_to wins: the dumps are then theirs and steps record no collectives.
+    """
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_dump_to" in flags or os.environ.get(DUMP_DIR_ENV):
+        return None
+    folder = tempfile.mkdtemp(prefix="spmd-xla-dumps-")
+    atexit.register(shutil.rmtree, folder, True)
+    wanted = f" --xla_dump_to={folder} --xla_dump_hlo_as_text"
+    if can_name_graphs():
+        wanted += f" --xla_dump_hlo_module_re=^{STEP_GRAPH_PREFIX}"
+    os.environ["XLA_FLAGS"] = (flags + wanted).strip()
+    os.environ[DUMP_DIR_ENV] = folder
+    return folder
+
+
+def can_name_graphs() -> bool:
+    import torch_xla
+
+    return hasattr(torch_xla._XLAC, "_set_current_graph_name")
+
+
+def name_graphs(name: str) -> str | None:
+    """Name the graphs compiled from now on (XLA's module name); returns the previous name, or
+    None where the release cannot name graphs."""
+    import torch_xla
+
+    if not can_name_graphs():
+        return None
+    previous = torch_xla._XLAC._get_current_graph_name()
+    torch_xla._XLAC._set_current_graph_name(name)
+    return previous
+
+
+def wait_device_ops() -> None:
+    """Block until every execution queued on the devices has finished (torch_xla executes
+    asynchronously: its counters move when a graph has run, not when the step returned)."""
+    import torch_xla.core.xla_model as xm
+
+    xm.wait_device_ops()
+
+
+def counter(name: str) -> int:
+    """A torch_xla metrics counter (0 before its first increment, when torch_xla lists none)."""
+    import torch_xla.debug.metrics as met
+
+    return int(met.counter_value(name) or 0)
 
 
 def device() -> Any:

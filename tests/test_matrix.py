@@ -622,3 +622,24 @@ def test_sharding_changes_between_consecutive_columns_list_moved_tensors_only():
     assert [(m.case.split("::")[1], m.tensor, m.before, m.after) for m in step.moved] == [
         ("a", "w", "{devices=[4,1]0,1,2,3}", "{devices=[1,4]0,1,2,3}")]  # b's iota form is the same sharding
     assert step.one_sided == 1
+
+
+def test_cost_changes_between_consecutive_columns_list_changed_items_and_skip_cost_selftests():
+    from harness import costs
+    from harness.matrix.costchanges import consecutive_changes, to_markdown
+    from tests.test_costs import signature
+
+    def rec_with(name: str, all_gather: int, family: str = "x") -> CaseRecord:
+        return CaseRecord(nodeid=f"cases/test_{family}.py::{name}", family=family, outcome="passed",
+                          costs={"train": costs.comparable(signature(all_gather=all_gather))})
+
+    stopped = rec_with("c", 3)
+    stopped.outcome, stopped.costs = "xfailed", {"train": {"steps": [], "graphs": {}, "memory": {}}}
+    old = column("2.6.0", [rec_with("a", 3), rec_with("b", 3), rec_with("self", 3, family="costs"), stopped])
+    new = column("2.7.0", [rec_with("a", 5), rec_with("b", 3), rec_with("self", 9, family="costs"), rec_with("c", 3)])
+    (step,) = consecutive_changes([old, new])
+    assert [(m.case.split("::")[1], m.item, m.detail) for m in step.moved] == [
+        ("a", "step0", "all-gather 3 -> 5 (+64 KiB per device)")]
+    assert step.compared == 2
+    text = "\n".join(to_markdown([old, new]))
+    assert "### 2.6.0 -> 2.7.0: 1 item(s) changed in 2 loop(s) measured in both" in text

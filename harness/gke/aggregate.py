@@ -12,6 +12,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.gke.costagreement import CostDisagreement, compare_costs
+from harness.gke.costagreement import baseline_changes as cost_baseline_changes
 from harness.gke.hostreport import HostReport
 from harness.results import CaseRecord
 
@@ -69,6 +71,7 @@ class Aggregate:
     hosts: list[HostReport]
     disagreements: list[Disagreement]
     run_problems: list[str]  # e.g. timeout, JobSet Failed, torch_xla versions differ
+    cost_disagreements: list[CostDisagreement] = dataclasses.field(default_factory=list)
 
     @property
     def failures(self) -> list[str]:
@@ -76,6 +79,7 @@ class Aggregate:
         out += [f"{r.label}: {c.nodeid} {c.outcome}: {c.reason}" for r in self.hosts for c in r.records
                 if c.outcome in FAILING_OUTCOMES]
         out += [d.describe() for d in self.disagreements]
+        out += [d.describe() for d in self.cost_disagreements]
         return out + list(self.run_problems)
 
     @property
@@ -87,7 +91,8 @@ def aggregate(reports: list[HostReport], slices: int, hosts_per_slice: int,
               run_problems: list[str] | None = None) -> Aggregate:
     complete = _fill_missing(reports, slices, hosts_per_slice)
     problems = list(run_problems or []) + _version_problems(complete)
-    return Aggregate(hosts=complete, disagreements=compare_shardings(complete), run_problems=problems)
+    return Aggregate(hosts=complete, disagreements=compare_shardings(complete), run_problems=problems,
+                     cost_disagreements=compare_costs(complete))
 
 
 def _fill_missing(reports: list[HostReport], slices: int, hosts_per_slice: int) -> list[HostReport]:
@@ -153,6 +158,7 @@ def to_json(result: Aggregate, meta: dict[str, Any]) -> dict[str, Any]:
         "ok": result.ok, "run": meta, "failures": result.failures,
         "hosts": [r.to_dict() for r in result.hosts],
         "sharding_disagreements": [dataclasses.asdict(d) for d in result.disagreements],
+        "cost_disagreements": [dataclasses.asdict(d) for d in result.cost_disagreements],
     }
 
 
@@ -202,6 +208,10 @@ def _cross_host_suite(root: ET.Element, result: Aggregate) -> None:
         failure = ET.SubElement(agree, "failure", message=f"{len(result.disagreements)} sharding disagreement(s)")
         failure.text = "\n".join("\n".join([d.describe(), *(f"    {row}" for row in d.grids())])
                                  for d in result.disagreements)
+    costs = ET.SubElement(suite, "testcase", classname="cross-host", name="cost-agreement", time="0")
+    if result.cost_disagreements:
+        failure = ET.SubElement(costs, "failure", message=f"{len(result.cost_disagreements)} cost disagreement(s)")
+        failure.text = "\n".join(d.describe() for d in result.cost_disagreements)
     run = ET.SubElement(suite, "testcase", classname="cross-host", name="run", time="0")
     if result.run_problems:
         ET.SubElement(run, "failure", message=result.run_problems[0]).text = "\n".join(result.run_problems)
@@ -242,6 +252,11 @@ def summary_markdown(result: Aggregate, meta: dict[str, Any]) -> str:
         lines += ["", f"## Sharding changes against the baseline, reported ({len(changes)})", "",
                   "Drift on the baseline's release line fails the case on its host (listed above); these are "
                   "the rest: new tensors, or another release line.", ""] + [f"- {_cell(c)}" for c in changes]
+    cost_changes = cost_baseline_changes(result.hosts)
+    if cost_changes:
+        lines += ["", f"## Cost changes against the baseline, reported ({len(cost_changes)})", "",
+                  "Cost drift on the baseline's release line and steady-state failures fail the case on its host "
+                  "(listed above); these are changes on another release line.", ""] + [f"- {_cell(c)}" for c in cost_changes]
     return "\n".join(lines) + "\n"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from harness.matrix import costchanges
 from harness.matrix import shardings as sharding_changes
 from harness.matrix.table import Cell, ColumnResult, Matrix, State
 
@@ -89,6 +90,7 @@ def to_markdown(matrix: Matrix, command: str) -> str:
         lines += [f"- {_md(d.message)}" for d in matrix.not_run]
     if len(matrix.columns) > 1:
         lines += ["", *sharding_changes.to_markdown(matrix.columns)]
+        lines += ["", *costchanges.to_markdown(matrix.columns)]
     return "\n".join(lines) + "\n"
 
 

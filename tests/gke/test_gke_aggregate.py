@@ -93,3 +93,34 @@ def test_changes_against_the_baseline_that_hosts_reported_are_summarised() -> No
     summary = agg.summary_markdown(result, {})
     assert "## Sharding changes against the baseline, reported (1)" in summary
     assert f"slice1.host1: {CASE}: block_output: new" in summary
+
+
+# -- cost signatures across hosts and against the baseline ------------------------------------------
+def costed(s: int, h: int, all_gather: int, changes: list[str] | None = None) -> HostReport:
+    from harness import costs
+    from tests.test_costs import signature
+
+    report = host(s, h)
+    report.records[0].costs = {"train": costs.comparable(signature(all_gather=all_gather))}
+    report.records[0].cost_changes = changes or []
+    return report
+
+
+def test_a_host_whose_step_gathers_more_is_a_cost_disagreement_naming_hosts_and_the_item() -> None:
+    result = agg.aggregate([costed(0, 0, 3), costed(0, 1, 3), costed(1, 0, 5), costed(1, 1, 3)], 2, 2)
+    assert not result.ok
+    [line] = result.failures
+    assert line == (f"{CASE}: cost signature of 'train' differs across hosts: slice1.host0 against "
+                    "slice0.host0, slice0.host1, slice1.host1: step0: all-gather 3 -> 5 (+64 KiB per device)")
+    junit = ET.tostring(agg.junit_xml(result), encoding="unicode")
+    assert 'name="cost-agreement"' in junit and "1 cost disagreement(s)" in junit
+    assert agg.to_json(result, {})["cost_disagreements"][0]["hosts"][1] == ["slice1.host0"]
+
+
+def test_agreeing_costs_pass_and_reported_baseline_changes_are_listed_per_host() -> None:
+    line = "step0: all-reduce 2 -> 3 (+100 B per device)"
+    result = agg.aggregate([costed(0, 0, 3, [line]), costed(1, 0, 3, [line])], 2, 1)
+    assert result.ok, result.failures
+    summary = agg.summary_markdown(result, {})
+    assert "## Cost changes against the baseline, reported (2)" in summary
+    assert f"- slice1.host0: {CASE}: {line}" in summary

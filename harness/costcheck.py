@@ -1,0 +1,195 @@
+"""The plugin's side of cost signatures: steady state, the cost baseline, records and dumps.
+
+Called by harness.plugin next to the sharding comparison, so the order is the same: the registry
+judges first (an xfail is never compared), then shardings, then costs. For every case whose body
+recorded signatures (harness.stepcosts):
+
+1. Steady state, whatever the baseline says: a step after the loop's warm-up that compiled a new
+   graph fails the case, naming the step and what differs between the two graphs.
+2. The cost baseline (harness.costbaseline): a change fails on the baseline's release line, one
+   line per item; elsewhere it is reported in a section of the test's report and in the record.
+3. The partitioned modules the signatures were read from reach the results folder
+   (`costs/<case>__<loop>_<graph>.after_optimizations.txt`) only when the case failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import costs, options, results
+from harness.costbaseline import CostBaseline, default_path
+from harness.errors import HarnessError
+
+SESSION_KEY = pytest.StashKey["CostSession"]()
+SIGNATURES_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
+DUMPS_KEY = pytest.StashKey[dict[str, str]]()
+CHANGES_KEY = pytest.StashKey[list[str]]()
+DUMPS_FOLDER = "costs"
+NO_COST_CHECK_MARKER = ("no_cost_check(reason): neither steady state nor the cost baseline judges this case "
+                        "(a self-test whose bodies record a cost regression on purpose)")
+
+
+class CostSession:
+    def __init__(self, config: pytest.Config, backend: Any) -> None:
+        self._option: str | None = options.value(config, "spmd_costs_baseline")
+        self._rootpath = config.rootpath
+        self._backend = backend  # a TPU's device count takes a probe: asked only when needed
+        self.update: bool = config.getoption(options.UPDATE_COSTS)
+        if self.update and (config.getoption("numprocesses", None) or hasattr(config, "workerinput")):
+            raise pytest.UsageError("--spmd-update-costs writes one file: run it without -n")
+        self._baseline: CostBaseline | None = None
+        self._loaded = False
+        self.seen: dict[str, tuple[dict[str, Any], str | None]] = {}
+        self.updated: dict[str, list[costs.CostChange]] | None = None
+        self.cases_without_entry: list[str] = []
+
+    @property
+    def backend(self) -> str:
+        return str(self._backend.name)
+
+    @property
+    def devices(self) -> int:
+        return int(self._backend.capabilities().devices)
+
+    @property
+    def path(self) -> Path:
+        if self._option:
+            return Path(self._option).resolve()
+        return default_path(self._rootpath, self.backend, self.devices)
+
+    def baseline(self) -> CostBaseline | None:
+        if not self._loaded:
+            self._loaded = True
+            try:
+                self._baseline = CostBaseline.load(self.path, self.backend, self.devices)
+            except HarnessError as exc:
+                raise pytest.UsageError(str(exc)) from None
+        return self._baseline
+
+
+def configure(config: pytest.Config, backend: Any, load: bool) -> None:
+    """At configure time (the xdist controller too): a damaged baseline is a usage error now."""
+    config.addinivalue_line("markers", NO_COST_CHECK_MARKER)
+    session = CostSession(config, backend)
+    config.stash[SESSION_KEY] = session
+    if load:
+        session.baseline()
+
+
+def _signatures(item: pytest.Item, results_of_runs: list[Any]) -> dict[str, dict[str, Any]]:
+    """Every loop's signature the case's bodies recorded; their dumps move to the item's stash."""
+    signatures: dict[str, dict[str, Any]] = {}
+    dumps: dict[str, str] = {}
+    for result in results_of_runs:
+        values = result.values
+        dumps.update(values.pop(costs.DUMPS_KEY, None) or {})
+        for label, signature in (values.get(costs.SIGNATURES_KEY) or {}).items():
+            signatures[label] = costs.check_signature(signature, f"cost signature {label!r} from the case's child")
+    item.stash[DUMPS_KEY] = dumps
+    item.stash[SIGNATURES_KEY] = signatures
+    return signatures
+
+
+def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: str | None, body_passed: bool) -> None:
+    """Steady state, then the baseline, for a case whose bodies passed and that is not an xfail."""
+    session: CostSession = item.config.stash[SESSION_KEY]
+    if runner is None:
+        return
+    try:
+        signatures = _signatures(item, runner.results)  # a failing body's dumps are kept too
+    except costs.CostReadError as exc:
+        if body_passed and not hasattr(report, "wasxfail"):
+            _fail(report, f"cost signature unreadable: {exc}")
+        return
+    if (not signatures or not body_passed or hasattr(report, "wasxfail") or report.skipped
+            or item.get_closest_marker("no_cost_check")):
+        return
+    problems = [line for label, sig in sorted(signatures.items()) for line in costs.steady_state_problems(sig, label)]
+    if problems:
+        item.stash[CHANGES_KEY] = [f"steady state: {p}" for p in problems]
+        _fail(report, "steady state: a step after the warm-up compiled a new graph (every step pays a compilation):\n"
+              + "\n".join(f"  {p}" for p in problems))
+    if session.update:
+        if not problems and report.passed:
+            session.seen[item.nodeid] = (signatures, version)
+        return
+    base = session.baseline()
+    if base is None:
+        return
+    changes = base.compare(item.nodeid, signatures)
+    if changes is None:
+        session.cases_without_entry.append(item.nodeid)
+        return
+    if not changes:
+        return
+    lines = [str(c) for c in changes]
+    item.stash[CHANGES_KEY] = item.stash.get(CHANGES_KEY, []) + lines
+    listing = "\n".join(f"  {line}" for line in lines)
+    if base.on_release_line(version) and report.passed:
+        _fail(report, f"cost drift: {len(lines)} item(s) differ from {base.path.name} (taken on torch_xla "
+                      f"{base.torch_xla}; this run: {version}):\n{listing}\nIf the change is intended, rewrite the "
+                      f"entry: pytest '{item.nodeid}' --spmd-update-costs")
+    else:
+        why = (f"torch_xla {version} is not on {base.torch_xla}'s release line" if not base.on_release_line(version)
+               else "the case failed already")
+        report.sections.append((f"cost changes (reported, not failed: {why})", listing))
+
+
+def _fail(report: pytest.TestReport, message: str) -> None:
+    if report.passed:
+        report.outcome = "failed"
+        report.longrepr = message
+    else:  # failed already (sharding drift): the cost finding is shown next to it
+        report.sections.append(("cost check", message))
+
+
+def record_fields(item: pytest.Item) -> dict[str, Any]:
+    """The record's `costs` (comparable signatures) and `cost_changes` (lines, failed or reported)."""
+    signatures = item.stash.get(SIGNATURES_KEY, {})
+    return {"costs": {label: costs.comparable(sig) for label, sig in signatures.items()},
+            "cost_changes": list(item.stash.get(CHANGES_KEY, []))}
+
+
+def keep_dumps(folder: Path, item: pytest.Item, failed: bool) -> None:
+    """The partitioned modules of a failing case, for reading what the partitioner did."""
+    dumps = item.stash.get(DUMPS_KEY, {})
+    if not failed or not dumps:
+        return
+    target = folder / DUMPS_FOLDER
+    target.mkdir(parents=True, exist_ok=True)
+    for name, text in dumps.items():
+        (target / f"{results.safe_filename(item.nodeid)}__{results.safe_filename(name)}.after_optimizations.txt"
+         ).write_text(text, encoding="utf-8")
+
+
+def finish(config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None or not session.update or not session.seen:
+        return
+    base = session.baseline() or CostBaseline.empty(session.path, session.backend, session.devices)
+    session.updated = {case: base.update(case, signatures, version)
+                       for case, (signatures, version) in sorted(session.seen.items())}
+    base.save()
+
+
+def summarise(terminalreporter: Any, config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return
+    if session.updated is not None:
+        terminalreporter.section(f"cost baseline {session.path} rewritten for {len(session.updated)} case(s)")
+        for case, changes in session.updated.items():
+            if changes:
+                terminalreporter.line(f"{case}:")
+                for change in changes:
+                    terminalreporter.line(f"  {change}")
+        if not any(session.updated.values()):
+            terminalreporter.line("no cost changed")
+    elif session.cases_without_entry:
+        terminalreporter.section("cases without a cost baseline entry (not compared)")
+        for case in session.cases_without_entry:
+            terminalreporter.line(case)
+        terminalreporter.line(f"add them with --spmd-update-costs ({session.path})")

@@ -1,0 +1,406 @@
+"""Cost signatures of training steps: what a step compiles, executes and communicates.
+
+The SPMD regressions users report most change neither an outcome nor a sharding: a spec that
+flips between '' and '{replicated}' makes every step compile a new graph (pytorch/xla#9755),
+memory grows 2.5x between nightlies (#8423). On CPU XLA their causes are deterministic and cheap
+to read, so a case's training loop records them (harness.stepcosts, in the child) as a
+*signature*, a JSON value:
+
+    {"warmup": 2,
+     "steps":  [{"compiles": 1, "cache_hits": 0, "executions": 1, "graphs": ["step0"]}, ...],
+     "graphs": {"step0": {"collectives": [{"kind": "all-gather", "replica_groups": "{{0,1,2,3}}",
+                                           "count": 3, "bytes_per_device": 3072}, ...],
+                          "fingerprint": "3f2a..."}},
+     "memory": {"parameters": 51200, "gradients": 51200, "optimizer_state": 0}}
+
+* per step (deltas of torch_xla's metrics around it): graphs compiled new (`UncachedCompile`),
+  graphs served from the compilation cache (`CachedCompile`), executions (`ExecuteReplicated`);
+* per distinct compiled step graph (named after the step that compiled it), the collectives of
+  XLA's partitioned, optimized module (`*after_optimizations.txt`), read by opcode, never by
+  SSA name, grouped by kind and replica groups, with the bytes each device moves;
+* the bytes of parameters, gradients and optimizer state one device holds, from each tensor's
+  shape and sharding (the device holding the most, where tiles are uneven).
+
+This module is the pure part (standard library only, so the parent pytest process imports it):
+reading collectives out of HLO text, checking a signature read back from a child or a file,
+the steady-state rule, and the per-item comparison the cost baseline (harness.costbaseline),
+the release matrix and the GKE aggregation share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from typing import Any, Mapping
+
+from harness.errors import HarnessError
+from harness.hlo import COLLECTIVE_OPCODES, HloModule, HloParseError, entry_parameters, parse_hlo
+from harness.schema import shown
+from harness.sharding import ShardingParseError, format_sharding, iota_device_ids
+
+# Where a child leaves its signatures and the partitioned modules they were read from
+# (CaseContext values; the parent pops the dumps so they reach the results folder only on failure).
+SIGNATURES_KEY = "harness:costs"
+DUMPS_KEY = "harness:cost-dumps"
+DEFAULT_LABEL = "train"
+DEFAULT_WARMUP = 2
+
+# Bytes of one element per HLO element type. Sub-byte types count a byte: an upper bound.
+ELEMENT_BYTES = {
+    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f4e2m1fn": 1,
+    "f8e5m2": 1, "f8e4m3fn": 1, "f8e4m3b11fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3fnuz": 1, "f8e4m3": 1,
+    "f8e3m4": 1, "f8e8m0fnu": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+    "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "token": 0,
+}
+MEMORY_FIELDS = ("parameters", "gradients", "optimizer_state")
+STEP_FIELDS = ("compiles", "cache_hits", "executions")
+
+_ARRAY_SHAPE = re.compile(r"(?P<type>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\]")
+
+
+class CostReadError(HarnessError, ValueError):
+    """HLO text or a signature that cannot be read as one: the message names where and what."""
+
+
+# --------------------------------------------------------------------------------------------
+# Reading a partitioned module
+# --------------------------------------------------------------------------------------------
+
+
+def shape_bytes(shape: str, where: str = "") -> int:
+    """Bytes of an HLO shape: `f32[16,32]{1,0}` -> 2048; a tuple shape is the sum of its arrays.
+
+    Dynamic dimensions (`<=8`) count at their bound."""
+    total = 0
+    for match in _ARRAY_SHAPE.finditer(shape):
+        element = match.group("type")
+        if element not in ELEMENT_BYTES:
+            raise CostReadError(f"{where}: element type {element!r} of shape {shape!r} is not an HLO element type")
+        count = 1
+        for dim in filter(None, (d.strip() for d in match.group("dims").split(","))):
+            try:
+                count *= int(dim.lstrip("<="))
+            except ValueError:
+                raise CostReadError(f"{where}: dimension {dim!r} of shape {shape!r} is not a number") from None
+        total += count * ELEMENT_BYTES[element]
+    return total
+
+
+def _tuple_elements(shape: str) -> list[str]:
+    return [m.group(0) for m in _ARRAY_SHAPE.finditer(shape)]
+
+
+def replica_groups(text: str | None, devices: int, where: str = "") -> tuple[tuple[int, ...], ...]:
+    """`{{0,1},{2,3}}` or the iota form `[2,2]<=[4]` / `[2,2]<=[2,2]T(1,0)` as explicit groups;
+    none or `{}` is one group of every device (XLA's meaning)."""
+    text = (text or "").strip()
+    if text in ("", "{}"):
+        return (tuple(range(devices)),)
+    iota = re.fullmatch(r"\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text.replace(" ", ""))
+    if iota:
+        groups, size = int(iota.group(1)), int(iota.group(2))
+        reshape = tuple(int(x) for x in iota.group(3).split(","))
+        perm = tuple(int(x) for x in iota.group(4).split(",")) if iota.group(4) else None
+        try:
+            ids = iota_device_ids(reshape, perm)
+        except (ShardingParseError, ValueError) as exc:
+            raise CostReadError(f"{where}: replica_groups={text}: {exc}") from None
+        if len(ids) != groups * size:
+            raise CostReadError(f"{where}: replica_groups={text} names {len(ids)} devices, not {groups}x{size}")
+        return tuple(tuple(ids[g * size:(g + 1) * size]) for g in range(groups))
+    if not re.fullmatch(r"\{\s*(\{[\d,\s]*\}\s*,?\s*)*\}", text):
+        raise CostReadError(f"{where}: replica_groups={text} is neither {{{{0,1,...}},...}} nor an iota form")
+    return tuple(tuple(int(x) for x in group.split(",") if x.strip())
+                 for group in re.findall(r"\{([\d,\s]*)\}", text[1:-1]))
+
+
+def _groups_text(groups: tuple[tuple[int, ...], ...]) -> str:
+    return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
+
+
+def _moved_bytes(kind: str, result_bytes: int, group_size: int) -> int:
+    """Bytes one device sends under the ring algorithm: a model, deterministic and comparable
+    between graphs, not a measurement. All-gather receives the other g-1 shards of its result;
+    reduce-scatter sends g-1 results; all-reduce is a reduce-scatter plus an all-gather."""
+    g = max(group_size, 1)
+    if kind == "all-gather":
+        return result_bytes * (g - 1) // g
+    if kind == "reduce-scatter":
+        return result_bytes * (g - 1)
+    if kind == "all-reduce":
+        return 2 * result_bytes * (g - 1) // g
+    if kind in ("all-to-all", "ragged-all-to-all"):
+        return result_bytes * (g - 1) // g
+    return result_bytes  # collective-permute, collective-broadcast: the whole buffer once
+
+
+def collectives(hlo: str | HloModule, devices: int, where: str = "the partitioned module") -> list[dict[str, Any]]:
+    """The collectives of a partitioned module by role: one entry per (kind, replica groups),
+    with how many instructions and the bytes one device moves for them, sorted by kind.
+
+    Async pairs count once (the `-start`); an instruction in a loop body counts once (text, not
+    trip count). Collective-permute is grouped by its source-target pairs.
+    """
+    try:
+        module = hlo if isinstance(hlo, HloModule) else parse_hlo(hlo)
+    except HloParseError as exc:
+        raise CostReadError(f"{where}: {exc}") from None
+    grouped: dict[tuple[str, str], list[int]] = {}
+    for instruction in module.instructions:
+        kind = instruction.opcode.removesuffix("-start")
+        if kind not in COLLECTIVE_OPCODES:
+            continue
+        at = f"{where}, line {instruction.line_number}"
+        shape = instruction.shape
+        if instruction.opcode.endswith("-start") and kind != "all-reduce":
+            elements = _tuple_elements(shape)  # (operand, result[, context...]): the result moves
+            shape = elements[1] if len(elements) > 1 else shape
+        if kind in ("collective-permute", "collective-broadcast"):
+            pairs = instruction.attribute("source_target_pairs") or instruction.attribute("replica_groups") or "{}"
+            key, size = "pairs " + pairs.replace(" ", ""), 2
+        else:
+            groups = replica_groups(instruction.attribute("replica_groups"), devices, at)
+            key, size = _groups_text(groups), max((len(g) for g in groups), default=1)
+        entry = grouped.setdefault((kind, key), [0, 0])
+        entry[0] += 1
+        entry[1] += _moved_bytes(kind, shape_bytes(shape, at), size)
+    return [{"kind": kind, "replica_groups": groups, "count": count, "bytes_per_device": moved}
+            for (kind, groups), (count, moved) in sorted(grouped.items())]
+
+
+def entry_inputs(hlo: str | HloModule, where: str = "the step graph") -> list[str]:
+    """Each entry parameter of a graph as `shape sharding` (`f32[8,16] {devices=[4,1]0,1,2,3}`),
+    in parameter order: what a new compilation's inputs differ in (layouts dropped)."""
+    try:
+        module = hlo if isinstance(hlo, HloModule) else parse_hlo(hlo)
+        return [f"{re.sub(r'{[^}]*}$', '', p.shape)} {format_sharding(p.sharding) or chr(39) * 2}"
+                for p in entry_parameters(module)]
+    except (HloParseError, ShardingParseError) as exc:
+        raise CostReadError(f"{where}: {exc}") from None
+
+
+def fingerprint(hlo: str | HloModule) -> str:
+    """A hash of a graph's structure (opcodes, shapes, shardings, operand positions), blind to
+    instruction names, module names and metadata, which change from graph to graph."""
+    module = hlo if isinstance(hlo, HloModule) else parse_hlo(hlo)
+    digest = hashlib.sha256()
+    for computation in module.computations:
+        positions = {i.name: n for n, i in enumerate(computation.instructions)}
+        for instruction in computation.instructions:
+            operands = ",".join(str(positions.get(name, "?")) for name in instruction.operand_names)
+            attributes = ",".join(f"{k}={v}" for k, v in instruction.attributes
+                                  if k not in ("metadata", "calls", "to_apply", "channel_id", "backend_config"))
+            digest.update(f"{instruction.opcode}|{instruction.shape}|{operands}|{attributes}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def input_differences(before: list[str], after: list[str]) -> list[str]:
+    """What a new graph's inputs differ in from the graph the step before ran."""
+    lines = [f"parameter({n}): {a} -> {b}" for n, (a, b) in enumerate(zip(before, after)) if a != b]
+    if len(before) != len(after):
+        lines.append(f"{len(before)} -> {len(after)} parameters")
+    return lines
+
+
+def tensor_bytes_per_device(shape: list[int], element_bytes: int, tiles: list[int] | None) -> int:
+    """Bytes of a tensor on the device holding its largest shard: dim d cut into tiles[d] pieces
+    (ceil), None for a tensor not tiled (replicated or unannotated: every device holds it all)."""
+    count = 1
+    for index, size in enumerate(shape):
+        pieces = tiles[index] if tiles and index < len(tiles) else 1
+        count *= -(-size // max(pieces, 1))
+    return count * element_bytes
+
+
+# --------------------------------------------------------------------------------------------
+# Checking a signature (from a child, a results folder or a baseline file: untrusted)
+# --------------------------------------------------------------------------------------------
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_signature(data: Any, where: str) -> dict[str, Any]:
+    """`data` as a signature, each field of the type the meter writes, or CostReadError naming it."""
+    if not isinstance(data, dict):
+        raise CostReadError(f"{where}: {shown(data)}, not a cost signature (a mapping with steps, graphs, memory)")
+    unknown = sorted(set(data) - {"warmup", "steps", "graphs", "memory"})
+    if unknown:
+        raise CostReadError(f"{where}: unknown key {unknown[0]!r} (known: graphs, memory, steps, warmup)")
+    steps, graphs, memory = data.get("steps", []), data.get("graphs", {}), data.get("memory", {})
+    if "warmup" in data and not _is_count(data["warmup"]):
+        raise CostReadError(f"{where}: warmup is {shown(data['warmup'])}, not a whole number of steps")
+    if not isinstance(steps, list):
+        raise CostReadError(f"{where}: steps is {shown(steps)}, not a list")
+    for index, step in enumerate(steps):
+        _check_step(step, f"{where}, step{index}")
+    if not isinstance(graphs, dict):
+        raise CostReadError(f"{where}: graphs is {shown(graphs)}, not a mapping of graph names")
+    for name, graph in graphs.items():
+        _check_graph(graph, f"{where}, graph {name!r}")
+    if not isinstance(memory, dict) or not all(k in MEMORY_FIELDS and _is_count(v) for k, v in memory.items()):
+        raise CostReadError(f"{where}: memory must map {', '.join(MEMORY_FIELDS)} to byte counts; got {shown(memory)}")
+    return data
+
+
+def _check_step(step: Any, where: str) -> None:
+    if not isinstance(step, dict):
+        raise CostReadError(f"{where}: {shown(step)}, not a step (compiles, cache_hits, executions, graphs)")
+    for name in STEP_FIELDS:
+        if not _is_count(step.get(name)):
+            raise CostReadError(f"{where}: {name} is {shown(step.get(name))}, not a whole number")
+    if not isinstance(step.get("graphs", []), list) or not all(isinstance(g, str) for g in step.get("graphs", [])):
+        raise CostReadError(f"{where}: graphs must be a list of graph names")
+    if not isinstance(step.get("differs", []), list) or not all(isinstance(d, str) for d in step.get("differs", [])):
+        raise CostReadError(f"{where}: differs must be a list of lines")
+
+
+def _check_graph(graph: Any, where: str) -> None:
+    if not isinstance(graph, dict):
+        raise CostReadError(f"{where}: {shown(graph)}, not a graph (collectives, fingerprint)")
+    listed = graph.get("collectives")
+    if listed is None:  # not read: the reason says why
+        if not isinstance(graph.get("unread"), str):
+            raise CostReadError(f"{where}: collectives missing without an 'unread' reason")
+        return
+    if not isinstance(listed, list):
+        raise CostReadError(f"{where}: collectives is {shown(listed)}, not a list")
+    for entry in listed:
+        if not (isinstance(entry, dict) and isinstance(entry.get("kind"), str)
+                and isinstance(entry.get("replica_groups"), str)
+                and _is_count(entry.get("count")) and _is_count(entry.get("bytes_per_device"))):
+            raise CostReadError(f"{where}: collective {shown(entry)} needs kind, replica_groups (text), "
+                                "count and bytes_per_device (whole numbers)")
+
+
+def comparable(signature: Mapping[str, Any]) -> dict[str, Any]:
+    """What a baseline keeps and compares: counts, collectives, memory. Not the fingerprints
+    (any change of any op moves them) nor the steady-state explanations."""
+    return {
+        "steps": [{k: step[k] for k in (*STEP_FIELDS, "graphs") if k in step} for step in signature.get("steps", [])],
+        "graphs": {name: ({"collectives": g["collectives"]} if g.get("collectives") is not None
+                          else {"collectives": None, "unread": g.get("unread", "")})
+                   for name, g in sorted(signature.get("graphs", {}).items())},
+        "memory": dict(sorted(signature.get("memory", {}).items())),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Steady state and comparison
+# --------------------------------------------------------------------------------------------
+
+
+def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LABEL) -> list[str]:
+    """One line per step after the warm-up that compiled a new graph, saying what differs."""
+    warmup = signature.get("warmup", DEFAULT_WARMUP)
+    problems = []
+    for index, step in enumerate(signature.get("steps", [])):
+        if index < warmup or not step.get("compiles"):
+            continue
+        why = "; ".join(step.get("differs") or ["what differs is unknown (no dump of the new graph)"])
+        problems.append(f"{_prefix(label)}step{index} compiled {step['compiles']} new graph(s) after the "
+                        f"{warmup}-step warm-up: {why}")
+    return problems
+
+
+@dataclasses.dataclass(frozen=True)
+class CostChange:
+    item: str  # "step0", "memory", "step3" (a step's counts), prefixed with the meter's label
+    detail: str  # "all-gather 3 -> 5 (+96 KiB per device)"
+
+    def __str__(self) -> str:
+        return f"{self.item}: {self.detail}"
+
+
+def kib(count: int) -> str:
+    """1536 -> '1.5 KiB', 100 -> '100 B': sizes a reader compares at a glance."""
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(count) >= size:
+            return f"{count / size:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{count} B"
+
+
+def _signed(count: int) -> str:
+    return ("+" if count > 0 else "-") + kib(abs(count))
+
+
+def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str = DEFAULT_LABEL) -> list[CostChange]:
+    """Per-item changes between two signatures: a step's counts, a graph's collectives, memory."""
+    changes: list[CostChange] = []
+    prefix = _prefix(label)
+    before_steps, after_steps = expected.get("steps", []), observed.get("steps", [])
+    for index in range(max(len(before_steps), len(after_steps))):
+        if index >= len(before_steps) or index >= len(after_steps):
+            changes.append(CostChange(f"{prefix}step{index}", "not run in the baseline" if index >= len(before_steps)
+                                      else "no longer run"))
+            continue
+        a, b = before_steps[index], after_steps[index]
+        moved = [f"{k} {a.get(k)} -> {b.get(k)}" for k in STEP_FIELDS if k != "cache_hits" and a.get(k) != b.get(k)]
+        if moved:
+            changes.append(CostChange(f"{prefix}step{index}", ", ".join(moved)))
+    graphs_a, graphs_b = expected.get("graphs", {}), observed.get("graphs", {})
+    for name in sorted(set(graphs_a) | set(graphs_b)):
+        detail = _graph_change(graphs_a.get(name), graphs_b.get(name))
+        if detail:
+            changes.append(CostChange(f"{prefix}{name}", detail))
+    mem_a, mem_b = expected.get("memory", {}), observed.get("memory", {})
+    moved = [f"{k.replace('_', ' ')} {kib(mem_a.get(k, 0))} -> {kib(mem_b.get(k, 0))}"
+             for k in MEMORY_FIELDS if mem_a.get(k) != mem_b.get(k) and (k in mem_a or k in mem_b)]
+    if moved:
+        changes.append(CostChange(f"{prefix}memory per device", ", ".join(moved)))
+    return changes
+
+
+def _graph_change(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> str | None:
+    if before is None:
+        return "new graph, " + _listing(after.get("collectives") if after else None) + " (not in the baseline)"
+    if after is None:
+        return "no longer compiled"
+    listed_a, listed_b = before.get("collectives"), after.get("collectives")
+    if listed_a is None or listed_b is None:
+        if listed_a is None and listed_b is None:
+            return None
+        return (f"collectives no longer read ({after.get('unread', '')})" if listed_b is None
+                else f"collectives read now: {_listing(listed_b)}")
+    parts = []
+    for kind in sorted({c["kind"] for c in listed_a} | {c["kind"] for c in listed_b}):
+        a = [c for c in listed_a if c["kind"] == kind]
+        b = [c for c in listed_b if c["kind"] == kind]
+        count_a, count_b = sum(c["count"] for c in a), sum(c["count"] for c in b)
+        bytes_a, bytes_b = sum(c["bytes_per_device"] for c in a), sum(c["bytes_per_device"] for c in b)
+        moved = f" ({_signed(bytes_b - bytes_a)} per device)" if bytes_a != bytes_b else ""
+        if count_a != count_b:
+            parts.append(f"{kind} {count_a} -> {count_b}{moved}")
+        elif _groups(a) != _groups(b):
+            parts.append(f"{kind} over {_groups(a)} -> {_groups(b)}{moved}")
+        elif moved:
+            parts.append(f"{kind} {count_a}{moved}")
+    return ", ".join(parts) or None
+
+
+def _groups(entries: list[Mapping[str, Any]]) -> str:
+    return " + ".join(f"{e['replica_groups']} x{e['count']}" for e in sorted(entries, key=lambda e: e["replica_groups"]))
+
+
+def _listing(listed: list[Mapping[str, Any]] | None) -> str:
+    if listed is None:
+        return "collectives not read"
+    totals: dict[str, int] = {}
+    for entry in listed:
+        totals[entry["kind"]] = totals.get(entry["kind"], 0) + entry["count"]
+    return ", ".join(f"{kind} {count}" for kind, count in sorted(totals.items())) or "no collectives"
+
+
+def summary(signature: Mapping[str, Any]) -> str:
+    """One line for a whole signature: 'new: 3 steps, 1 graph (all-gather 3, all-reduce 2), ...'."""
+    graphs = signature.get("graphs", {})
+    listed = "; ".join(f"{name}: {_listing(g.get('collectives'))}" for name, g in sorted(graphs.items()))
+    memory = ", ".join(f"{k.replace('_', ' ')} {kib(v)}" for k, v in sorted(signature.get("memory", {}).items()))
+    return (f"{len(signature.get('steps', []))} steps, {sum(s.get('compiles', 0) for s in signature.get('steps', []))} "
+            f"compilation(s); {listed or 'no graph read'}; per device {memory or 'memory not measured'}")
+
+
+def _prefix(label: str) -> str:
+    return "" if label == DEFAULT_LABEL else f"{label}/"

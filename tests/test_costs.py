@@ -1,0 +1,135 @@
+"""harness.costs: collectives read by role out of partitioned modules, signatures, comparison."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from harness import costs
+from harness.costs import CostReadError
+
+pytestmark = pytest.mark.selftest
+
+# Trimmed from a real `*cpu_after_optimizations.txt` of a 2-layer FSDPv2 step on 4 CPU devices
+# (torch_xla 2.9.0), plus an async pair, an iota group and an op whose metadata names a collective.
+PARTITIONED = """\
+HloModule harness_cost_0_train_step0.116_spmd, is_scheduled=true, entry_computation_layout={(f32[2]{0})->f32[]}
+
+%add.clone (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %add = f32[] add(%x, %y)
+}
+
+ENTRY %harness_cost_0_train_step0.116_spmd (param.4: f32[2], param.3: f32[8,8]) -> (f32[], f32[8,8]) {
+  %param.4 = f32[2]{0} parameter(0), sharding={devices=[4]<=[4]}
+  %param.3 = f32[8,8]{1,0} parameter(1), sharding={devices=[4,1]<=[4]}
+  %all-gather.1 = f32[32]{0} all-gather(%copy.27), channel_id=2, replica_groups={{0,1,2,3}}, dimensions={0}, use_global_device_ids=true
+  %all-gather = f32[16,32]{0,1} all-gather(%bitcast.4), channel_id=1, replica_groups=[1,4]<=[4], dimensions={1}, use_global_device_ids=true
+  %all-reduce = f32[] all-reduce(%fusion.1), channel_id=5, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=%add.clone
+  %all-reduce.1 = f32[32,8]{1,0} all-reduce(%dot.2), channel_id=6, replica_groups={{0,1},{2,3}}, to_apply=%add.clone
+  %ags = (f32[8]{0}, f32[32]{0}) all-gather-start(%copy.25), channel_id=9, replica_groups={{0,1,2,3}}, dimensions={0}
+  %agd = f32[32]{0} all-gather-done(%ags)
+  %fusion.9 = f32[8]{0} fusion(%agd), kind=kLoop, calls=%fused, metadata={op_type="all-reduce" op_name="all-gather"}
+  ROOT %tuple = (f32[], f32[8,8]) tuple(%all-reduce, %param.3)
+}
+"""
+
+
+def by_kind(listed):
+    return {(c["kind"], c["replica_groups"]): (c["count"], c["bytes_per_device"]) for c in listed}
+
+
+def test_collectives_are_read_by_opcode_grouped_by_kind_and_replica_groups_with_ring_bytes():
+    assert by_kind(costs.collectives(PARTITIONED, devices=4)) == {
+        # f32[32] (128 B) + f32[16,32] (2048 B) + the async f32[32] result: 3/4 of each arrives
+        ("all-gather", "{{0,1,2,3}}"): (3, 96 + 1536 + 96),
+        # f32[] all-reduce over 4: 2 * 4 * 3/4
+        ("all-reduce", "{{0,1,2,3}}"): (1, 6),
+        # f32[32,8] (1024 B) over pairs: 2 * 1024 * 1/2
+        ("all-reduce", "{{0,1},{2,3}}"): (1, 1024),
+    }
+
+
+def test_an_empty_group_list_is_every_device_and_iota_groups_are_spelled_out():
+    assert costs.replica_groups("{}", 4) == ((0, 1, 2, 3),)
+    assert costs.replica_groups("[2,2]<=[4]", 4) == ((0, 1), (2, 3))
+    assert costs.replica_groups("[2,2]<=[2,2]T(1,0)", 4) == ((0, 2), (1, 3))
+
+
+@pytest.mark.parametrize("text", ["{{0,1},{2,x}}", "[2,3]<=[4]", "banana"])
+def test_replica_groups_that_are_no_groups_are_named(text):
+    with pytest.raises(CostReadError, match="replica_groups"):
+        costs.replica_groups(text, 4, "dump.txt, line 3")
+
+
+def test_shape_bytes_and_a_damaged_element_type():
+    assert costs.shape_bytes("(f32[], bf16[4,8]{1,0}, pred[3])") == 4 + 64 + 3
+    with pytest.raises(CostReadError, match="element type 'q32'"):
+        costs.shape_bytes("q32[4]", "dump.txt")
+
+
+def test_inputs_and_fingerprint_ignore_names_but_see_shardings():
+    renamed = PARTITIONED.replace("param.3", "p.99").replace("harness_cost_0", "other")
+    assert costs.fingerprint(renamed) == costs.fingerprint(PARTITIONED)
+    resharded = PARTITIONED.replace("sharding={devices=[4,1]<=[4]}", "sharding={replicated}")
+    assert costs.fingerprint(resharded) != costs.fingerprint(PARTITIONED)
+    before, after = costs.entry_inputs(PARTITIONED), costs.entry_inputs(resharded)
+    assert costs.input_differences(before, after) == [
+        "parameter(1): f32[8,8] {devices=[4,1]0,1,2,3} -> f32[8,8] {replicated}"]
+
+
+def signature(all_gather=3, all_reduce=2, steps=((1, 0), (0, 1), (0, 1)), parameters=1024):
+    return {
+        "warmup": 2,
+        "steps": [{"compiles": c, "cache_hits": h, "executions": 1, "graphs": ["step0"] if c else []} for c, h in steps],
+        "graphs": {"step0": {"collectives": [
+            {"kind": "all-gather", "replica_groups": "{{0,1,2,3}}", "count": all_gather, "bytes_per_device": 32768 * all_gather},
+            {"kind": "all-reduce", "replica_groups": "{{0,1,2,3}}", "count": all_reduce, "bytes_per_device": 100 * all_reduce},
+        ]}},
+        "memory": {"parameters": parameters, "gradients": parameters, "optimizer_state": 0},
+    }
+
+
+def test_one_line_per_item_naming_the_collective_and_the_bytes():
+    assert [str(c) for c in costs.compare(signature(), signature(all_gather=5))] == [
+        "step0: all-gather 3 -> 5 (+64 KiB per device)"]
+    assert [str(c) for c in costs.compare(signature(), signature(all_reduce=3, parameters=4096))] == [
+        "step0: all-reduce 2 -> 3 (+100 B per device)",
+        "memory per device: parameters 1 KiB -> 4 KiB, gradients 1 KiB -> 4 KiB"]
+    assert costs.compare(signature(), copy.deepcopy(signature())) == []
+
+
+def test_a_kind_that_vanishes_and_regrouped_collectives():
+    gone = signature(all_gather=0)
+    gone["graphs"]["step0"]["collectives"] = gone["graphs"]["step0"]["collectives"][1:]
+    assert [str(c) for c in costs.compare(signature(), gone)] == ["step0: all-gather 3 -> 0 (-96 KiB per device)"]
+    regrouped = signature()
+    regrouped["graphs"]["step0"]["collectives"][1]["replica_groups"] = "{{0,1},{2,3}}"
+    assert [str(c) for c in costs.compare(signature(), regrouped)] == [
+        "step0: all-reduce over {{0,1,2,3}} x2 -> {{0,1},{2,3}} x2"]
+
+
+def test_a_step_that_compiles_again_is_a_steady_state_problem_after_the_warmup_only():
+    assert costs.steady_state_problems(signature(steps=((1, 0), (1, 0), (0, 1)))) == []  # within the warm-up
+    late = signature(steps=((1, 0), (0, 1), (1, 0)))
+    late["steps"][2]["differs"] = ["parameter(3): f32[8] '' -> f32[8] {replicated}"]
+    assert costs.steady_state_problems(late) == [
+        "step2 compiled 1 new graph(s) after the 2-step warm-up: parameter(3): f32[8] '' -> f32[8] {replicated}"]
+    assert [str(c) for c in costs.compare(signature(), late)] == ["step2: compiles 0 -> 1"]
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda s: s.update(steps="3"), "steps is the string '3'"),
+    (lambda s: s["steps"][1].update(compiles=-1), "step1: compiles is the number -1"),
+    (lambda s: s["graphs"]["step0"]["collectives"][0].pop("count"), "needs kind, replica_groups"),
+    (lambda s: s["graphs"]["step0"].update(collectives=None), "without an 'unread' reason"),
+    (lambda s: s["memory"].update(parameters=True), "memory must map"),
+    (lambda s: s.update(stpes=[]), "unknown key 'stpes'"),
+])
+def test_a_damaged_signature_is_named(damage, named):
+    damaged = signature()
+    damage(damaged)
+    with pytest.raises(CostReadError, match=named.replace("(", r"\(").replace("{", r"\{")):
+        costs.check_signature(damaged, "costs.json")
