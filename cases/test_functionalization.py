@@ -215,7 +215,8 @@ def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float, layout=None) -> 
 
 @pytest.mark.parametrize("functionalization", modes(bug_when_off="fsdpv2-vit-step-has-sharding"))
 def test_fsdpv2_vit_train_steps_match_cpu(spmd, functionalization: bool) -> None:
-    result = spmd.run(body_fsdpv2_vit_train, functionalization=functionalization, steps=TRAIN_STEPS, lr=LEARNING_RATE)
+    result = spmd.run(body_fsdpv2_vit_train, functionalization=functionalization, steps=TRAIN_STEPS, lr=LEARNING_RATE,
+                      fresh=True)  # a cost-measured loop: no graph cached by an earlier case
     losses, cpu_losses = result.values["losses"], result.values["cpu_losses"]
     assert len(losses) == TRAIN_STEPS, f"expected {TRAIN_STEPS} losses, got {losses}"
     assert all(math.isfinite(x) for x in losses), f"non-finite loss on XLA: {losses}"

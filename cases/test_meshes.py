@@ -114,7 +114,7 @@ def _check_losses(losses: list[float], cpu_losses: list[float]) -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_fsdpv2_vit_train_steps_match_cpu(spmd, layout: str) -> None:
-    result = spmd.run(body_fsdpv2_vit_train, steps=TRAIN_STEPS, lr=LEARNING_RATE, layout=layout)
+    result = spmd.run(body_fsdpv2_vit_train, steps=TRAIN_STEPS, lr=LEARNING_RATE, layout=layout, fresh=True)
     losses = result.values["losses"]
     assert len(losses) == TRAIN_STEPS, f"expected {TRAIN_STEPS} losses, got {losses}"
     _check_losses(losses, result.values["cpu_losses"])
@@ -132,7 +132,7 @@ def test_fsdpv2_vit_train_steps_match_cpu(spmd, layout: str) -> None:
 @pytest.mark.known_bug("fsdpv2-scalar-param-spec")
 @pytest.mark.parametrize("layout", DATA_LAYOUTS)
 def test_fsdpv2_scalar_parameter_on_layout(spmd, layout: str) -> None:
-    result = spmd.run(body_fsdpv2_scalar_param, steps=3, layout=layout)
+    result = spmd.run(body_fsdpv2_scalar_param, steps=3, layout=layout, fresh=True)
     assert result.values["param_shapes"]["scale"] == []
     _check_fsdpv2_params(result, layout)
     _check_fsdpv2_params(result, layout, prefix="after_steps.")
@@ -141,7 +141,7 @@ def test_fsdpv2_scalar_parameter_on_layout(spmd, layout: str) -> None:
 @pytest.mark.known_bug("fsdpv2-scalar-output-spec")
 @pytest.mark.parametrize("layout", DATA_LAYOUTS)
 def test_fsdpv2_scalar_output_on_layout(spmd, layout: str) -> None:
-    result = spmd.run(body_fsdpv2_scalar_output, steps=3, layout=layout)
+    result = spmd.run(body_fsdpv2_scalar_output, steps=3, layout=layout, fresh=True)
     assert result.values["output_rank"] == 0
     assert is_replicated(result.shardings["output"]), result.shardings["output"]
     _check_fsdpv2_params(result, layout)
@@ -196,7 +196,7 @@ def test_hybrid_mesh_puts_the_dcn_axis_across_slices(spmd, layout: str, axis: st
 @pytest.mark.parametrize("layout", ["hybrid-data", "hybrid-fsdp"])
 def test_fsdpv2_vit_on_real_slices(spmd, layout: str) -> None:
     """The TPU twin (nightly GKE job): the same HybridMesh from the slices' own attributes."""
-    result = spmd.run(body_fsdpv2_vit_train, steps=TRAIN_STEPS, lr=LEARNING_RATE, layout=layout)
+    result = spmd.run(body_fsdpv2_vit_train, steps=TRAIN_STEPS, lr=LEARNING_RATE, layout=layout, fresh=True)
     _check_losses(result.values["losses"], result.values["cpu_losses"])
     _check_fsdpv2_params(result, layout)
     _assert_axis_across_slices(result.values["mesh"], "data" if layout == "hybrid-data" else "fsdp", slices=2)

@@ -182,10 +182,16 @@ def _signal_handlers() -> dict[int, Any]:
     return handlers
 
 
+# Bodies this process has run so far (CaseContext.bodies_before).
+BODIES_RUN = 0
+
+
 def run_request(request: protocol.Request) -> protocol.Verdict:
     started = time.monotonic()
     state = ProcessState()
-    ctx = CaseContext()
+    global BODIES_RUN
+    ctx = CaseContext(bodies_before=BODIES_RUN)
+    BODIES_RUN += 1
     outcome, exception = "ok", None
     try:
         body = load_body(request.body)

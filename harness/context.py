@@ -15,7 +15,10 @@ from harness.errors import HarnessUsageError
 
 
 class CaseContext:
-    def __init__(self) -> None:
+    def __init__(self, bodies_before: int = 0) -> None:
+        # How many bodies this process ran before this one: graphs they compiled are cached here,
+        # which a cost-measured loop must not find (harness.stepcosts.StepMeter).
+        self.bodies_before = bodies_before
         self.backend = os.environ.get(protocol.BACKEND_ENV, "")
         self.devices = int(os.environ.get(protocol.DEVICES_ENV, "0") or 0)
         self.functionalization = os.environ.get("XLA_DISABLE_FUNCTIONALIZATION", "0") != "1"

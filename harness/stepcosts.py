@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from harness import costs, xla
+from harness.errors import HarnessUsageError
 
 # XLA's dump file names: module_0003.<module name>.<unique id>.<stage>.txt; stage
 # `before_optimizations`, or `after_optimizations` with the backend's prefix (`cpu_`, `tpu_`).
@@ -41,6 +42,13 @@ class StepMeter:
         (the first step compiles the graph; the second may, once the optimizer state exists)."""
         if not re.fullmatch(r"[A-Za-z0-9_]+", label):
             raise ValueError(f"StepMeter label {label!r}: letters, digits and '_' only (it names XLA modules)")
+        if getattr(ctx, "bodies_before", 0):
+            # An earlier case's graphs sit in this process's compile cache: step 0 would compile
+            # nothing, its collectives could not be read, and the signature would depend on which
+            # cases ran before in this child (serial and -n 2 would disagree).
+            raise HarnessUsageError(
+                f"a cost-measured loop needs a child of its own, and this one ran {ctx.bodies_before} "
+                "body(ies) before: pass fresh=True to spmd.run for this body")
         self.ctx = ctx
         self.label = label
         self.parameters = list(parameters)

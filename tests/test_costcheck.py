@@ -112,3 +112,15 @@ def test_update_refuses_xdist(suite):
     result = suite(signature(), "--spmd-update-costs", "-n", "2")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--spmd-update-costs writes one file: run it without -n*"])
+
+
+def test_a_cost_measured_loop_refuses_a_child_that_ran_other_bodies():
+    """Graphs an earlier case compiled in a warm child are served from its cache: step 0 would
+    compile nothing and the signature would depend on case order (serial vs -n 2)."""
+    from types import SimpleNamespace
+
+    from harness import stepcosts
+    from harness.errors import HarnessUsageError
+
+    with pytest.raises(HarnessUsageError, match="needs a child of its own.*pass fresh=True"):
+        stepcosts.StepMeter(SimpleNamespace(bodies_before=2, values={}))
