@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from packaging.version import InvalidVersion, Version
 
-from harness.errors import BaselineError
+from harness.errors import BaselineError, HarnessError
 from harness.schema import shown, unknown_keys
 from harness.sharding import ShardingParseError, format_sharding, parse_sharding
 from harness.tiles import grids_side_by_side, is_multi_axis
@@ -103,12 +103,7 @@ class Baseline:
 
     def on_release_line(self, version: str | None) -> bool:
         """Whether `version` is on the release line the baseline was taken on (same major.minor)."""
-        if version is None or self.torch_xla is None:
-            return False
-        try:
-            return Version(version).release[:2] == Version(self.torch_xla).release[:2]
-        except InvalidVersion:
-            return False
+        return on_release_line(version, self.torch_xla)
 
     def compare(self, case: str, observed: Mapping[str, str]) -> list[Change] | None:
         """Per-tensor changes against the case's entry; None when the baseline has no entry for it."""
@@ -142,29 +137,49 @@ BASELINE_KEYS = ("backend", "devices", "torch_xla", "cases")
 REWRITE = "fix it, or delete it and write it again with --spmd-update-shardings"
 
 
-def _checked_fields(data: Any, where: str) -> tuple[str, int, str | None, dict[str, dict[str, str]]]:
-    """backend, devices, torch_xla and cases of a baseline file, each of the type save() writes."""
+def checked_header(data: Any, where: str, error: type[HarnessError], rewrite: str,
+                   kind: str) -> tuple[str, int, str | None, Any]:
+    """backend, devices, torch_xla and (unchecked) cases of a baseline file, each of the type
+    save() writes. Shared by the sharding and the cost baseline (harness.costbaseline); `kind`
+    names what the file predicts ("shardings", "costs")."""
     if not isinstance(data, dict):
-        raise BaselineError(f"{where} holds {shown(data)}, not an object with {', '.join(BASELINE_KEYS)}; {REWRITE}")
+        raise error(f"{where} holds {shown(data)}, not an object with {', '.join(BASELINE_KEYS)}; {rewrite}")
     unknown = unknown_keys(data, BASELINE_KEYS)
     if unknown:
-        raise BaselineError(f"{where}: {unknown}")
+        raise error(f"{where}: {unknown}")
     missing = [key for key in ("backend", "devices", "cases") if key not in data]
     if missing:
-        raise BaselineError(f"{where} lacks {', '.join(missing)}; {REWRITE}")
+        raise error(f"{where} lacks {', '.join(missing)}; {rewrite}")
     backend, devices, version, cases = data["backend"], data["devices"], data.get("torch_xla"), data["cases"]
     if not isinstance(backend, str) or not backend:
-        raise BaselineError(f'{where}: backend must be a backend name, e.g. "cpu"; got {shown(backend)}')
+        raise error(f'{where}: backend must be a backend name, e.g. "cpu"; got {shown(backend)}')
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise BaselineError(f"{where}: devices must be a whole number, e.g. 4; got {shown(devices)}")
+        raise error(f"{where}: devices must be a whole number, e.g. 4; got {shown(devices)}")
     if version is not None:
         try:
             Version(version if isinstance(version, str) else "")
         except InvalidVersion:
-            raise BaselineError(
+            raise error(
                 f"{where}: torch_xla {version!r} is not a PEP 440 version, so no run could be placed on its "
-                f'release line and drift would never fail a case; set it to the torch_xla the baseline was taken '
-                f'on (e.g. "2.9.0"), or delete the file and write it again with --spmd-update-shardings') from None
+                f"release line and a change of {kind} would never fail a case; set it to the torch_xla the "
+                f'baseline was taken on (e.g. "2.9.0"), or {rewrite.removeprefix("fix it, or ")}') from None
+    return backend, devices, version, cases
+
+
+def on_release_line(version: str | None, baseline_version: str | None) -> bool:
+    """Whether `version` is on the release line a baseline was taken on (same major.minor:
+    nightlies and +git builds of it included)."""
+    if version is None or baseline_version is None:
+        return False
+    try:
+        return Version(version).release[:2] == Version(baseline_version).release[:2]
+    except InvalidVersion:
+        return False
+
+
+def _checked_fields(data: Any, where: str) -> tuple[str, int, str | None, dict[str, dict[str, str]]]:
+    """backend, devices, torch_xla and cases of a sharding baseline file."""
+    backend, devices, version, cases = checked_header(data, where, BaselineError, REWRITE, "shardings")
     if not isinstance(cases, dict):
         raise BaselineError(f"{where}: cases must map case node ids to their tensors; got {shown(cases)}")
     for case, tensors in cases.items():

@@ -19,14 +19,13 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from packaging.version import InvalidVersion, Version
 
 from harness import costs
+from harness.baseline import checked_header, on_release_line
 from harness.errors import BaselineError
 from harness.schema import shown, unknown_keys
 
 COST_BASELINE_DIR = Path("baselines") / "costs"
-KEYS = ("backend", "devices", "torch_xla", "cases")
 REWRITE = "fix it, or delete it and write it again with --spmd-update-costs"
 
 
@@ -74,12 +73,7 @@ class CostBaseline:
 
     def on_release_line(self, version: str | None) -> bool:
         """Same major.minor as the version the baseline was taken on (nightlies and +git builds too)."""
-        if version is None or self.torch_xla is None:
-            return False
-        try:
-            return Version(version).release[:2] == Version(self.torch_xla).release[:2]
-        except InvalidVersion:
-            return False
+        return on_release_line(version, self.torch_xla)
 
     def compare(self, case: str, observed: Mapping[str, Mapping[str, Any]]) -> list[costs.CostChange] | None:
         """Per-item changes of every loop of the case; None when the baseline has no entry for it."""
@@ -133,25 +127,7 @@ def _compact(value: Any, depth: int = 0) -> str:
 
 
 def _checked(data: Any, where: str) -> tuple[str, int, str | None, dict[str, dict[str, dict[str, Any]]]]:
-    if not isinstance(data, dict):
-        raise CostBaselineError(f"{where} holds {shown(data)}, not an object with {', '.join(KEYS)}; {REWRITE}")
-    unknown = unknown_keys(data, KEYS)
-    if unknown:
-        raise CostBaselineError(f"{where}: {unknown}")
-    missing = [key for key in ("backend", "devices", "cases") if key not in data]
-    if missing:
-        raise CostBaselineError(f"{where} lacks {', '.join(missing)}; {REWRITE}")
-    backend, devices, version, cases = data["backend"], data["devices"], data.get("torch_xla"), data["cases"]
-    if not isinstance(backend, str) or not backend:
-        raise CostBaselineError(f'{where}: backend must be a backend name, e.g. "cpu"; got {shown(backend)}')
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
-        raise CostBaselineError(f"{where}: devices must be a whole number, e.g. 4; got {shown(devices)}")
-    if version is not None:
-        try:
-            Version(version if isinstance(version, str) else "")
-        except InvalidVersion:
-            raise CostBaselineError(f"{where}: torch_xla {version!r} is not a PEP 440 version, so no run could be "
-                                    f"placed on its release line; {REWRITE}") from None
+    backend, devices, version, cases = checked_header(data, where, CostBaselineError, REWRITE, "costs")
     if not isinstance(cases, dict):
         raise CostBaselineError(f"{where}: cases must map case node ids to their training loops; got {shown(cases)}")
     for case, loops in cases.items():
