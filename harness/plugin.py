@@ -378,7 +378,7 @@ def _write_results(harness: HarnessSession, config: pytest.Config, write: Any) -
         if exc.errno not in RESULTS_WRITE_FATAL:
             raise
         message = (f"the results folder {harness.results_dir} cannot be written ({exc.strerror}); "
-                   "the run stops here, records written so far are kept. Free space or use --results-dir")
+                   "the run stops here, records written so far are kept. Free space or use --spmd-results-dir")
         config.get_terminal_writer().line(f"\nspmd harness: {message}", red=True)
         session = config.stash.get(PYTEST_SESSION_KEY, None)
         if session is not None:
