@@ -27,7 +27,7 @@ import pytest
 
 from harness import runfolder, versions
 from harness.errors import DamagedRecord
-from harness.processes import describe_exit
+from harness.isolation.processes import describe_exit
 from harness.schema import shown
 
 VERDICTS_GLOB = "verdicts-*.jsonl"

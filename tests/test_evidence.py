@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.case import failure_from_verdict
-from harness.evidence import crash_evidence, first_fatal_line, fold_thread_dumps, headline, log_tail
-from harness.processes import describe_exit, signal_name, tail_text
-from harness.protocol import Verdict as VerdictMessage
+from harness.isolation.case import failure_from_verdict
+from harness.isolation.evidence import crash_evidence, first_fatal_line, fold_thread_dumps, headline, log_tail
+from harness.isolation.processes import describe_exit, signal_name, tail_text
+from harness.isolation.protocol import Verdict as VerdictMessage
 from harness.registry import Verdict, get_entry, judge
 
 pytestmark = pytest.mark.selftest

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Sequence
 
-from harness import processes
+from harness.isolation import processes
 from harness.errors import HarnessUsageError
 from harness.gke import aggregate as agg
 from harness.gke import manifest

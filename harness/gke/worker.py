@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import IO, Sequence
 
-from harness import processes, runfolder
+from harness import runfolder
+from harness.isolation import processes
 from harness.errors import HarnessUsageError
 from harness.gke import bucket, report_channel
 from harness.gke.hostreport import HostReport

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence, TextIO
 
-from harness import processes
+from harness.isolation import processes
 
 # How long a stopped pip or pytest gets between SIGTERM and SIGKILL (pytest ends its own children).
 TERMINATE_GRACE_S = 10.0

@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from harness import evidence
-from harness.evidence import headline
+from harness.isolation import evidence
+from harness.isolation.evidence import headline
 from harness.backends import Backend
 from harness.errors import CaseError, CaseFailed, HarnessUsageError
-from harness.pool import ChildPool
-from harness.protocol import BodyRef, ChildException, Verdict, json_problem
-from harness.runner import ChildProcess, ChildSpec, LateFault
+from harness.isolation.pool import ChildPool
+from harness.isolation.protocol import BodyRef, ChildException, Verdict, json_problem
+from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
 
 # Called with each LateFault: the plugin charges it to the case it names.
 LateFaultSink = Callable[[LateFault], None]

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from harness.processes import TAIL_BYTES, TAIL_LINES, TAIL_READ_BYTES, tail_text
+from harness.isolation.processes import TAIL_BYTES, TAIL_LINES, TAIL_READ_BYTES, tail_text
 
 # (rank, pattern): the lowest rank found first in the log is the cause. A glog FATAL, a failed
 # CHECK or RET_CHECK is the cause itself; "Fatal Python error" is what faulthandler prints for

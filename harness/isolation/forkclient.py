@@ -1,4 +1,4 @@
-"""The parent side of harness.forkserver: start a server, ask it for children, watch them.
+"""The parent side of harness.isolation.forkserver: start a server, ask it for children, watch them.
 
 `ForkServer` is the owner's handle: it binds the listening socket first and starts the server
 process now or at the first connection (`launch`), so an address can be handed out before the
@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness import processes
+from harness.isolation import processes
 from harness.errors import ChildStartError
-from harness.forkserver import (CONTROL_FD_ENV, IMPORTS_ENV, LISTEN_FD_ENV, MAX_CONTROL_MESSAGE,
+from harness.isolation.forkserver import (CONTROL_FD_ENV, IMPORTS_ENV, LISTEN_FD_ENV, MAX_CONTROL_MESSAGE,
                                 POST_FORK_VARIABLES, SOCKET_FOLDER_PREFIX)
 
 LAUNCH_NOW = "now"
@@ -106,7 +106,7 @@ class ForkServer:
                    LISTEN_FD_ENV: str(self._listener.fileno()), CONTROL_FD_ENV: str(self._control_theirs.fileno())}
             with self.log_path.open("ab") as log:
                 self.proc = processes.start_in_session(
-                    [self.python, "-u", "-m", "harness.forkserver"], env=env, stdout=log,
+                    [self.python, "-u", "-m", "harness.isolation.forkserver"], env=env, stdout=log,
                     pass_fds=(self._listener.fileno(), self._control_theirs.fileno()))
             self._listener.close()
             self._control_theirs.close()

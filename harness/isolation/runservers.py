@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.backends import Backend
-from harness.case import child_spec
-from harness.forkclient import LAUNCH_NOW, LAUNCH_ON_FIRST_CONNECTION, ForkServer, ServerAddress, server_key
-from harness.runner import ChildSpec
+from harness.isolation.case import child_spec
+from harness.isolation.forkclient import LAUNCH_NOW, LAUNCH_ON_FIRST_CONNECTION, ForkServer, ServerAddress, server_key
+from harness.isolation.child_process import ChildSpec
 
 CASES_DIR = "cases"
 WORKERINPUT_KEY = "harness_fork_servers"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from harness import protocol
+from harness.isolation import protocol
 from harness.errors import HarnessUsageError
 
 
