@@ -13,23 +13,33 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
 from harness import baseline, costcheck, options, results, runfolder, versions
-from harness.isolation import runservers
 from harness.backends import Backend, make_backend
-from harness.isolation.case import SpmdRunner
 from harness.errors import CaseError, HarnessError, RegistryError
+from harness.isolation import runservers
+from harness.isolation.case import SpmdRunner
+from harness.isolation.child_process import LateFault
 from harness.isolation.evidence import headline
 from harness.isolation.pool import ChildPool
 from harness.isolation.processes import signal_name
-from harness.registry import REGISTRY_PATH, Judgement, KnownBug, Verdict, check_disjoint, get_entry, judge, load_registry
+from harness.registry import (
+    REGISTRY_PATH,
+    Judgement,
+    KnownBug,
+    Verdict,
+    check_disjoint,
+    get_entry,
+    judge,
+    load_registry,
+)
 from harness.requirements import unmet_needs
-from harness.isolation.child_process import LateFault
 
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
 RUNNER_KEY = pytest.StashKey[SpmdRunner]()

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import cli, runfolder
-from harness.isolation import protocol
 from harness.errors import HarnessUsageError
+from harness.isolation import protocol
 
 
 def read_journal(results_dir: Path, case_filter: str = "") -> list[dict[str, Any]]:

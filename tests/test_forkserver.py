@@ -46,7 +46,7 @@ def body_identity(ctx) -> None:
     ctx.record("functionalization_env", os.environ.get("XLA_DISABLE_FUNCTIONALIZATION"))
     ctx.record("devices_env", os.environ.get("HARNESS_DEVICES"))
     ctx.record("random", random.random())
-    ctx.record("stdin_is_a_pipe", os.path.realpath(f"/proc/self/fd/0").startswith("pipe:")
+    ctx.record("stdin_is_a_pipe", os.path.realpath("/proc/self/fd/0").startswith("pipe:")
                or "pipe:" in os.readlink("/proc/self/fd/0"))
     ctx.record("modules_before_body", sorted(m for m in ("torch", "torch_xla") if m in sys.modules))
 

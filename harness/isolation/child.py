@@ -29,7 +29,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from harness.isolation import processes, protocol
 from harness.isolation.context import CaseContext

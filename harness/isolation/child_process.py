@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.isolation import evidence, processes, protocol
 from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError
+from harness.isolation import evidence, processes, protocol
 from harness.isolation.forkclient import KEEPER_REPORT_S, ForkServerClient
 
 # A child acknowledges a request as soon as it reads it; one that does not within this time is
@@ -51,7 +51,7 @@ class ChildSpec:
 
     @classmethod
     def build(cls, env: dict[str, str], preload: tuple[str, ...] = (), python: str | None = None,
-              fork_imports: tuple[str, ...] | None = None) -> "ChildSpec":
+              fork_imports: tuple[str, ...] | None = None) -> ChildSpec:
         return cls(tuple(sorted(env.items())), tuple(preload), python or sys.executable, fork_imports)
 
     def describe(self) -> str:

@@ -11,8 +11,8 @@ frames). Registry signatures are matched against all of it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from harness.isolation.processes import TAIL_BYTES, TAIL_LINES, TAIL_READ_BYTES, tail_text
 

@@ -27,13 +27,20 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from harness.isolation import processes
 from harness.errors import ChildStartError
-from harness.isolation.forkserver import (CONTROL_FD_ENV, IMPORTS_ENV, LISTEN_FD_ENV, MAX_CONTROL_MESSAGE,
-                                POST_FORK_VARIABLES, SOCKET_FOLDER_PREFIX)
+from harness.isolation import processes
+from harness.isolation.forkserver import (
+    CONTROL_FD_ENV,
+    IMPORTS_ENV,
+    LISTEN_FD_ENV,
+    MAX_CONTROL_MESSAGE,
+    POST_FORK_VARIABLES,
+    SOCKET_FOLDER_PREFIX,
+)
 
 LAUNCH_NOW = "now"
 LAUNCH_ON_FIRST_CONNECTION = "on-first-connection"
@@ -64,7 +71,7 @@ class ServerAddress:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, str]) -> "ServerAddress":
+    def from_dict(cls, data: Mapping[str, str]) -> ServerAddress:
         return cls(data["key"], data["path"], data["log_path"])
 
 
@@ -250,7 +257,7 @@ class ForkServerClient:
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(MAX_CONTROL_MESSAGE)
-        except (socket.timeout, OSError) as exc:
+        except (TimeoutError, OSError) as exc:
             self.close()
             raise self._start_error(f"gave no {what} within {timeout:.0f}s ({exc})") from None
         if not data:

@@ -342,7 +342,7 @@ def become_child(request: dict[str, Any], stdin_fd: int, log_fd: int, passed: li
         os.environ.clear()
         os.environ.update(env)
         reseed()
-        sys.stdin = open(0, "r", closefd=False)  # noqa: SIM115 - fd 0 is the new stdin now
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 is the new stdin now
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         from harness.isolation import child

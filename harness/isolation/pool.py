@@ -19,13 +19,20 @@ child subreapers, so what a body starts outside its session is ended with its ch
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
-from harness.isolation import processes
 from harness.errors import ChildStartError
-from harness.isolation.forkclient import EXEC_IMPORTS, KEEPER_REPORT_S, ForkServer, ForkServerClient, ServerAddress, server_key
+from harness.isolation import processes
 from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
+from harness.isolation.forkclient import (
+    EXEC_IMPORTS,
+    KEEPER_REPORT_S,
+    ForkServer,
+    ForkServerClient,
+    ServerAddress,
+    server_key,
+)
 
 # Closing a pool waits this long for each ended child's status (a stopped keeper is continued or
 # killed within KEEPER_REPORT_S); then it goes on: the run must end.

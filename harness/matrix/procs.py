@@ -10,8 +10,9 @@ import os
 import shlex
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence, TextIO
+from typing import TextIO
 
 from harness.isolation import processes
 
