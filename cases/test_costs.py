@@ -17,8 +17,8 @@ import math
 import pytest
 
 from harness import costs
-from harness.hlo import COLLECTIVE_OPCODES
 from harness.costbaseline import CostBaseline
+from harness.hlo import COLLECTIVE_OPCODES
 
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(devices=2),
               pytest.mark.no_cost_check("its bodies record cost regressions on purpose; the test judges them")]

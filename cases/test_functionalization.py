@@ -18,8 +18,14 @@ import math
 import pytest
 
 from harness.hlo import assert_every_sharding_call_annotated, sharding_custom_calls
-from harness.sharding import (NoSharding, assert_tiled_along, format_sharding, is_replicated, is_tiled_along,
-                              parse_sharding)
+from harness.sharding import (
+    NoSharding,
+    assert_tiled_along,
+    format_sharding,
+    is_replicated,
+    is_tiled_along,
+    parse_sharding,
+)
 
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(devices=2)]
 

@@ -97,11 +97,10 @@ def _trace_plain_kernel(torch_device) -> list:
     """trace_pallas a plain JAX function (no Pallas) that records VAR while it is traced."""
     import os
 
-    import torch
-
     # torch_xla 2.9.0 with jax 0.7.1: without this import, trace_pallas's own import of
     # jax._src.pallas.mosaic.pallas_call_registration hits a circular import (AttributeError).
     import jax.experimental.pallas  # noqa: F401
+    import torch
     from torch_xla.experimental.custom_kernel import trace_pallas
 
     seen_while_traced = []

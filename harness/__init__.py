@@ -1,6 +1,41 @@
 """SPMD regression harness for torch_xla.
 
 The pytest plugin lives in `harness.plugin`; case bodies run in child processes started by
-`harness.runner`; nothing in this package imports torch or torch_xla at import time except
-`harness.xla`, which only child processes import.
+`harness.isolation` (see docs/architecture.md); nothing in this package imports torch or
+torch_xla at import time, and `harness.xla` only does so inside the functions children call.
+
+What case authors may import is `__all__` below: `from harness import xla, sharding`, or names
+from those modules (`from harness.sharding import parse_sharding`). Everything else (the plugin,
+the isolation machinery, results folders, the CLIs) may change without notice;
+tests/test_public_surface.py pins this list and keeps cases/ inside it.
 """
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+__all__ = [
+    "costbaseline",  # cost baselines, for the cost detectors' self-test cases
+    "costs",         # cost signatures and their comparison
+    "hlo",           # HLO text read by role
+    "meshes",        # training mesh layouts
+    "recording",     # what bodies record of shardings, by stable name
+    "registry",      # known_bugs.toml entries (get_entry)
+    "sharding",      # HLO sharding values and assertions on them
+    "stepcosts",     # the child-side meter of a training step's costs
+    "tiles",         # which device holds which tile
+    "xla",           # torch_xla helpers absorbing release differences
+]
+
+
+def __getattr__(name: str) -> ModuleType:
+    # Lazy (PEP 562): `import harness` stays cheap and torch-free in the pytest process, and
+    # `harness.xla` after a bare `import harness` still works, importing the module on first use.
+    if name in __all__:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -18,9 +18,9 @@ import subprocess
 import sys
 from typing import Protocol
 
-from harness import protocol
 from harness.errors import HarnessUsageError
-from harness.forkserver import TORCH_IMPORTS, XLA_IMPORTS
+from harness.isolation import protocol
+from harness.isolation.forkserver import TORCH_IMPORTS, XLA_IMPORTS
 
 # Set-up hook every XLA child runs before its first case: import torch_xla, switch SPMD on.
 XLA_SPMD_PRELOAD = "harness.xla:enable_spmd"

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -70,7 +71,7 @@ class Baseline:
     cases: dict[str, dict[str, str]]
 
     @classmethod
-    def load(cls, path: Path, backend: str, devices: int) -> "Baseline | None":
+    def load(cls, path: Path, backend: str, devices: int) -> Baseline | None:
         """The baseline at path, or None where there is none yet.
 
         A file that is not a baseline, or a baseline of another backend or device count, is a
@@ -98,7 +99,7 @@ class Baseline:
         return base
 
     @classmethod
-    def empty(cls, path: Path, backend: str, devices: int) -> "Baseline":
+    def empty(cls, path: Path, backend: str, devices: int) -> Baseline:
         return cls(path, backend, devices, None, {})
 
     def on_release_line(self, version: str | None) -> bool:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 
 from harness import costs
@@ -46,7 +47,7 @@ class CostBaseline:
     cases: dict[str, dict[str, dict[str, Any]]]  # case -> loop label -> comparable signature
 
     @classmethod
-    def load(cls, path: Path, backend: str, devices: int) -> "CostBaseline | None":
+    def load(cls, path: Path, backend: str, devices: int) -> CostBaseline | None:
         """The baseline at path, or None where there is none yet; CostBaselineError for a file
         that is not one, or one of another backend or device count (whose costs it cannot predict)."""
         if not path.is_file():
@@ -68,7 +69,7 @@ class CostBaseline:
         return base
 
     @classmethod
-    def empty(cls, path: Path, backend: str, devices: int) -> "CostBaseline":
+    def empty(cls, path: Path, backend: str, devices: int) -> CostBaseline:
         return cls(path, backend, devices, None, {})
 
     def on_release_line(self, version: str | None) -> bool:

@@ -32,7 +32,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from harness.errors import HarnessError
 from harness.hlo import COLLECTIVE_OPCODES, HloModule, HloParseError, entry_parameters, parse_hlo

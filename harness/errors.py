@@ -70,4 +70,4 @@ class CaseProtocolError(CaseError):
 
 
 class ObservationsTooLarge(HarnessUsageError):
-    """A case recorded more than harness.protocol.MAX_MESSAGE_BYTES of observations."""
+    """A case recorded more than harness.isolation.protocol.MAX_MESSAGE_BYTES of observations."""

@@ -213,10 +213,10 @@ def split_hlo_modules(text: str) -> list[str]:
     `HloModule` line. Text without such a line comes back as a single piece."""
     pieces: list[list[str]] = [[]]
     for line in text.splitlines(keepends=True):
-        if _HLO_MODULE_LINE.match(line) and any(l.strip() for l in pieces[-1]):
+        if _HLO_MODULE_LINE.match(line) and any(piece_line.strip() for piece_line in pieces[-1]):
             pieces.append([])
         pieces[-1].append(line)
-    return ["".join(p) for p in pieces if any(l.strip() for l in p)]
+    return ["".join(p) for p in pieces if any(piece_line.strip() for piece_line in p)]
 
 
 @dataclass

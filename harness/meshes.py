@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 # The hybrid layouts' slice count: a 2-slice job, as the nightly GKE run and torchprime's daily runs.
 SLICES = 2

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 

@@ -13,22 +13,33 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
-from harness import baseline, costcheck, options, results, runfolder, runservers, versions
+from harness import baseline, costcheck, options, results, runfolder, versions
 from harness.backends import Backend, make_backend
-from harness.case import SpmdRunner
 from harness.errors import CaseError, HarnessError, RegistryError
-from harness.evidence import headline
-from harness.pool import ChildPool
-from harness.processes import signal_name
-from harness.registry import REGISTRY_PATH, Judgement, KnownBug, Verdict, check_disjoint, get_entry, judge, load_registry
+from harness.isolation import runservers
+from harness.isolation.case import SpmdRunner
+from harness.isolation.child_process import LateFault
+from harness.isolation.evidence import headline
+from harness.isolation.pool import ChildPool
+from harness.isolation.processes import signal_name
+from harness.registry import (
+    REGISTRY_PATH,
+    Judgement,
+    KnownBug,
+    Verdict,
+    check_disjoint,
+    get_entry,
+    judge,
+    load_registry,
+)
 from harness.requirements import unmet_needs
-from harness.runner import LateFault
 
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
 RUNNER_KEY = pytest.StashKey[SpmdRunner]()
@@ -190,7 +201,7 @@ def _bounded(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
-    """Before conftests and test modules load: start the run's fork servers (harness.runservers),
+    """Before conftests and test modules load: start the run's fork servers (harness.isolation.runservers),
     so torch_xla's import overlaps pytest's own start-up. Only for a run that may hold SPMD cases
     and will run them: `--help` or `--collect-only` write and start nothing."""
     if _looks_like_xdist_worker():
@@ -454,7 +465,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture
 def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
-    """Runs case bodies in child processes; see harness.case.SpmdRunner.run."""
+    """Runs case bodies in child processes; see harness.isolation.case.SpmdRunner.run."""
     harness = request.config.stash[SESSION_KEY]
     journal = harness.claim_run_folder() / f"requests-{harness.worker}.jsonl"
     runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, _case_id(request.node), journal,

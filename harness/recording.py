@@ -11,7 +11,8 @@ so they are the same in every process and on every release.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # Attribute names torch_xla's wrappers put between a module and what they wrap (FSDPv2 keeps the
 # wrapped module as `_orig_module`; torch's checkpoint/compile wrappers use the others).

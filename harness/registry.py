@@ -8,15 +8,16 @@ import enum
 import json
 import re
 import sys
-from functools import lru_cache
+from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import RegistryError
-from harness.evidence import headline
+from harness.isolation.evidence import headline
 from harness.schema import shown, unknown_keys
 
 if sys.version_info >= (3, 11):
@@ -126,7 +127,7 @@ def _signatures(value: Any, where: str) -> tuple[re.Pattern[str], ...]:
     return tuple(patterns)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_registry(path: Path = REGISTRY_PATH) -> dict[str, KnownBug]:
     """Every entry of the registry at path; a malformed file is a RegistryError naming entry and field."""
     try:

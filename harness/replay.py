@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import cli, protocol, runfolder
+from harness import cli, runfolder
 from harness.errors import HarnessUsageError
+from harness.isolation import protocol
 
 
 def read_journal(results_dir: Path, case_filter: str = "") -> list[dict[str, Any]]:
@@ -72,8 +73,8 @@ def command_for(spec: dict[str, Any], requests_file: Path) -> tuple[list[str], d
 
 def run_group_here(requests_file: Path) -> int:
     """Inside the replay process: the set-up hooks once, then each body in turn."""
-    from harness.child import run_preload_hooks, run_request
-    from harness.protocol import Request
+    from harness.isolation.child import run_preload_hooks, run_request
+    from harness.isolation.protocol import Request
 
     run_preload_hooks()
     failures = 0

@@ -26,12 +26,11 @@ import argparse
 import collections
 import dataclasses
 import html
-import json
 import os
 import re
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from harness import cli, runfolder
 from harness.results import VERDICTS_GLOB, CaseRecord, family_of, read_records, suite_exit_problem

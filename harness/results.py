@@ -20,14 +20,15 @@ import dataclasses
 import json
 import os
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
 from harness import runfolder, versions
 from harness.errors import DamagedRecord
-from harness.processes import describe_exit
+from harness.isolation.processes import describe_exit
 from harness.schema import shown
 
 VERDICTS_GLOB = "verdicts-*.jsonl"
@@ -86,7 +87,7 @@ class CaseRecord:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_dict(cls, data: Any) -> "CaseRecord":
+    def from_dict(cls, data: Any) -> CaseRecord:
         """A record read back from JSON: a results folder is untrusted input (a crash, a hand edit,
         another version of the harness), so each field's type is checked here, once, instead of
         failing later in whatever formats it. Raises DamagedRecord naming the field."""

@@ -85,7 +85,7 @@ class Manifest:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=1, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str) -> "Manifest":
+    def from_json(cls, text: str) -> Manifest:
         """Strict: a manifest of the wrong shape is a ValueError naming the field."""
         data = json.loads(text)
         if not isinstance(data, dict):
@@ -118,7 +118,7 @@ class RunFolder:
     started: str
 
     @classmethod
-    def new(cls, base: Path) -> "RunFolder":
+    def new(cls, base: Path) -> RunFolder:
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         return cls(base=check_results_dir(base), run_id=new_run_id(), controller_pid=os.getpid(), started=now)
 
@@ -134,7 +134,7 @@ class RunFolder:
         return {"base": str(self.base), "run_id": self.run_id, "pid": self.controller_pid, "started": self.started}
 
     @classmethod
-    def from_workerinput(cls, data: dict[str, Any]) -> "RunFolder":
+    def from_workerinput(cls, data: dict[str, Any]) -> RunFolder:
         return cls(base=Path(data["base"]), run_id=data["run_id"], controller_pid=data["pid"], started=data["started"])
 
     def exists(self) -> bool:

@@ -7,7 +7,8 @@ of the words these build, so a message reads "FILE: entry X: field: what is wron
 from __future__ import annotations
 
 import difflib
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def unknown_keys(keys: Iterable[str], known: Iterable[str]) -> str | None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Union
 
 __all__ = [
     "MAX_DEVICES",
@@ -198,7 +197,7 @@ class TupleSharding:
         return format_sharding(self)
 
 
-Sharding = Union[NoSharding, Replicated, Manual, Unknown, Maximal, Tiled, TupleSharding]
+Sharding = NoSharding | Replicated | Manual | Unknown | Maximal | Tiled | TupleSharding
 
 _SINGLE_TYPES = (NoSharding, Replicated, Manual, Unknown, Maximal, Tiled)
 

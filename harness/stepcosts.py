@@ -21,8 +21,9 @@ import contextlib
 import itertools
 import os
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from harness import costs, xla
 from harness.errors import HarnessUsageError
@@ -178,9 +179,8 @@ def _is_xla(value: Any) -> bool:
 
 
 def _bytes(tensors: Iterable[Any]) -> int:
-    from harness.sharding import ShardingParseError, Tiled, parse_sharding
-
     from harness.recording import spec_of_any
+    from harness.sharding import ShardingParseError, Tiled, parse_sharding
 
     total = 0
     for tensor in tensors:

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 from harness.sharding import Sharding, ShardingParseError, Tiled, TupleSharding, as_sharding
 
 Tile = tuple[int, ...]  # index of a tile along each tensor dimension
 Holders = dict[Tile, tuple[int, ...]]  # tile -> devices that hold it, ascending
-AxisSpec = Union[None, str, Sequence[str]]
+AxisSpec = None | str | Sequence[str]
 
 
 def tile_holders(value: str | Sharding) -> Holders | None:

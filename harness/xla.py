@@ -6,7 +6,8 @@ same on 2.6 and 2.9.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def enable_spmd() -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.case import failure_from_verdict
-from harness.evidence import crash_evidence, first_fatal_line, fold_thread_dumps, headline, log_tail
-from harness.processes import describe_exit, signal_name, tail_text
-from harness.protocol import Verdict as VerdictMessage
+from harness.isolation.case import failure_from_verdict
+from harness.isolation.evidence import crash_evidence, first_fatal_line, fold_thread_dumps, headline, log_tail
+from harness.isolation.processes import describe_exit, signal_name, tail_text
+from harness.isolation.protocol import Verdict as VerdictMessage
 from harness.registry import Verdict, get_entry, judge
 
 pytestmark = pytest.mark.selftest
@@ -31,7 +31,7 @@ def test_a_real_sigabrt_log_gives_the_signal_and_the_check_line_first():
     assert "in sync" in tail, "the current thread's innermost frames are kept"
     judgement = judge(get_entry("fsdpv2-vit-step-has-sharding"), "2.5.1", evidence)
     assert judgement.verdict is Verdict.REPRODUCED
-    assert f"on torch_xla 2.5.1: SIGABRT: " in judgement.message and HAS_SHARDING in judgement.message
+    assert "on torch_xla 2.5.1: SIGABRT: " in judgement.message and HAS_SHARDING in judgement.message
 
 
 def test_the_cause_survives_a_flood_of_thread_dumps_and_output(tmp_path):

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from harness.backends import CpuBackend, FakeBackend
-from harness.case import SpmdRunner
-from harness.forkclient import ForkServer
-from harness.pool import ChildPool
+from harness.isolation.case import SpmdRunner
+from harness.isolation.forkclient import ForkServer
+from harness.isolation.pool import ChildPool
 
 pytestmark = pytest.mark.selftest
 
@@ -46,7 +46,7 @@ def body_identity(ctx) -> None:
     ctx.record("functionalization_env", os.environ.get("XLA_DISABLE_FUNCTIONALIZATION"))
     ctx.record("devices_env", os.environ.get("HARNESS_DEVICES"))
     ctx.record("random", random.random())
-    ctx.record("stdin_is_a_pipe", os.path.realpath(f"/proc/self/fd/0").startswith("pipe:")
+    ctx.record("stdin_is_a_pipe", os.path.realpath("/proc/self/fd/0").startswith("pipe:")
                or "pipe:" in os.readlink("/proc/self/fd/0"))
     ctx.record("modules_before_body", sorted(m for m in ("torch", "torch_xla") if m in sys.modules))
 
@@ -278,7 +278,7 @@ def test_forked_torch_xla_children_do_not_share_random_state(runner_for):
 def test_which_selections_start_the_runs_server_early(tmp_path, options, expected):
     import argparse
 
-    from harness.runservers import selection_may_hold_spmd_cases
+    from harness.isolation.runservers import selection_may_hold_spmd_cases
 
     (tmp_path / "cases").mkdir()
     namespace = argparse.Namespace(**{"markexpr": "", "file_or_dir": [], **options})

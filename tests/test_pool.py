@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from harness.backends import FakeBackend
-from harness.pool import ChildPool
-from harness.processes import wait_for_exit
-from harness.runner import ChildSpec
+from harness.isolation.child_process import ChildSpec
+from harness.isolation.pool import ChildPool
+from harness.isolation.processes import wait_for_exit
 
 pytestmark = pytest.mark.selftest
 

@@ -160,7 +160,7 @@ def test_the_fix_procedures_window_judges_builds_as_the_readme_says():
     windows = re.findall(r"`carried_by = \"([^\"]+)\"`", text[text.index("### When a PR fixes a known bug"):])
     window = next(w for w in windows if "<" in w)  # the moved one; the first is the open entry's
     entry = get_entry("fsdpv2-params-left-replicated")
-    assert f"did not reproduce on torch_xla 2.10.0+git1a2b3c4" in judge(entry, "2.10.0+git1a2b3c4", None).message
+    assert "did not reproduce on torch_xla 2.10.0+git1a2b3c4" in judge(entry, "2.10.0+git1a2b3c4", None).message
     fixed = dataclasses.replace(entry, carried_by=SpecifierSet(window))
     assert not fixed.carried_by_release("2.10.0+git1a2b3c4")
     assert fixed.carried_by_release("2.10.0.dev20260228") and fixed.carried_by_release("2.9.0")

@@ -54,7 +54,7 @@ class Runner:
     executed: list[Command] = dataclasses.field(default_factory=list)
     stop_token: str | None = None
 
-    def feed(self, text: str) -> "Runner":
+    def feed(self, text: str) -> Runner:
         for line in text.splitlines():
             self._line(line)
         return self

@@ -17,12 +17,13 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
 from harness import argtypes, cli
-from harness.gke import accelerators, manifest
 from harness.errors import HarnessUsageError
+from harness.gke import accelerators, manifest
 from harness.gke.bucket import UPLOAD_TIMEOUT_S
 from harness.gke.errors import GkeHarnessError, KubeApiError
 from harness.gke.worker import DEFAULT_SUITE

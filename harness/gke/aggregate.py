@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from harness.gke.costagreement import CostDisagreement, compare_costs
 from harness.gke.costagreement import baseline_changes as cost_baseline_changes

@@ -36,13 +36,13 @@ class HostReport:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "HostReport":
+    def from_dict(cls, data: dict[str, Any]) -> HostReport:
         known = {f.name for f in dataclasses.fields(cls)}
         fields = {k: v for k, v in data.items() if k in known}
         fields["records"] = [CaseRecord.from_dict(r) for r in data.get("records", [])]
         return cls(**fields)
 
     @classmethod
-    def failed(cls, slice_id: int, host_id: int, pod: str, reason: str, log_tail: list[str] | None = None) -> "HostReport":
+    def failed(cls, slice_id: int, host_id: int, pod: str, reason: str, log_tail: list[str] | None = None) -> HostReport:
         """A host that produced no usable report: counted as failed with `reason`."""
         return cls(slice_id=slice_id, host_id=host_id, pod=pod, error=reason, log_tail=log_tail or [])

@@ -15,7 +15,8 @@ import dataclasses
 import json
 import random
 import time
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import urllib3.exceptions
 from kubernetes import client, watch
@@ -77,7 +78,7 @@ class Kube:
         self._log = log
 
     @classmethod
-    def from_kubeconfig(cls, config_file: str | None = None, context: str | None = None, **kwargs: Any) -> "Kube":
+    def from_kubeconfig(cls, config_file: str | None = None, context: str | None = None, **kwargs: Any) -> Kube:
         """Kubeconfig (e.g. after `gcloud container clusters get-credentials`), else in-cluster config."""
         from kubernetes import config
 

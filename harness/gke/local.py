@@ -19,10 +19,10 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any
 
-from harness import processes
 from harness.errors import HarnessUsageError
 from harness.gke import aggregate as agg
 from harness.gke import manifest
@@ -30,6 +30,7 @@ from harness.gke.accelerators import AcceleratorType
 from harness.gke.collect import report_from_log
 from harness.gke.hostreport import HostReport
 from harness.gke.worker import DEFAULT_SUITE
+from harness.isolation import processes
 
 LOCAL_COORDINATOR = "localhost"  # what pod 0 of slice 0 is to every other host, on one machine
 _FIELD_RE = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from harness.gke.accelerators import AcceleratorType
 from harness.errors import HarnessUsageError
+from harness.gke.accelerators import AcceleratorType
 
 Manifest = dict[str, Any]
 

@@ -17,7 +17,7 @@ and a registry outage is better re-run than left holding TPU node pools.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from harness.gke.errors import PodStuckError
 from harness.gke.kube import ContainerWaiting, PodState

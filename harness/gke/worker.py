@@ -15,20 +15,21 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import os
 import shlex
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO
 
-from harness import processes, runfolder
+from harness import runfolder
 from harness.errors import HarnessUsageError
 from harness.gke import bucket, report_channel
 from harness.gke.hostreport import HostReport
+from harness.isolation import processes
 from harness.results import CaseRecord, read_records, suite_exit_problem
 
 DEFAULT_SUITE = "{python} -m pytest -m spmd"
@@ -46,7 +47,7 @@ class Placement:
     pod: str
 
     @classmethod
-    def from_env(cls, env: dict[str, str]) -> "Placement":
+    def from_env(cls, env: dict[str, str]) -> Placement:
         host = env.get("HARNESS_HOST_ID") or env.get("TPU_WORKER_ID") or env.get("JOB_COMPLETION_INDEX") or "0"
         return cls(
             slice_id=_int_env(env, "MEGASCALE_SLICE_ID", "0"),

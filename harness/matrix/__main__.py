@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, NoReturn, Sequence, TextIO
+from typing import NoReturn, TextIO
 
 from harness import argtypes, cli
 from harness.errors import HarnessUsageError, RegistryError

@@ -8,14 +8,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from packaging.version import InvalidVersion, Version
 
 from harness import runfolder
-from harness.matrix.envs import read_wheel_folder
 from harness.errors import HarnessUsageError
+from harness.matrix.envs import read_wheel_folder
 from harness.results import VERDICTS_GLOB
 
 

@@ -7,7 +7,7 @@ is exactly what a maintainer bisecting nightlies wants named, whatever carried_b
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from collections.abc import Mapping
 
 from harness.matrix.table import ColumnResult, Observation, State, entries_of, observe
 from harness.registry import KnownBug

@@ -9,7 +9,8 @@ whose loop was judged by no_cost_check (self-tests that record regressions on pu
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from harness import costs
 from harness.matrix.table import ColumnResult

@@ -18,8 +18,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from harness.matrix import envs
 from harness.matrix.columns import ColumnSpec

@@ -10,10 +10,11 @@ import os
 import shlex
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence, TextIO
+from typing import TextIO
 
-from harness import processes
+from harness.isolation import processes
 
 # How long a stopped pip or pytest gets between SIGTERM and SIGKILL (pytest ends its own children).
 TERMINATE_GRACE_S = 10.0

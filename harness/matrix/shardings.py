@@ -9,7 +9,7 @@ counted, not listed: that is a different story, told by the registry rows above.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from harness.baseline import canonical
 from harness.matrix.table import ColumnResult

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 # Small files are not worth a hash: the savings are in the hundreds-of-MB libraries.
 MIN_SHARED_BYTES = 1 << 20

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from harness import runfolder
 from harness.matrix.errors import SuiteRunError

@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from harness.errors import RegistryError
 from harness.matrix.suite import SuiteRun

@@ -6,7 +6,8 @@ collecting `pytest -m spmd`) the fixtures skip instead of breaking collection.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable
-
-from kubernetes import client
+from collections.abc import Callable
 
 from gke_emulator import PatchedEmulator
+from kubernetes import client
+
 from harness.gke import manifest, report_channel
 from harness.gke.hostreport import HostReport
 from harness.results import CaseRecord
@@ -53,7 +53,7 @@ class FakeJobSetController:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="fake-jobset-controller", daemon=True)
 
-    def __enter__(self) -> "FakeJobSetController":
+    def __enter__(self) -> FakeJobSetController:
         self._thread.start()
         return self
 

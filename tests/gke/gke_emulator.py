@@ -26,7 +26,8 @@ import dataclasses
 import itertools
 import json
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp.web
 import kmock
@@ -277,7 +278,7 @@ class EmulatorThread:
         self._thread = threading.Thread(target=self._main, name="kmock", daemon=True)
         self._error: BaseException | None = None
 
-    def __enter__(self) -> "EmulatorThread":
+    def __enter__(self) -> EmulatorThread:
         self._thread.start()
         if not self._ready.wait(STARTUP_TIMEOUT_S) or self._error is not None:
             raise RuntimeError(f"kmock did not start: {self._error!r}")

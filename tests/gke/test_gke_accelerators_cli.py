@@ -6,9 +6,9 @@ import io
 
 import pytest
 
+from harness.errors import HarnessUsageError
 from harness.gke import accelerators
 from harness.gke.__main__ import duration, main
-from harness.errors import HarnessUsageError
 
 pytestmark = pytest.mark.selftest
 

@@ -7,7 +7,7 @@ because STORAGE_EMULATOR_HOST is set. Both come with the test extra; without the
 from __future__ import annotations
 
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

@@ -17,10 +17,10 @@ import yaml
 pytest.importorskip("kmock", reason="the kmock emulator comes with the test extra")
 pytest.importorskip("kubernetes", reason="the launcher's client comes with the gke/test extras")
 
-from kubernetes import client  # noqa: E402
-
 from gke_controller import FakeJobSetController, Host, Scenario
 from gke_emulator import JOBSETS, PODS, EmulatorThread, Fault, is_create, is_delete, is_list
+from kubernetes import client  # noqa: E402
+
 from harness.gke import accelerators, launcher, manifest
 from harness.gke.__main__ import main
 from harness.gke.errors import JobSetExistsError, JobSetNotInstalledError, KubeApiError

@@ -17,6 +17,7 @@ pytest.importorskip("kmock", reason="the kmock emulator comes with the test extr
 pytest.importorskip("kubernetes", reason="the launcher's client comes with the gke/test extras")
 
 from gke_emulator import EmulatorThread  # noqa: E402
+
 from harness.gke.__main__ import EXIT_USAGE, main  # noqa: E402
 
 pytestmark = pytest.mark.selftest

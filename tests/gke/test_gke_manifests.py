@@ -12,10 +12,10 @@ import io
 import re
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from harness.gke import accelerators, manifest

@@ -1,9 +1,9 @@
-"""The child process: `python -m harness.child`. Runs case bodies one at a time.
+"""The child process: `python -m harness.isolation.child`. Runs case bodies one at a time.
 
-Started by harness.runner in a session of its own with an explicit environment. At start it
+Started by harness.isolation.child_process in a session of its own with an explicit environment. At start it
 forks a watchdog (below), runs the backend's set-up hooks (for XLA backends: import torch_xla
 and switch SPMD on, once per process), says "ready", then for each request on stdin says
-"started", runs the body and answers with a verdict on the result pipe (harness.protocol). A body
+"started", runs the body and answers with a verdict on the result pipe (harness.isolation.protocol). A body
 that raises is reported as an exception and the child lives on; a body that kills the process
 (SIGABRT from a C++ CHECK, a segfault) is noticed by the parent, which owns the attribution.
 
@@ -29,10 +29,11 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from harness import processes, protocol
-from harness.context import CaseContext
+from harness.isolation import processes, protocol
+from harness.isolation.context import CaseContext
 
 WATCHDOG_PID: int | None = None  # the harness's own process; not a helper the body left running
 KEEPER_PID: int | None = None  # the process that adopts this child's helpers that leave its session
@@ -225,7 +226,7 @@ def encode_verdict(verdict: protocol.Verdict) -> bytes:
     if len(data) > protocol.MAX_MESSAGE_BYTES:
         return _replace_observations(verdict, "ObservationsTooLarge", (
             f"the verdict is {len(data) / 1e6:.1f} MB, over the harness's limit of "
-            f"{protocol.MAX_MESSAGE_BYTES / 1e6:.0f} MB (harness.protocol.MAX_MESSAGE_BYTES): record less "
+            f"{protocol.MAX_MESSAGE_BYTES / 1e6:.0f} MB (harness.isolation.protocol.MAX_MESSAGE_BYTES): record less "
             f"(sizes: {_observation_sizes(verdict.observations)})"))
     return data
 

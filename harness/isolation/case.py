@@ -15,16 +15,17 @@ import inspect
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from harness import evidence
-from harness.evidence import headline
 from harness.backends import Backend
 from harness.errors import CaseError, CaseFailed, HarnessUsageError
-from harness.pool import ChildPool
-from harness.protocol import BodyRef, ChildException, Verdict, json_problem
-from harness.runner import ChildProcess, ChildSpec, LateFault
+from harness.isolation import evidence
+from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
+from harness.isolation.evidence import headline
+from harness.isolation.pool import ChildPool
+from harness.isolation.protocol import BodyRef, ChildException, Verdict, json_problem
 
 # Called with each LateFault: the plugin charges it to the case it names.
 LateFaultSink = Callable[[LateFault], None]
@@ -55,7 +56,7 @@ class CaseResult:
     def values(self) -> dict[str, Any]:
         return Recorded("value", self.observations.get("values", {}))
 
-    def raise_for_outcome(self) -> "CaseResult":
+    def raise_for_outcome(self) -> CaseResult:
         __tracebackhide__ = True  # the case's own line leads the traceback, not this one
         if self.error is not None:
             raise self.error

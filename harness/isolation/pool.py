@@ -11,7 +11,7 @@ spares: when a case takes a fresh child, start the next one for the same spec ri
 its import runs on an idle core while the case runs. A spare has run no case, so it is as
 fresh as a new process. Off on exclusive devices and where every core is busy (xdist).
 
-Every child comes from a server's keeper (harness.forkserver): forked from a server that imported
+Every child comes from a server's keeper (harness.isolation.forkserver): forked from a server that imported
 torch_xla once, or, for a spec without fork imports or with forking off, exec'd fresh by a keeper
 of this pool's *exec server*, which imports nothing. Either way the keeper and the server are
 child subreapers, so what a body starts outside its session is ended with its child.
@@ -19,13 +19,20 @@ child subreapers, so what a body starts outside its session is ended with its ch
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
-from harness import processes
 from harness.errors import ChildStartError
-from harness.forkclient import EXEC_IMPORTS, KEEPER_REPORT_S, ForkServer, ForkServerClient, ServerAddress, server_key
-from harness.runner import ChildProcess, ChildSpec, LateFault
+from harness.isolation import processes
+from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
+from harness.isolation.forkclient import (
+    EXEC_IMPORTS,
+    KEEPER_REPORT_S,
+    ForkServer,
+    ForkServerClient,
+    ServerAddress,
+    server_key,
+)
 
 # Closing a pool waits this long for each ended child's status (a stopped keeper is continued or
 # killed within KEEPER_REPORT_S); then it goes on: the run must end.
@@ -39,7 +46,7 @@ class ChildPool:
         self.startup_timeout = startup_timeout
         self.exclusive = exclusive
         self.spares_enabled = spares and not exclusive
-        # Fork children from servers that imported torch_xla once (harness.forkserver); specs
+        # Fork children from servers that imported torch_xla once (harness.isolation.forkserver); specs
         # without fork_imports are exec'd fresh either way. `servers`: the run's shared servers
         # (started by the controlling pytest process) by key; a key none of them serves gets a
         # server of this pool's own.

@@ -16,13 +16,13 @@ server in its own pool, as before.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from harness.backends import Backend
-from harness.case import child_spec
-from harness.forkclient import LAUNCH_NOW, LAUNCH_ON_FIRST_CONNECTION, ForkServer, ServerAddress, server_key
-from harness.runner import ChildSpec
+from harness.isolation.case import child_spec
+from harness.isolation.child_process import ChildSpec
+from harness.isolation.forkclient import LAUNCH_NOW, LAUNCH_ON_FIRST_CONNECTION, ForkServer, ServerAddress, server_key
 
 CASES_DIR = "cases"
 WORKERINPUT_KEY = "harness_fork_servers"

@@ -1,10 +1,10 @@
 """The parent's handle on one child process: start it, send it a case, read its answers, end it.
 
-One `ChildProcess` is one `python -m harness.child` in a session of its own, with an explicit
-environment, its stdout/stderr in its own log file, answers on a private pipe (harness.protocol)
+One `ChildProcess` is one `python -m harness.isolation.child` in a session of its own, with an explicit
+environment, its stdout/stderr in its own log file, answers on a private pipe (harness.isolation.protocol)
 and a lifeline pipe whose only write end the parent holds: when the parent goes, even by SIGKILL,
 the child's watchdog kills the child's whole process group. Every child, fresh or forked, comes
-from a server's keeper (harness.forkserver): a fresh one is exec'd by its keeper. Popen would
+from a server's keeper (harness.isolation.forkserver): a fresh one is exec'd by its keeper. Popen would
 make pytest its parent, and pytest cannot be the subreaper that catches what a body starts in a
 session of its own (it would adopt every orphan of the run and must not reap what it did not
 start); a keeper can, and its server, a subreaper too, still reports the child if a body kills
@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import evidence, processes, protocol
 from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError
-from harness.forkclient import KEEPER_REPORT_S, ForkServerClient
+from harness.isolation import evidence, processes, protocol
+from harness.isolation.forkclient import KEEPER_REPORT_S, ForkServerClient
 
 # A child acknowledges a request as soon as it reads it; one that does not within this time is
 # stuck in what its previous case left running.
@@ -46,12 +46,12 @@ class ChildSpec:
     env: tuple[tuple[str, str], ...]
     preload: tuple[str, ...] = ()
     python: str = sys.executable
-    # What a fork server for this child imports (harness.forkserver); None: exec a fresh process.
+    # What a fork server for this child imports (harness.isolation.forkserver); None: exec a fresh process.
     fork_imports: tuple[str, ...] | None = None
 
     @classmethod
     def build(cls, env: dict[str, str], preload: tuple[str, ...] = (), python: str | None = None,
-              fork_imports: tuple[str, ...] | None = None) -> "ChildSpec":
+              fork_imports: tuple[str, ...] | None = None) -> ChildSpec:
         return cls(tuple(sorted(env.items())), tuple(preload), python or sys.executable, fork_imports)
 
     def describe(self) -> str:
@@ -78,7 +78,7 @@ EXITED = _Exited()
 
 class ChildProcess:
     def __init__(self, spec: ChildSpec, log_dir: Path, server: ForkServerClient, fresh: bool = False) -> None:
-        """Start the child by `server`'s keeper: forked, or (fresh) exec'd as `python -m harness.child`."""
+        """Start the child by `server`'s keeper: forked, or (fresh) exec'd as `python -m harness.isolation.child`."""
         self.spec = spec
         self.forked = not fresh
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -91,7 +91,7 @@ class ChildProcess:
         self.log_path = log_dir / f"child-{time.time_ns()}.log"
         try:
             with self.log_path.open("wb") as log:
-                argv = [spec.python, "-u", "-m", "harness.child"] if fresh else None
+                argv = [spec.python, "-u", "-m", "harness.isolation.child"] if fresh else None
                 self.proc: Any = server.spawn(env, log.fileno(), (result_write, lifeline_read), argv)
         except BaseException:
             for fd in (result_read, self.lifeline):

@@ -1,4 +1,4 @@
-"""The parent side of harness.forkserver: start a server, ask it for children, watch them.
+"""The parent side of harness.isolation.forkserver: start a server, ask it for children, watch them.
 
 `ForkServer` is the owner's handle: it binds the listening socket first and starts the server
 process now or at the first connection (`launch`), so an address can be handed out before the
@@ -27,13 +27,20 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from harness import processes
 from harness.errors import ChildStartError
-from harness.forkserver import (CONTROL_FD_ENV, IMPORTS_ENV, LISTEN_FD_ENV, MAX_CONTROL_MESSAGE,
-                                POST_FORK_VARIABLES, SOCKET_FOLDER_PREFIX)
+from harness.isolation import processes
+from harness.isolation.forkserver import (
+    CONTROL_FD_ENV,
+    IMPORTS_ENV,
+    LISTEN_FD_ENV,
+    MAX_CONTROL_MESSAGE,
+    POST_FORK_VARIABLES,
+    SOCKET_FOLDER_PREFIX,
+)
 
 LAUNCH_NOW = "now"
 LAUNCH_ON_FIRST_CONNECTION = "on-first-connection"
@@ -64,7 +71,7 @@ class ServerAddress:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, str]) -> "ServerAddress":
+    def from_dict(cls, data: Mapping[str, str]) -> ServerAddress:
         return cls(data["key"], data["path"], data["log_path"])
 
 
@@ -106,7 +113,7 @@ class ForkServer:
                    LISTEN_FD_ENV: str(self._listener.fileno()), CONTROL_FD_ENV: str(self._control_theirs.fileno())}
             with self.log_path.open("ab") as log:
                 self.proc = processes.start_in_session(
-                    [self.python, "-u", "-m", "harness.forkserver"], env=env, stdout=log,
+                    [self.python, "-u", "-m", "harness.isolation.forkserver"], env=env, stdout=log,
                     pass_fds=(self._listener.fileno(), self._control_theirs.fileno()))
             self._listener.close()
             self._control_theirs.close()
@@ -250,7 +257,7 @@ class ForkServerClient:
         self.sock.settimeout(timeout)
         try:
             data = self.sock.recv(MAX_CONTROL_MESSAGE)
-        except (socket.timeout, OSError) as exc:
+        except (TimeoutError, OSError) as exc:
             self.close()
             raise self._start_error(f"gave no {what} within {timeout:.0f}s ({exc})") from None
         if not data:

@@ -1,4 +1,4 @@
-"""The fork server process (`python -m harness.forkserver`): import torch_xla once, fork children.
+"""The fork server process (`python -m harness.isolation.forkserver`): import torch_xla once, fork children.
 
 `import torch_xla` costs 4-6 s and most of a child's memory; the state it leaves is the same for
 every child of one interpreter and import-time environment. The server imports only what is
@@ -7,7 +7,7 @@ torch op: a torch CPU op would start libgomp's pool and a forked child's first m
 hang), then forks on request. What a child may still choose after the fork is the environment
 variables torch_xla reads at use, not at import (`POST_FORK_VARIABLES`); every other variable
 keys the server. The parent side (starting a server, asking it for children) is
-harness.forkclient.
+harness.isolation.forkclient.
 
 One server serves every pytest process of a run: the controlling process starts it and passes
 the socket to the xdist workers, so a run imports torch_xla once, not once per worker. Clients
@@ -19,11 +19,11 @@ For each child the server forks a *keeper*, which forks the child and waits for 
 that asked for the child is not its parent, so the keeper writes the child's exit status (a
 signal included) to a pipe the client passed along. The child starts a session of its own, takes
 its stdin, log and pipes from the client, sets its environment, reseeds its random generators and
-runs `harness.child.main()`: from there on it is exactly a child started by exec. A request that
+runs `harness.isolation.child.main()`: from there on it is exactly a child started by exec. A request that
 names an `argv` gets a child that execs it with the request's whole environment: a fresh process
 (`--spmd-fork-server=off`, TPU), kept the same way (the pool's *exec server* imports nothing).
 
-Containment (harness.processes, Linux): the server and every keeper are child subreapers. A
+Containment (harness.isolation.processes, Linux): the server and every keeper are child subreapers. A
 helper the body started that leaves the child's session (setsid, a double fork) is adopted by the
 keeper when its parent ends; when the child has ended, the keeper reports its status, then kills
 and reaps every process it adopted, generation after generation. A keeper that dies first (a body
@@ -48,8 +48,8 @@ import sys
 import time
 from typing import Any
 
-from harness import processes
-from harness.protocol import KEEPER_PID_ENV
+from harness.isolation import processes
+from harness.isolation.protocol import KEEPER_PID_ENV
 
 IMPORTS_ENV = "HARNESS_FORKSERVER_IMPORTS"
 LISTEN_FD_ENV = "HARNESS_FORKSERVER_LISTEN_FD"
@@ -342,10 +342,10 @@ def become_child(request: dict[str, Any], stdin_fd: int, log_fd: int, passed: li
         os.environ.clear()
         os.environ.update(env)
         reseed()
-        sys.stdin = open(0, "r", closefd=False)  # noqa: SIM115 - fd 0 is the new stdin now
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 is the new stdin now
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        from harness import child
+        from harness.isolation import child
 
         code = child.main()
     except SystemExit as exc:

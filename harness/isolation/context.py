@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from harness import protocol
 from harness.errors import HarnessUsageError
+from harness.isolation import protocol
 
 
 class CaseContext:

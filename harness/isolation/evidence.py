@@ -11,10 +11,10 @@ frames). Registry signatures are matched against all of it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
-from harness.processes import TAIL_BYTES, TAIL_LINES, TAIL_READ_BYTES, tail_text
+from harness.isolation.processes import TAIL_BYTES, TAIL_LINES, TAIL_READ_BYTES, tail_text
 
 # (rank, pattern): the lowest rank found first in the log is the cause. A glog FATAL, a failed
 # CHECK or RET_CHECK is the cause itself; "Fatal Python error" is what faulthandler prints for

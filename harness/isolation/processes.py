@@ -24,8 +24,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Collection, Mapping, Sequence
+from typing import IO
 
 TERMINATE_GRACE_S = 5.0
 # How long end_children keeps killing and reaping; SIGKILLed processes go in milliseconds unless a

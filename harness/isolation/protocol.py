@@ -65,7 +65,7 @@ class ChildException:
         return f"{self.type}: {self.message}"
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> "ChildException | None":
+    def from_dict(cls, data: dict[str, Any] | None) -> ChildException | None:
         return cls(**data) if data else None
 
 

@@ -1,0 +1,9 @@
+"""The isolation wing: everything that starts, talks to and contains case-body child processes.
+
+The parent side: `case` (SpmdRunner, one case's run), `pool` (warm children), `child_process`
+(ChildProcess, the parent's handle on one child), `forkclient`/`runservers` (fork servers of a
+run). The child side: `forkserver` (`python -m harness.isolation.forkserver`), `child`
+(`python -m harness.isolation.child`), `context` (what a body gets). Shared by both: `protocol`
+(the wire format), `processes` (starting, ending, describing processes), `evidence` (what a
+crash left behind). Nothing here imports torch at import time.
+"""
