@@ -20,11 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
 from harness import costs
 from harness.baseline import checked_header, on_release_line
 from harness.errors import BaselineError
-from harness.schema import shown, unknown_keys
+from harness.schema import shown
 
 COST_BASELINE_DIR = Path("baselines") / "costs"
 REWRITE = "fix it, or delete it and write it again with --spmd-update-costs"
