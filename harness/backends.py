@@ -26,7 +26,11 @@ from harness.isolation.forkserver import TORCH_IMPORTS, XLA_IMPORTS
 XLA_SPMD_PRELOAD = "harness.xla:enable_spmd"
 
 # Variables a child inherits from the parent; everything else is set explicitly.
-BASE_ENV_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "USER")
+# Where a child's XLA dumps go (harness.xla.enable_step_dumps): a folder in the run's folder that
+# the controlling pytest process removes at the end of the run. A forked child leaves through
+# os._exit, so a folder a child made in /tmp for itself would outlive it.
+XLA_DUMP_ROOT_ENV = "HARNESS_XLA_DUMP_ROOT"
+BASE_ENV_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "USER", XLA_DUMP_ROOT_ENV)
 # On a TPU host the runtime and GKE put the topology in these; a child must see them.
 TPU_ENV_PREFIXES = ("TPU_", "MEGASCALE_", "LIBTPU_", "JAX_", "SKIP_MEGASCALE", "XLA_FLAGS")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -21,7 +22,7 @@ import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
 from harness import baseline, costcheck, options, results, runfolder, versions
-from harness.backends import Backend, make_backend
+from harness.backends import XLA_DUMP_ROOT_ENV, Backend, make_backend
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.isolation import runservers
 from harness.isolation.case import SpmdRunner
@@ -48,6 +49,7 @@ ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()
 SHARDING_CHANGES_KEY = pytest.StashKey[list[str]]()
 RUN_SERVERS_KEY = pytest.StashKey[runservers.RunServers]()
 RUN_FOLDER_KEY = pytest.StashKey[runfolder.RunFolder]()
+XLA_DUMPS_NAME = "xla-dumps"  # in the run folder: the children's XLA dumps, removed at the end of the run
 PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
 WORKERINPUT_RUN_KEY = "spmd_harness_run"
 CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
@@ -126,9 +128,11 @@ class HarnessSession:
     def claim_run_folder(self) -> Path:
         """The run folder, made with its manifest the first time this run has something to write."""
         try:
-            return self.run.claim()
+            folder = self.run.claim()
         except HarnessError as exc:
             raise pytest.UsageError(f"results folder: {exc}") from None
+        _share_dump_root(folder)
+        return folder
 
     def charge_late_fault(self, fault: LateFault) -> None:
         """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""
@@ -223,7 +227,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
             namespace, early_config.rootpath, early_config.getini("testpaths"))):
         return
     try:
-        run.claim()
+        _share_dump_root(run.claim())
     except (HarnessError, OSError):
         return  # pytest_configure or the first case reports it
     servers = runservers.RunServers()
@@ -299,6 +303,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     servers = config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         servers.close()  # after the pool: its children are ended first
+    if session is not None and session.worker == "main":
+        # The children's XLA dumps (a failing case kept its own in its record's folder already).
+        shutil.rmtree(session.run.path / XLA_DUMPS_NAME, ignore_errors=True)
+
+
+def _share_dump_root(run_path: Path) -> None:
+    """Children (and servers started from now on) put their XLA dumps under the run's folder."""
+    if not os.environ.get(XLA_DUMP_ROOT_ENV):
+        root = run_path / XLA_DUMPS_NAME
+        root.mkdir(exist_ok=True)
+        os.environ[XLA_DUMP_ROOT_ENV] = str(root)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

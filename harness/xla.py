@@ -42,8 +42,11 @@ def enable_step_dumps() -> str | None:
     flags = os.environ.get("XLA_FLAGS", "")
     if "--xla_dump_to" in flags or os.environ.get(DUMP_DIR_ENV):
         return None
-    folder = tempfile.mkdtemp(prefix="spmd-xla-dumps-")
-    atexit.register(shutil.rmtree, folder, True)
+    from harness.backends import XLA_DUMP_ROOT_ENV
+
+    root = os.environ.get(XLA_DUMP_ROOT_ENV)
+    folder = tempfile.mkdtemp(prefix="spmd-xla-dumps-", dir=root if root and os.path.isdir(root) else None)
+    atexit.register(shutil.rmtree, folder, True)  # a fresh child's exit; a forked one's root goes with the run
     wanted = f" --xla_dump_to={folder} --xla_dump_hlo_as_text"
     if can_name_graphs():
         wanted += f" --xla_dump_hlo_module_re=^{STEP_GRAPH_PREFIX}"

@@ -5,11 +5,13 @@ stops the run with a message instead of an INTERNALERROR. See harness/runfolder.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -288,3 +290,43 @@ def test_records_carry_the_stack_the_harness_and_the_schema(pytester: pytest.Pyt
         assert record.schema == versions.RECORD_SCHEMA
         assert record.harness == versions.harness() and record.harness != "unknown"
         assert (record.torch, record.jax) == (versions.installed("torch"), versions.installed("jax"))
+
+
+COST_MEASURED_CASE = '''
+import pytest
+
+pytestmark = pytest.mark.spmd
+
+def body_train(ctx):
+    import torch
+    import torch_xla.distributed.spmd as xs
+    from harness import stepcosts, xla
+    model = torch.nn.Linear(8, 8).to(xla.device())
+    xs.mark_sharding(model.weight, xla.mesh((4, 1), ("fsdp", "model")), ("fsdp", None))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    meter = stepcosts.StepMeter(ctx, parameters=model.parameters(), optimizer=optimizer)
+    for _ in range(3):
+        with meter.step():
+            loss = model(torch.ones(4, 8).to(xla.device())).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            xla.sync()
+
+@pytest.mark.no_sharding_baseline("a throwaway case")
+@pytest.mark.parametrize("n", range(2))
+def test_train(spmd, n):
+    spmd.run(body_train, fresh=True)
+'''
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (XLA dumps of a real step)")
+def test_xla_dumps_of_forked_children_go_with_the_run(pytester: pytest.Pytester):
+    """A forked child ends through os._exit, so a dump folder it made in /tmp for itself stayed
+    there (one per child, up to a megabyte each); they now live in the run folder until it ends."""
+    pytester.makepyfile(test_costly=COST_MEASURED_CASE)
+    before = set(Path(tempfile.gettempdir()).glob("spmd-xla-dumps-*"))
+    result = run(pytester, "--spmd-backend=cpu", "--spmd-fork-server=on", "-m", "spmd")
+    result.assert_outcomes(passed=2)
+    assert set(Path(tempfile.gettempdir()).glob("spmd-xla-dumps-*")) - before == set()
+    assert not (pytester.path / "results" / "latest" / "xla-dumps").exists()
