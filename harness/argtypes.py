@@ -23,13 +23,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+# Every timeout of every tool reads the same way: plain seconds, or a number with s, m or h.
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
 def positive_seconds(text: str) -> float:
-    """A positive, finite number of seconds: nan, inf, 0 and below would make a timeout that never
-    fires or fires at once."""
+    """A positive, finite duration: seconds (60, 0.5) or with a unit (90s, 90m, 3h). nan, inf, 0
+    and below would make a timeout that never fires or fires at once."""
+    text = str(text).strip()
+    scale = _UNITS.get(text[-1:].lower())
     try:
-        value = float(text)
+        value = float(text[:-1]) * scale if scale else float(text)
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise NotAPositiveNumber(f"{text!r} is not a positive, finite number of seconds (e.g. 60 or 0.5)")
+        raise NotAPositiveNumber(f"{text!r} is not a positive, finite number of seconds (e.g. 60, 0.5, 90m or 3h)")
     return value

@@ -154,3 +154,29 @@ def test_the_release_is_described_licensed_and_classified():
     # The same OWNER placeholder as README's workflow snippet, so one search-and-replace fixes both.
     for url in project["urls"].values():
         assert url.startswith("https://github.com/OWNER/spmd-regression-harness"), url
+
+
+@pytest.mark.parametrize("text, seconds", [("60", 60.0), ("0.5", 0.5), ("90s", 90.0), ("90m", 5400.0), ("3h", 10800.0)])
+def test_every_timeout_reads_seconds_or_a_unit(text, seconds):
+    """pytest's --spmd-case-timeout, the matrix's --suite-timeout and the GKE launcher's --timeout
+    share one parser, so a duration written for one tool means the same in the others."""
+    from harness import argtypes
+    from harness.gke.__main__ import duration
+
+    assert argtypes.positive_seconds(text) == duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "0", "-5m", "5x", "m"])
+def test_no_timeout_accepts_a_duration_that_never_or_always_fires(text):
+    from harness import argtypes
+    from harness.errors import NotAPositiveNumber
+
+    with pytest.raises(NotAPositiveNumber, match="is not a positive, finite number of seconds"):
+        argtypes.positive_seconds(text)
+
+
+def test_the_matrix_calls_xdist_workers_workers_as_ci_spmd_does():
+    from harness.matrix.__main__ import compare_parser, run_parser
+
+    assert run_parser().parse_args(["--releases", "2.9.0", "--workers", "2"]).jobs_per_env == 2
+    assert compare_parser().parse_args(["--good", "a", "--bad", "b", "--workers", "2"]).jobs_per_env == 2

@@ -14,7 +14,6 @@ Exit codes: 0 every host passed; 1 a failure (case, host, sharding disagreement,
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -29,20 +28,11 @@ from harness.gke.errors import GkeHarnessError, KubeApiError
 from harness.gke.worker import DEFAULT_SUITE
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_API, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-_UNITS = {"s": 1, "m": 60, "h": 3600}
 DEFAULT_RESULTS_DIR = "spmd-gke"  # in .gitignore
 
 
-def duration(text: str) -> float:
-    """Seconds from '900', '90m' or '3h'."""
-    unit = _UNITS.get(text[-1:], None)
-    try:
-        seconds = float(text[:-1]) * unit if unit else float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 900, 90m or 3h") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive, finite duration")
-    return seconds
+# The one duration parser of every tool (seconds, or 90m / 3h), shared with pytest and the matrix.
+duration = argtypes.positive_seconds
 
 
 def build_parser() -> argparse.ArgumentParser:

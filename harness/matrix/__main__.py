@@ -67,7 +67,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     cli.add_hidden_alias(p, "--out", dest="out", type=Path)  # the 0.1.0 spelling
     p.add_argument("--cache", type=Path, default=envs.default_cache_root(),
                    help=f"where environments are built and kept (default: {envs.default_cache_root()})")
-    p.add_argument("--jobs-per-env", type=argtypes.positive_int, default=1, metavar="N",
+    p.add_argument("--workers", "--jobs-per-env", dest="jobs_per_env", type=argtypes.positive_int, default=1,
+                   metavar="N",
                    help="pytest-xdist workers inside each suite run (default 1: the 2-core machines here are shared)")
     p.add_argument("--suite-timeout", type=argtypes.positive_seconds, default=3600.0, metavar="SECONDS",
                    help="stop a suite run that takes longer (default 3600)")
