@@ -193,6 +193,26 @@ def _checked_fields(data: Any, where: str) -> tuple[str, int, str | None, dict[s
     return backend, devices, version, {case: dict(tensors) for case, tensors in cases.items()}
 
 
+def summarise(terminalreporter: Any, kind: str, path: Path, updated: Mapping[str, list[Any]] | None,
+              without_entry: list[str], update_flag: str) -> None:
+    """The end-of-run section of a baseline (sharding or cost): what a rewrite changed, or the
+    cases that had no entry to be compared with."""
+    if updated is not None:
+        terminalreporter.section(f"{kind} baseline {path} rewritten for {len(updated)} case(s)")
+        for case, changes in updated.items():
+            if changes:
+                terminalreporter.line(f"{case}:")
+                for change in changes:
+                    terminalreporter.line(f"  {change}")
+        if not any(updated.values()):
+            terminalreporter.line(f"no {kind} changed")
+    elif without_entry:
+        terminalreporter.section(f"cases without a {kind} baseline entry (not compared)")
+        for case in without_entry:
+            terminalreporter.line(case)
+        terminalreporter.line(f"add them with {update_flag} ({path})")
+
+
 def listing(changes: list[Change], indent: str = "  ") -> str:
     """One line per change; a move that involves a partially replicated or multi-axis sharding is
     followed by both layouts as device grids (harness.tiles), since the one-line text of two such

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness import costs, options, results
+from harness import baseline, costs, options, results
 from harness.costbaseline import CostBaseline, default_path
 from harness.errors import HarnessError
 
@@ -179,17 +179,5 @@ def summarise(terminalreporter: Any, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
         return
-    if session.updated is not None:
-        terminalreporter.section(f"cost baseline {session.path} rewritten for {len(session.updated)} case(s)")
-        for case, changes in session.updated.items():
-            if changes:
-                terminalreporter.line(f"{case}:")
-                for change in changes:
-                    terminalreporter.line(f"  {change}")
-        if not any(session.updated.values()):
-            terminalreporter.line("no cost changed")
-    elif session.cases_without_entry:
-        terminalreporter.section("cases without a cost baseline entry (not compared)")
-        for case in session.cases_without_entry:
-            terminalreporter.line(case)
-        terminalreporter.line(f"add them with --spmd-update-costs ({session.path})")
+    baseline.summarise(terminalreporter, "cost", session.path, session.updated, session.cases_without_entry,
+                       "--spmd-update-costs")

@@ -180,21 +180,9 @@ def _fork_server_wanted(option: str | None, backend: Backend) -> bool:
 
 
 def _summarise_baseline(terminalreporter: Any, harness: HarnessSession) -> None:
-    updated = getattr(harness, "shardings_updated", None)
-    if updated is not None:
-        changed = {case: changes for case, changes in updated.items() if changes}
-        terminalreporter.section(f"sharding baseline {harness.baseline_path} rewritten for {len(updated)} case(s)")
-        for case, changes in changed.items():
-            terminalreporter.line(f"{case}:")
-            for change in changes:
-                terminalreporter.line(f"  {change}")
-        if not changed:
-            terminalreporter.line("no sharding changed")
-    elif harness.cases_without_entry:
-        terminalreporter.section("cases without a sharding baseline entry (not compared)")
-        for case in harness.cases_without_entry:
-            terminalreporter.line(case)
-        terminalreporter.line(f"add them with --spmd-update-shardings ({harness.baseline_path})")
+    baseline.summarise(terminalreporter, "sharding", harness.baseline_path,
+                       getattr(harness, "shardings_updated", None), harness.cases_without_entry,
+                       "--spmd-update-shardings")
 
 
 def _bounded(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
