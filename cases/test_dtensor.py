@@ -306,9 +306,7 @@ def test_parallelize_module_on_gloo_cpu_mesh(spmd, world_size: int) -> None:
 
 
 def body_per_parameter_workaround(ctx, steps: int) -> None:
-    import torch
-
-    from harness import recording, stepcosts, xla
+    from harness import recording, xla
 
     dt = xla.dtensor()  # torch.distributed.tensor (torch 2.5+) or ._tensor (2.4)
 
@@ -326,15 +324,27 @@ def body_per_parameter_workaround(ctx, steps: int) -> None:
         recording.record_placements(ctx, name, dt.distribute_tensor(param, mesh, placements[name]))
     _record_param_specs(ctx, model)
 
+    x_xla = x.to(xla.device())
+    train_next_to_reference(ctx, model, reference, x, x_xla, steps, lambda loss: ctx.record_hlo(
+        "first_loss", recording.record_step_graph(ctx, "first_loss", [loss])))
+
+
+def train_next_to_reference(ctx, model, reference, x, x_xla, steps: int, record_first_step) -> None:
+    """SGD on XLA beside the same SGD on CPU: every step's loss and the final parameters must
+    match. Each XLA step is cost-measured (harness.stepcosts), so the body needs a fresh child.
+    record_first_step(loss) records what the case keeps of step 0's graph."""
+    import torch
+
+    from harness import stepcosts, xla
+
     optimizer = torch.optim.SGD(model.parameters(), lr=SGD_LR)
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=SGD_LR)
-    x_xla = x.to(xla.device())
     meter = stepcosts.StepMeter(ctx, parameters=model.parameters(), optimizer=optimizer)
     for step in range(steps):
         with meter.step():  # the step's cost signature (harness.costs)
             loss = model(x_xla).pow(2).mean()
             if step == 0:
-                ctx.record_hlo("first_loss", recording.record_step_graph(ctx, "first_loss", [loss]))
+                record_first_step(loss)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
