@@ -9,7 +9,7 @@ function that enters the guard's context (`jax_env_context`) or sets SKIP_MEGASC
 itself (2.6.x, inline in trace_pallas), and `call_jax` and `trace_pallas` where they exist (on
 2.4-2.5 nothing is guarded, and trace_pallas is where the bug was seen).
 
-Each module-level entry point is called in one fresh process: one taking a JAX function gets a
+Each module-level entry point is called in one child of its own: one taking a JAX function gets a
 plain one (trace_pallas(kernel, t), call_jax(f, (t,)), assume_pure(f)(t), j2t_autograd(f)(t));
 any other gets an XLA tensor per required argument, which its body may refuse: the guard runs
 before the body, and an error there is recorded, not judged. Methods (autograd Functions'
@@ -146,7 +146,8 @@ def body_every_entry_point_guards_jax(ctx, reintroduce_deleting_guard: bool = Fa
 
     from harness import xla
 
-    xla.enable_spmd()
+    if bridge.backends_are_initialized():
+        raise AssertionError("JAX backends were initialised by the child's set-up (import torch_xla, use_spmd)")
     import jax.experimental.pallas  # noqa: F401  (2.9.0 + jax 0.7.1: see test_multislice._trace_plain_kernel)
 
     if reintroduce_deleting_guard:  # self-test: the pre-#8819 guard, which deletes instead of restoring
@@ -195,7 +196,7 @@ def body_every_entry_point_guards_jax(ctx, reintroduce_deleting_guard: bool = Fa
 @pytest.mark.known_bug("megascale-preset-dropped-by-trace-pallas")
 @pytest.mark.known_bug("megascale-no-guard")
 def test_every_jax_entry_point_sets_and_restores_skip_megascale(spmd) -> None:
-    result = spmd.run(body_every_entry_point_guards_jax, preload=False)
+    result = spmd.run(body_every_entry_point_guards_jax, fresh=True)
     called = {c["entry"] for c in result.values["calls"] if "lookups" in c}
     assert any(name.endswith(".trace_pallas") for name in called), f"trace_pallas was not among the calls: {sorted(called)}"
 
@@ -205,7 +206,7 @@ def test_reintroduced_deleting_guard_is_detected_at_the_entry_points(spmd) -> No
     """Self-test: with the pre-#8819 guard patched back in, the sweep fails with the entry's signature."""
     from harness.registry import get_entry
 
-    result = spmd.run(body_every_entry_point_guards_jax, reintroduce_deleting_guard=True, preload=False, check=False)
+    result = spmd.run(body_every_entry_point_guards_jax, reintroduce_deleting_guard=True, fresh=True, check=False)
     if result.values.get("guard_api", "") is None:
         pytest.skip(f"torch_xla {result.torch_xla} has no guard function to patch (none before 2.7)")
     assert result.outcome == "error", f"expected the sweep to fail with the deleting guard; outcome {result.outcome}"

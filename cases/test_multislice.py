@@ -35,7 +35,8 @@ NO_GUARD_API = "has no guard function to nest or patch (none before 2.6; 2.6.x s
 def _record_jax_backend_inits(ctx):
     """Wrap jax._src.xla_bridge._init_backend (jax 0.4.38 and 0.7.1) to record VAR per platform.
 
-    Must run before torch_xla or jax start any backend. Returns the bridge module.
+    Must run before JAX starts any backend (importing torch_xla and use_spmd start none, which
+    the bodies assert). Returns the bridge module.
     """
     import os
 
@@ -137,7 +138,8 @@ def _plain_spmd_step() -> None:
 
 
 def body_trace_pallas_sets_skip(ctx, reintroduce_deleting_guard: bool = False) -> None:
-    """Fresh process, before torch_xla: JAX start-up and the traced kernel must both see VAR == 'true'."""
+    """A child of its own, set up (torch_xla imported, SPMD on) but with no JAX backend started yet:
+    JAX start-up and the traced kernel must both see VAR == 'true'."""
     import os
 
     bridge = _record_jax_backend_inits(ctx)
@@ -145,8 +147,7 @@ def body_trace_pallas_sets_skip(ctx, reintroduce_deleting_guard: bool = False) -
 
     from harness import xla
 
-    xla.enable_spmd()
-    _assert_backends_not_started(bridge, "by import torch_xla")
+    _assert_backends_not_started(bridge, "by the child's set-up (import torch_xla, use_spmd)")
     _plain_spmd_step()
     _assert_backends_not_started(bridge, "by a plain SPMD step")
 
@@ -305,7 +306,7 @@ def _skip_without_guard_api(result) -> None:
 @pytest.mark.needs(jax=True)
 @pytest.mark.known_bug("megascale-no-guard")
 def test_trace_pallas_sets_skip_megascale(spmd) -> None:
-    result = spmd.run(body_trace_pallas_sets_skip, preload=False)
+    result = spmd.run(body_trace_pallas_sets_skip, fresh=True)
     platforms = [i["platform"] for i in result.values["jax_backend_inits"]]
     assert "cpu" in platforms, f"JAX started no CPU backend during trace_pallas: {platforms}"
 
@@ -340,7 +341,7 @@ def test_preset_skip_value_is_restored(spmd, via) -> None:
 
 REINTRODUCTION_ROWS = [
     # trace_pallas calls the decorated to_jax_shape_dtype_struct: its exit unset VAR before lower()
-    pytest.param("body_trace_pallas_sets_skip", {"preload": False}, id="trace-pallas"),
+    pytest.param("body_trace_pallas_sets_skip", {}, id="trace-pallas"),
     # an inner decorated function / context exits inside an outer one
     pytest.param("body_nested_guards", {}, id="nested-guards"),
     # a value set before the guard is deleted instead of restored
@@ -352,9 +353,7 @@ REINTRODUCTION_ROWS = [
 @pytest.mark.parametrize("body_name,options", REINTRODUCTION_ROWS)
 def test_reintroduced_deleting_guard_is_detected(spmd, body_name, options) -> None:
     """Self-test: with the pre-#8819 guard patched back in, the case fails with the entry's signature."""
-    kwargs = {k: v for k, v in options.items() if k != "preload"}
-    result = spmd.run(globals()[body_name], reintroduce_deleting_guard=True, fresh=True,
-                      preload=options.get("preload", True), check=False, **kwargs)
+    result = spmd.run(globals()[body_name], reintroduce_deleting_guard=True, fresh=True, check=False, **options)
     _skip_without_guard_api(result)
     assert result.outcome == "error", f"expected the case to fail with the deleting guard patched in; outcome {result.outcome}"
     entry = get_entry("megascale-guard-deleted-by-nesting")
