@@ -57,6 +57,8 @@ COLLECTIVE_OPCODES = (
 
 _BRACKET_PAIRS = {"(": ")", "[": "]", "{": "}"}
 _CLOSERS = set(_BRACKET_PAIRS.values())
+_STRUCTURE = re.compile(r'[()\[\]{},"]')  # what _unquoted_chars stops at
+_QUOTE_OR_ESCAPE = re.compile(r'\\.|"', re.DOTALL)  # inside a quoted string
 
 # `[ROOT ]%name = ...`; newer XLA may print names without the '%'.
 _INSTRUCTION_START = re.compile(r"^\s*(?P<root>ROOT\s+)?%?(?P<name>[^\s=(){}\[\],]+)\s*=\s*")
@@ -296,10 +298,15 @@ def _parse_attributes(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def _unquoted_chars(text: str, start: int = 0):
-    """(index, char, bracket depth after char) for every character outside quoted strings."""
+    """(index, char, bracket depth after char) for every bracket and comma outside quoted strings.
+
+    Only those characters matter to the callers; a regular expression jumps to the next one
+    (metadata strings make instruction lines long, and a step module has thousands of lines).
+    """
     depth, index = 0, start
-    while index < len(text):
-        char = text[index]
+    while (found := _STRUCTURE.search(text, index)) is not None:
+        index = found.start()
+        char = found.group()
         if char == '"':
             index = _quoted_end(text, index) + 1
             continue
@@ -330,13 +337,10 @@ def _matching_close(text: str, open_index: int) -> int | None:
 def _quoted_end(text: str, open_quote: int) -> int:
     """Index of the '"' closing the string that opens at `open_quote` (or the last index)."""
     index = open_quote + 1
-    while index < len(text):
-        if text[index] == "\\":
-            index += 2
-            continue
-        if text[index] == '"':
-            return index
-        index += 1
+    while (found := _QUOTE_OR_ESCAPE.search(text, index)) is not None:
+        if found.group() == '"':
+            return found.start()
+        index = found.end()
     return len(text) - 1
 
 
