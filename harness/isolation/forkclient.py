@@ -42,8 +42,6 @@ from harness.isolation.forkserver import (
     SOCKET_FOLDER_PREFIX,
 )
 
-LAUNCH_NOW = "now"
-LAUNCH_ON_FIRST_CONNECTION = "on-first-connection"
 LISTEN_BACKLOG = 64
 # How long a child may be gone without its keeper reporting before the keeper is SIGKILLed.
 KEEPER_REPORT_S = 3.0
@@ -78,8 +76,7 @@ class ServerAddress:
 class ForkServer:
     """The owner's handle on one server process (the run's controlling pytest process owns it)."""
 
-    def __init__(self, python: str, env: Mapping[str, str], imports: tuple[str, ...], log_dir: Path,
-                 launch: str = LAUNCH_NOW) -> None:
+    def __init__(self, python: str, env: Mapping[str, str], imports: tuple[str, ...], log_dir: Path) -> None:
         self.python = python
         self.imports = imports
         self.key = server_key(python, env, imports)
@@ -97,12 +94,7 @@ class ForkServer:
         self.proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self._wake_read, self._wake_write = os.pipe()
-        if launch == LAUNCH_NOW:
-            self.launch()
-        else:
-            threading.Thread(target=self._launch_on_first_connection, daemon=True,
-                             name=f"forkserver-{self.key}").start()
+        self.launch()
 
     def launch(self) -> None:
         """Start the server process (once); it inherits the listener, queued connections included."""
@@ -118,14 +110,6 @@ class ForkServer:
             self._listener.close()
             self._control_theirs.close()
 
-    def _launch_on_first_connection(self) -> None:
-        try:
-            readable, _, _ = select.select([self._listener, self._wake_read], [], [])
-        except (OSError, ValueError):
-            return  # closed meanwhile
-        if self._listener in readable:
-            self.launch()
-
     def is_alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
@@ -135,7 +119,6 @@ class ForkServer:
             if self._closed:
                 return
             self._closed = True
-            os.write(self._wake_write, b"x")
             if self.proc is None:
                 self._listener.close()
                 self._control_theirs.close()
@@ -145,8 +128,6 @@ class ForkServer:
             if processes.wait_for_exit(self.proc, processes.END_CHILDREN_S + 1.0) is None:
                 processes.kill_group_now(self.proc)
                 processes.wait_for_exit(self.proc, 5.0)
-        for fd in (self._wake_read, self._wake_write):
-            os.close(fd)
         shutil.rmtree(self._dir, ignore_errors=True)
 
 

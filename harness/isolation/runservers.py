@@ -3,10 +3,9 @@
 A run imports torch_xla once. The process that controls the run (plain pytest, or xdist's
 controller) starts the XLA fork server as early as pytest lets a plugin act on its options
 (`pytest_load_initial_conftests`, before conftests and test modules are imported), so the
-import overlaps pytest's own start-up and collection, and xdist's worker start-up. It also binds
-the torch-only server's socket, whose process starts only if a case connects (bodies that must
-see a process without torch_xla). Workers receive the addresses in `workerinput`; their pools
-connect to them and start servers of their own only for keys nobody serves.
+import overlaps pytest's own start-up and collection, and xdist's worker start-up. It also starts
+the torch-only server (bodies that must see a process without torch_xla). Workers receive the
+addresses in `workerinput`; their pools connect to them and start servers of their own only for keys nobody serves.
 
 Started early only when the selection can hold SPMD cases: `-m` selects items marked spmd, or the
 paths reach the repository's cases/ folder. Otherwise the first SPMD case collected starts a
@@ -22,7 +21,7 @@ from pathlib import Path
 from harness.backends import Backend
 from harness.isolation.case import child_spec
 from harness.isolation.child_process import ChildSpec
-from harness.isolation.forkclient import LAUNCH_NOW, LAUNCH_ON_FIRST_CONNECTION, ForkServer, ServerAddress, server_key
+from harness.isolation.forkclient import ForkServer, ServerAddress, server_key
 
 CASES_DIR = "cases"
 WORKERINPUT_KEY = "harness_fork_servers"
@@ -60,12 +59,12 @@ class RunServers:
     def __init__(self) -> None:
         self.servers: dict[str, ForkServer] = {}
 
-    def start(self, specs: Sequence[tuple[ChildSpec, str]], log_dir: Path) -> None:
-        """One server per distinct key; each (spec, launch) says when its process starts."""
-        for spec, launch in specs:
+    def start(self, specs: Sequence[ChildSpec], log_dir: Path) -> None:
+        """One server per distinct key, started now."""
+        for spec in specs:
             if spec.fork_imports is None or server_key(spec.python, dict(spec.env), spec.fork_imports) in self.servers:
                 continue
-            server = ForkServer(spec.python, dict(spec.env), spec.fork_imports, log_dir, launch=launch)
+            server = ForkServer(spec.python, dict(spec.env), spec.fork_imports, log_dir)
             self.servers[server.key] = server
 
     def addresses(self) -> dict[str, ServerAddress]:
@@ -85,10 +84,13 @@ def servers_can_start(backend: Backend) -> bool:
     return "torch_xla" not in imports or backend.capabilities().has_xla
 
 
-def specs_to_start(backend: Backend) -> list[tuple[ChildSpec, str]]:
-    """The XLA server now (every SPMD case needs it); the torch-only one when first asked for."""
-    return [(child_spec(backend, preload=True), LAUNCH_NOW),
-            (child_spec(backend, preload=False), LAUNCH_ON_FIRST_CONNECTION)]
+def specs_to_start(backend: Backend) -> list[ChildSpec]:
+    """The XLA server (every SPMD case needs it) and the torch-only one (the gloo reference cases).
+
+    Both start at once: while the XLA server imports torch_xla (one core, about 4 s), the other
+    core has time for the torch-only import, which a first gloo case would otherwise wait for.
+    """
+    return [child_spec(backend, preload=True), child_spec(backend, preload=False)]
 
 
 def addresses_to_workerinput(addresses: dict[str, ServerAddress]) -> list[dict[str, str]]:
