@@ -1,6 +1,6 @@
 """Time to verdict for `pytest -m spmd` on this machine, against the floor. Prints a table.
 
-    .venv/bin/python benchmarks/time_to_verdict.py [--repeat 1] [-- extra pytest args]
+    .venv/bin/python benchmarks/time_to_verdict.py [--repeat 1] [--target-only] [-- extra pytest args]
 
 Rows:
   serial / -n 2, forked   pytest -m spmd, children forked from a fork server (the default on CPU)
@@ -11,6 +11,8 @@ Rows:
   floor (bodies)          the bodies' own durations as the children measured them (body_s in the
                           records of the serial forked run), summed; for -n 2, halved
   one bare process        import torch_xla, use_spmd, one sharded step, in one process
+--target-only measures only the two rows the time-to-verdict target compares (-n 2 forked, one
+bare process), --repeat times each, alternating, and prints their ratio.
 Columns: wall time, time to the first verdict on disk, cases, peak memory (PSS) of the process tree.
 This is a benchmark, not a test: it asserts nothing and prints numbers.
 """
@@ -162,9 +164,25 @@ def bodies_floor(results_dir: Path, label: str, workers: int) -> Measurement:
     return m
 
 
+def target_only(parallel: tuple[list[str], Path | None], bare: tuple[list[str], Path | None], repeat: int) -> int:
+    """The two rows of the target, alternated so that a change in the machine's load hits both."""
+    ratios = []
+    for attempt in range(repeat):
+        n2, one = measure("-n 2, forked", *parallel), measure("one bare process", *bare)
+        ratios.append(n2.wall / one.wall)
+        print(f"run {attempt + 1}/{repeat}: -n 2 forked {n2.wall:.1f}s ({n2.cases} cases, exit {n2.exit_code}), "
+              f"one bare process {one.wall:.1f}s: {ratios[-1]:.2f}x", flush=True)
+    ratios.sort()
+    print(f"\n-n 2 forked = {ratios[len(ratios) // 2]:.2f} x one bare torch_xla process "
+          f"(median of {repeat}; min {ratios[0]:.2f}, max {ratios[-1]:.2f})")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=1, help="runs per row; the table shows the median")
+    parser.add_argument("--target-only", action="store_true",
+                        help="only '-n 2, forked' and 'one bare process' (the target's ratio)")
     parser.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (after --)")
     args = parser.parse_args()
     python = sys.executable
@@ -181,6 +199,8 @@ def main() -> int:
         serial_dir = rows["serial, forked"][1]
         rows["floor (bare replay)"] = ([python, "-m", "harness.replay", f"--spmd-results-dir={serial_dir}"], None)
         rows["one bare process"] = ([python, "-c", BARE_STEP], None)
+        if args.target_only:
+            return target_only(rows["-n 2, forked"], rows["one bare process"], args.repeat)
         measured = {}
         for label, (argv, results_dir) in rows.items():
             runs = []
