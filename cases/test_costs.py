@@ -105,7 +105,7 @@ def test_cost_baseline_catches_communication_that_changes_no_sharding(spmd) -> N
     after = spmd.run(body_two_layer_fsdpv2, steps=STEPS, gather_twice=True, fresh=True)
     assert_same_numbers(before, after)
     assert before.shardings == after.shardings, "the change must leave every recorded sharding as it was"
-    base = CostBaseline(None, "cpu", 0, "2.9.0", {"case": {costs.DEFAULT_LABEL: costs.comparable(signature_of(before))}})  # type: ignore[arg-type]
+    base = CostBaseline(None, "cpu", 0, "2.9.0", {"case": {costs.DEFAULT_LABEL: costs.comparable(signature_of(before))}})  # type: ignore[arg-type]  # no file: only compare() is used
     assert base.compare("case", {costs.DEFAULT_LABEL: signature_of(before)}) == [], "no change, no line"
     lines = [str(c) for c in base.compare("case", {costs.DEFAULT_LABEL: signature_of(after)})]
     assert lines and all(line.startswith("step0: ") for line in lines), lines

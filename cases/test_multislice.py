@@ -100,7 +100,7 @@ def _trace_plain_kernel(torch_device) -> list:
 
     # torch_xla 2.9.0 with jax 0.7.1: without this import, trace_pallas's own import of
     # jax._src.pallas.mosaic.pallas_call_registration hits a circular import (AttributeError).
-    import jax.experimental.pallas  # noqa: F401
+    import jax.experimental.pallas  # noqa: F401 - imported for that side effect only
     import torch
     from torch_xla.experimental.custom_kernel import trace_pallas
 

@@ -374,7 +374,7 @@ def entry_parameters(hlo: str | HloModule) -> list[HloInstruction]:
 
 def parameter_shardings(hlo: str | HloModule) -> dict[int, Sharding]:
     """{parameter number: sharding} for the entry computation; `NoSharding()` when unannotated."""
-    return {p.parameter_number: p.sharding for p in entry_parameters(hlo)}  # type: ignore[misc]
+    return {p.parameter_number: p.sharding for p in entry_parameters(hlo)}  # type: ignore[misc]  # not None: all are parameters
 
 
 def sharding_custom_calls(hlo: str | HloModule) -> list[HloInstruction]:

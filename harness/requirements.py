@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from harness.backends import Backend
@@ -13,9 +15,9 @@ from harness.backends import Backend
 KNOWN_NEEDS = {"backend", "devices", "jax", "multislice", "xla", "reason"}
 
 
-def collect_needs(item: pytest.Item) -> dict[str, object]:
+def collect_needs(item: pytest.Item) -> dict[str, Any]:
     """Merge every `needs` marker on the item; spmd cases need torch_xla unless they say xla=False."""
-    needs: dict[str, object] = {"xla": item.get_closest_marker("spmd") is not None}
+    needs: dict[str, Any] = {"xla": item.get_closest_marker("spmd") is not None}
     for marker in reversed(list(item.iter_markers("needs"))):  # closest marker wins
         unknown = set(marker.kwargs) - KNOWN_NEEDS
         if unknown or marker.args:

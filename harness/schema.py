@@ -36,4 +36,5 @@ def shown(value: Any) -> str:
         return f"the number {value!r}"
     if value is None:
         return "null"
-    return {list: "a list", tuple: "a list", dict: "a mapping"}.get(type(value), f"a {type(value).__name__}")
+    containers: dict[type, str] = {list: "a list", tuple: "a list", dict: "a mapping"}
+    return containers.get(type(value), f"a {type(value).__name__}")

@@ -379,7 +379,7 @@ class _Parser:
         self._skip_space()
         value = self._parse_body()
         subgroup_types = self._parse_options(allow_subgroups=isinstance(value, Tiled))
-        if subgroup_types:
+        if subgroup_types and isinstance(value, Tiled):  # only a tiled body is allowed them
             value = self._build_tiled(value.tile_dims, value.devices, subgroup_types)
         return value
 

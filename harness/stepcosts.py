@@ -121,7 +121,7 @@ class StepMeter:
             return {"collectives": None, "unread": "XLA wrote no after_optimizations module"}
         text = _read_text(after)
         where = f"{after.name} (partitioned module of {name})"
-        graph = {"collectives": costs.collectives(text, self.ctx.devices or xla.num_devices(), where)}
+        graph: dict[str, Any] = {"collectives": costs.collectives(text, self.ctx.devices or xla.num_devices(), where)}
         self.dumps[f"{self.label}/{name}"] = text
         before = stages.get("before")
         if before is not None:

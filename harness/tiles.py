@@ -114,7 +114,7 @@ def device_grid(value: str | Sharding) -> list[str]:
         row = []
         for c in col_tiles:
             tile = [0] * len(value.data_tile_dims)
-            if r is not None:
+            if rows_dim is not None and r is not None:  # r is None exactly when rows_dim is
                 tile[rows_dim] = r
             for d, i in zip(col_dims, c):
                 tile[d] = i
@@ -124,8 +124,8 @@ def device_grid(value: str | Sharding) -> list[str]:
     label = f"dim {','.join(map(str, col_dims))} ->"
     lead = max(len(label), *(len(r) + len(f"dim {rows_dim} ") for r, _ in cells)) if rows_dim is not None else len(label)
     lines = [label.ljust(lead) + "  " + "  ".join(h.ljust(width) for h in header)]
-    for r, row in cells:
-        name = f"dim {rows_dim} {r}" if r else ""
+    for row_label, row in cells:
+        name = f"dim {rows_dim} {row_label}" if row_label else ""
         lines.append(name.ljust(lead) + "  " + "  ".join(cell.ljust(width) for cell in row))
     return [line.rstrip() for line in lines]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 try:
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 except ImportError:  # the bare runner's system Python: the copy pip vendors
-    from pip._vendor.packaging.utils import InvalidWheelFilename, parse_wheel_filename  # type: ignore[no-redef]
+    from pip._vendor.packaging.utils import InvalidWheelFilename, parse_wheel_filename  # type: ignore[no-redef]  # pip's copy of the same API
 
 from harness.errors import HarnessUsageError
 

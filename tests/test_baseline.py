@@ -141,7 +141,7 @@ def test_what_counts_as_drift(changes, drift):
 
 
 def test_release_line_and_canonical_form():
-    base = Baseline(None, "cpu", 4, "2.9.0", {})  # type: ignore[arg-type]
+    base = Baseline(None, "cpu", 4, "2.9.0", {})  # type: ignore[arg-type]  # no file: never read or written
     assert base.on_release_line("2.9.1") and base.on_release_line("2.9.0.dev20250601") and base.on_release_line("2.9.0+gitabc")
     assert not base.on_release_line("2.8.0") and not base.on_release_line(None)
     assert canonical("{devices=[2,2]<=[4]}") == canonical("{devices=[2,2]0,1,2,3}")

@@ -236,7 +236,7 @@ def test_parse_error_carries_position_and_context() -> None:
 
 def test_non_string_input_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="must be a str"):
-        parse_sharding(None)  # type: ignore[arg-type]
+        parse_sharding(None)  # type: ignore[arg-type]  # the wrong type under test
 
 
 INVALID_VALUES = [
@@ -353,7 +353,7 @@ def test_as_sharding_accepts_values_and_rejects_other_types() -> None:
     assert as_sharding(value) is value
     assert as_sharding("{devices=[2]<=[2]}") == value
     with pytest.raises(TypeError, match="expected sharding text or a sharding value"):
-        as_sharding(42)  # type: ignore[arg-type]
+        as_sharding(42)  # type: ignore[arg-type]  # the wrong type under test
 
 
 def test_assert_sharding_equal_passes_for_iota_vs_explicit() -> None:
@@ -393,7 +393,7 @@ def test_assert_tiled_along_on_a_tuple_fails_without_crashing() -> None:
 def test_values_are_immutable() -> None:
     value = Tiled((2,), (0, 1))
     with pytest.raises(AttributeError):
-        value.devices = (1, 0)  # type: ignore[misc]
+        value.devices = (1, 0)  # type: ignore[misc]  # the frozen assignment under test
 
 
 # --------------------------------------------------------------------------------------------

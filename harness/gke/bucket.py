@@ -28,7 +28,7 @@ def skip_reason(uri: str | None) -> str | None:
     if not uri.startswith("gs://"):
         return f"not uploaded: {uri!r} is not a gs:// URI"
     try:
-        from google.cloud import storage  # type: ignore[import-not-found]  # noqa: F401  # optional, image-only
+        from google.cloud import storage  # noqa: F401 - only whether it imports (optional, image-only)
     except ImportError:
         return "not uploaded: google-cloud-storage is not installed in the worker image"
     return None
@@ -54,7 +54,7 @@ def publish(uri: str | None, object_name: str, payload: bytes, timeout_s: float 
 
 
 def _upload(target: str, payload: bytes, timeout_s: float) -> str:
-    from google.cloud import storage  # type: ignore[import-not-found]
+    from google.cloud import storage
 
     bucket_name, _, path = target[len("gs://"):].partition("/")
     try:

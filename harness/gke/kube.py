@@ -153,8 +153,8 @@ class Kube:
             read, create = (lambda: self._core.read_namespace(name)), (lambda: self._core.create_namespace(doc))
             scope = "cluster-wide (namespaces are not namespaced)"
         elif kind == "ServiceAccount":
-            read = lambda: self._core.read_namespaced_service_account(name, ns)  # noqa: E731
-            create = lambda: self._core.create_namespaced_service_account(ns, doc)  # noqa: E731
+            read = lambda: self._core.read_namespaced_service_account(name, ns)  # noqa: E731 - the call _retry repeats
+            create = lambda: self._core.create_namespaced_service_account(ns, doc)  # noqa: E731 - the call _retry repeats
             scope = f"in namespace {ns}"
         else:
             raise ValueError(f"ensure() handles Namespace and ServiceAccount, not {kind}")
@@ -185,7 +185,7 @@ class Kube:
     def create_jobset(self, jobset: Manifest) -> Manifest:
         ns, name = jobset["metadata"]["namespace"], jobset["metadata"]["name"]
         run_id = jobset["metadata"].get("annotations", {}).get(RUN_ID_ANNOTATION)
-        create = lambda: self._custom.create_namespaced_custom_object(  # noqa: E731
+        create = lambda: self._custom.create_namespaced_custom_object(  # noqa: E731 - the call _retry repeats
             JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, jobset)
         policy = self._retry_policy
         for attempt in range(policy.attempts):

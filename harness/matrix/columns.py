@@ -26,6 +26,13 @@ class ColumnSpec:
     declared: str | None  # torch_xla version the column is meant to measure
     path: Path | None = None  # existing venv (env), wheel folder (wheels), results folder (results)
 
+    @property
+    def folder(self) -> Path:
+        """`path`, for the kinds that have one (all but "release")."""
+        if self.path is None:
+            raise ValueError(f"column {self.name!r} ({self.kind}) has no folder")
+        return self.path
+
 
 def parse_releases(text: str | None) -> list[str]:
     if not text:

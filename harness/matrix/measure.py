@@ -31,7 +31,7 @@ def plan(specs: Sequence[ColumnSpec], cache: EnvCache, repo: Path) -> list[Step]
         if spec.kind == "release":
             request = envs.release_request(spec.name, repo)
         elif spec.kind == "wheels":
-            request = envs.wheels_request(envs.read_wheel_folder(spec.path), repo)
+            request = envs.wheels_request(envs.read_wheel_folder(spec.folder), repo)
         steps.append(Step(spec, request, request is not None and cache.is_complete(request)))
     return steps
 
@@ -45,7 +45,7 @@ def describe(steps: Sequence[Step], cache: EnvCache) -> list[str]:
                      f"({', '.join(s.spec.name for s in to_build)}): about {envs.ENV_MINUTES} min and "
                      f"{envs.ENV_GB:.0f} GB each, {envs.ENV_GB * len(to_build):.0f} GB in all")
     for step in steps:
-        if step.cached:
+        if step.cached and step.request is not None:  # cached: built for its request
             lines.append(f"  reuse cached environment for {step.spec.name}: {cache.path_for(step.request)}")
         elif step.spec.kind == "env":
             lines.append(f"  use existing venv for {step.spec.name}: {step.spec.path}")
@@ -64,7 +64,7 @@ def measure(steps: Sequence[Step], cache: EnvCache, suite: SuiteRunner, out: Pat
         if step.request is not None:
             pythons[step.spec.name] = envs.python_of(cache.ensure(step.request))
         elif step.spec.kind == "env":
-            pythons[step.spec.name] = envs.python_of(step.spec.path)
+            pythons[step.spec.name] = envs.python_of(step.spec.folder)
     columns = []
     for index, step in enumerate(steps, 1):
         spec = step.spec
@@ -105,9 +105,9 @@ def _write_meta(column: ColumnResult) -> None:
 
 
 def read_column(spec: ColumnSpec) -> ColumnResult:
-    run = read_run(spec.path)
+    run = read_run(spec.folder)
     try:
-        meta = json.loads((spec.path / COLUMN_META).read_text())
+        meta = json.loads((spec.folder / COLUMN_META).read_text())
     except (OSError, ValueError):
         meta = {}
     run.exit_code = meta.get("pytest_exit")

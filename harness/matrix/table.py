@@ -123,10 +123,15 @@ def case_kind(record: CaseRecord) -> str:
     return {"unexpected-pass": "unexpected pass", "regressed": "regressed"}.get(record.registry_verdict or "", "failed")
 
 
+def _named(record: CaseRecord) -> list[str]:
+    """Every entry the case names; a record without that list names the one that judged it."""
+    return record.known_bugs or ([record.known_bug] if record.known_bug else [])
+
+
 def entries_of(record: CaseRecord) -> list[str]:
     """The entries a record counts for: the one that judged it, or, where no named entry holds
     the release (a pass, a skip), every entry the case names."""
-    named = record.known_bugs or ([record.known_bug] if record.known_bug else [])
+    named = _named(record)
     if record.registry_verdict in (None, Verdict.PASSED.value):
         return named
     return [record.known_bug] if record.known_bug else named
@@ -160,7 +165,7 @@ def expected_state(entry: KnownBug, version: str | None) -> State | None:
 
 def build_matrix(registry: Mapping[str, KnownBug], columns: Sequence[ColumnResult]) -> Matrix:
     entries = list(registry.values())
-    tested = {e for c in columns for r in c.run.records for e in (r.known_bugs or [r.known_bug]) if e}
+    tested = {e for c in columns for r in c.run.records for e in _named(r) if e}
     cells: dict[tuple[str, str], Cell] = {}
     disagreements: list[Disagreement] = []
     not_run: list[Disagreement] = []

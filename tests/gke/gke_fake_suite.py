@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, for harness.results
 
-from harness.results import CaseRecord, family_of, write_record  # noqa: E402
+from harness.results import CaseRecord, family_of, write_record
 
 AGREED = "{devices=[4,1]0,1,2,3}"
 OTHER = "{replicated}"

@@ -19,7 +19,7 @@ pytest.importorskip("kubernetes", reason="the launcher's client comes with the g
 
 from gke_controller import FakeJobSetController, Host, Scenario
 from gke_emulator import JOBSETS, PODS, EmulatorThread, Fault, is_create, is_delete, is_list
-from kubernetes import client  # noqa: E402
+from kubernetes import client
 
 from harness.gke import accelerators, launcher, manifest
 from harness.gke.__main__ import main

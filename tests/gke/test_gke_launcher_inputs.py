@@ -16,9 +16,9 @@ import yaml
 pytest.importorskip("kmock", reason="the kmock emulator comes with the test extra")
 pytest.importorskip("kubernetes", reason="the launcher's client comes with the gke/test extras")
 
-from gke_emulator import EmulatorThread  # noqa: E402
+from gke_emulator import EmulatorThread
 
-from harness.gke.__main__ import EXIT_USAGE, main  # noqa: E402
+from harness.gke.__main__ import EXIT_USAGE, main
 
 pytestmark = pytest.mark.selftest
 

@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("kubernetes", reason="the launcher's client comes with the gke/test extras")
 
-from harness.gke.errors import PodStuckError  # noqa: E402
-from harness.gke.kube import ContainerWaiting, PodState  # noqa: E402
-from harness.gke.stuck import StuckWatch  # noqa: E402
+from harness.gke.errors import PodStuckError
+from harness.gke.kube import ContainerWaiting, PodState
+from harness.gke.stuck import StuckWatch
 
 pytestmark = pytest.mark.selftest
 
