@@ -199,7 +199,7 @@ class SpmdRunner:
                 request_id, offset = child.begin(case, ref, kwargs, deadline)
             verdict = child.finish(case, request_id, deadline, offset)
         except CaseError as err:
-            return CaseResult(case, _outcome_of(err), child.torch_xla, 0.0, log_tail=err.log_tail, error=err), child
+            return CaseResult(case, err.outcome, child.torch_xla, 0.0, log_tail=err.log_tail, error=err), child
         tail = evidence.log_tail(child.log_path, offset)
         result = CaseResult(
             case, verdict.outcome, child.torch_xla, verdict.duration_s,
@@ -209,11 +209,6 @@ class SpmdRunner:
         if result.outcome == "error":
             result.error = failure_from_verdict(case, verdict, tail)
         return result, child
-
-
-def _outcome_of(err: CaseError) -> str:
-    return {"CaseCrashed": "crashed", "CaseTimedOut": "timeout", "CaseProtocolError": "protocol"}.get(
-        type(err).__name__, "error")
 
 
 def _raise_late_fault(fault: LateFault) -> None:

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError
+from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError, HarnessError
 from harness.isolation import evidence, processes, protocol
 from harness.isolation.forkclient import KEEPER_REPORT_S, ForkServerClient
 
@@ -59,8 +59,11 @@ class ChildSpec:
         return " ".join(f"{k}={v}" for k, v in sorted(interesting.items()))
 
 
-class LateFault(Exception):
-    """The child misbehaved after the verdict of `case` and before acknowledging the next request."""
+class LateFault(HarnessError):
+    """The child misbehaved after the verdict of `case` and before acknowledging the next request.
+
+    Not a CaseError: it is charged to `case`, which has finished (its record is amended), not to
+    the case whose start found it."""
 
     def __init__(self, case: str, evidence: str, log_tail: str) -> None:
         super().__init__(f"case {case}: {evidence.splitlines()[0]}")

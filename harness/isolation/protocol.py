@@ -25,6 +25,8 @@ import dataclasses
 import json
 from typing import Any, ClassVar
 
+from harness.errors import HarnessError
+
 RESULT_FD_ENV = "HARNESS_RESULT_FD"
 LIFELINE_FD_ENV = "HARNESS_LIFELINE_FD"  # read end of a pipe only the parent can write: EOF = parent gone
 KEEPER_PID_ENV = "HARNESS_KEEPER_PID"  # the child's keeper: what it adopts are the child's escaped helpers
@@ -37,7 +39,7 @@ FAKE_VERSION_ENV = "HARNESS_FAKE_TORCH_XLA"  # the torch_xla version a fake-back
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 
 
-class ProtocolError(Exception):
+class ProtocolError(HarnessError):
     """A line on the result pipe that is not a valid message."""
 
 
