@@ -111,7 +111,7 @@ class ChildProcess:
         self.next_id = 1
         self.last_case: str | None = None  # the case of the last verdict: owner of a late fault
         self.last_offset = 0  # where that case's part of the log starts
-        self.quiet = True  # False: that case left a thread or process running (protocol.Verdict.quiet)
+        self.quiet = True  # False: that case left a thread or process running (protocol.ChildAnswer.quiet)
         self.cases_run = 0
         self.ended = False
         self.timeout_s = 0.0
@@ -254,7 +254,7 @@ class ChildProcess:
             raise self._late_fault(previous, f"protocol failure: the child {what}")
         raise self._protocol_failure(case, what, offset)
 
-    def finish(self, case: str, request_id: int, deadline: float, offset: int) -> protocol.Verdict:
+    def finish(self, case: str, request_id: int, deadline: float, offset: int) -> protocol.ChildAnswer:
         """Wait for the verdict of the request in flight; a CaseError for anything else."""
         try:
             message = self._next_message(deadline)
@@ -264,7 +264,7 @@ class ChildProcess:
             raise self._protocol_failure(case, f"sent {exc}", offset) from None
         if message is EXITED:
             raise self._crashed(case, self._exit_description(), offset)
-        if not (isinstance(message, protocol.Verdict) and message.id == request_id):
+        if not (isinstance(message, protocol.ChildAnswer) and message.id == request_id):
             raise self._protocol_failure(case, f"sent {_describe(message)} instead of verdict {request_id}", offset)
         self._drain()
         if self.buffer.pending():
@@ -356,7 +356,7 @@ def _close_quietly(fd: int) -> None:
 
 
 def _describe(message: Any) -> str:
-    if isinstance(message, (protocol.Verdict, protocol.Started)):
+    if isinstance(message, (protocol.ChildAnswer, protocol.Started)):
         return f"{message.kind} {message.id}"
     return getattr(message, "kind", repr(message))
 
