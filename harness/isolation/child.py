@@ -1,9 +1,11 @@
-"""The child process: `python -m harness.isolation.child`. Runs case bodies one at a time.
+"""The child process: runs case bodies one at a time.
 
-Started by harness.isolation.child_process in a session of its own with an explicit environment. At start it
-forks a watchdog (below), runs the backend's set-up hooks (for XLA backends: import torch_xla
-and switch SPMD on, once per process), says "ready", then for each request on stdin says
-"started", runs the body and answers with a verdict on the result pipe (harness.isolation.protocol). A body
+A fork server's keeper starts it for harness.isolation.child_process, in a session of its own
+with an explicit environment (harness.isolation.forkserver): forked from the server, which then
+calls `main()`, or exec'd fresh as `python -m harness.isolation.child`. At start it forks a
+watchdog (below), runs the backend's set-up hooks (for XLA backends: import torch_xla and switch
+SPMD on, once per process), says "ready", then for each request on stdin says "started", runs the
+body and answers with a verdict on the result pipe (harness.isolation.protocol.ChildAnswer). A body
 that raises is reported as an exception and the child lives on; a body that kills the process
 (SIGABRT from a C++ CHECK, a segfault) is noticed by the parent, which owns the attribution.
 
