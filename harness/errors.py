@@ -2,12 +2,53 @@
 
 The `Case*` errors are raised in the parent pytest process when a case body did not finish
 cleanly in its child. They carry `evidence`: the text the known-bug registry matches its
-signatures against (the child's exception line, or the signal and the log tail of a crash).
+signatures against (the child's exception line, or the signal and the log tail of a crash), and,
+as a class attribute, the `outcome` a CaseResult records for them.
+
+Every error the harness raises on purpose derives from HarnessError. The tree, with the module
+of each class that is defined elsewhere (a name without one is in its parent's module);
+tests/test_errors.py keeps the drawing true:
+
+    HarnessError
+    ├── HarnessUsageError                 a bad option or argument (exit 2)
+    │   ├── NotAPositiveNumber            also an argparse.ArgumentTypeError
+    │   ├── BaselineError
+    │   │   └── CostBaselineError         harness.costbaseline
+    │   └── ObservationsTooLarge
+    ├── RegistryError
+    ├── DamagedRecord                     also a ValueError
+    ├── CostReadError                     harness.costs; also a ValueError
+    ├── ChildStartError                   a child's start-up, not a case, failed
+    ├── CaseError                         outcome "error"
+    │   ├── CaseFailed                    outcome "error": the body raised
+    │   ├── CaseCrashed                   outcome "crashed"
+    │   ├── CaseTimedOut                  outcome "timeout"
+    │   └── CaseProtocolError             outcome "protocol"
+    ├── LateFault                         harness.isolation.child_process; charged to the child's last case
+    ├── ProtocolError                     harness.isolation.protocol: a bad message on the result pipe
+    ├── MatrixError                       harness.matrix.errors
+    │   ├── NotEnoughDiskError
+    │   ├── EnvBuildError
+    │   ├── EnvMismatchError
+    │   ├── SuiteRunError
+    │   └── CommandTimedOut               harness.matrix.procs
+    └── GkeHarnessError                   harness.gke.errors
+        ├── KubeApiError
+        │   ├── JobSetExistsError
+        │   └── JobSetNotInstalledError
+        ├── ReportError
+        │   ├── ReportMissing             harness.gke.report_channel
+        │   └── ReportCorrupt             harness.gke.report_channel
+        └── PodStuckError
+
+Not in the tree: harness.hlo.HloParseError and harness.sharding.ShardingParseError are plain
+ValueErrors, raised by readers that case bodies use (harness.__all__).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import ClassVar
 
 
 class HarnessError(Exception):
@@ -47,6 +88,8 @@ class ChildStartError(HarnessError):
 class CaseError(HarnessError):
     """A case body did not finish cleanly in its child process."""
 
+    outcome: ClassVar[str] = "error"  # what CaseResult.outcome says for this error
+
     def __init__(self, message: str, *, evidence: str, log_tail: str = "") -> None:
         super().__init__(message)
         self.evidence = evidence
@@ -56,17 +99,25 @@ class CaseError(HarnessError):
 class CaseFailed(CaseError):
     """The case body raised; the child survived and reported the exception."""
 
+    outcome = "error"
+
 
 class CaseCrashed(CaseError):
     """The child process died (a signal such as SIGABRT/SIGSEGV, or an exit) during the case."""
+
+    outcome = "crashed"
 
 
 class CaseTimedOut(CaseError):
     """The case ran past its timeout; the child's process group was terminated."""
 
+    outcome = "timeout"
+
 
 class CaseProtocolError(CaseError):
     """The child answered out of turn: a second verdict, another case's id or undecodable bytes."""
+
+    outcome = "protocol"
 
 
 class ObservationsTooLarge(HarnessUsageError):

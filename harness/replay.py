@@ -79,10 +79,10 @@ def run_group_here(requests_file: Path) -> int:
     run_preload_hooks()
     failures = 0
     for number, entry in enumerate(json.loads(requests_file.read_text(encoding="utf-8")), start=1):
-        verdict = run_request(Request(id=number, case=entry["case"], body=entry["body"], kwargs=entry["kwargs"]))
-        exc = verdict.exception
+        answer = run_request(Request(id=number, case=entry["case"], body=entry["body"], kwargs=entry["kwargs"]))
+        exc = answer.exception
         status = "ok" if exc is None else f"{exc['type']}: {exc['message'].splitlines()[0][:200] if exc['message'] else ''}"
-        print(f"[replay] {verdict.duration_s:7.2f}s {entry['case']}: {status}", flush=True)
+        print(f"[replay] {answer.duration_s:7.2f}s {entry['case']}: {status}", flush=True)
         failures += exc is not None
     return 1 if failures else 0
 

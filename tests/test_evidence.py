@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.isolation.case import failure_from_verdict
+from harness.isolation.case import failure_from_answer
 from harness.isolation.evidence import crash_evidence, first_fatal_line, fold_thread_dumps, headline, log_tail
 from harness.isolation.processes import describe_exit, signal_name, tail_text
-from harness.isolation.protocol import Verdict as VerdictMessage
+from harness.isolation.protocol import ChildAnswer
 from harness.registry import Verdict, get_entry, judge
 
 pytestmark = pytest.mark.selftest
@@ -47,9 +47,9 @@ def test_the_cause_survives_a_flood_of_thread_dumps_and_output(tmp_path):
 
 def test_a_real_exception_verdict_gives_its_exception_line_as_evidence():
     saved = json.loads(EXCEPTION_VERDICT.read_text())
-    verdict = VerdictMessage(id=1, case="c", outcome="error", exception=saved["exception"],
-                             observations={}, duration_s=0.1)
-    failure = failure_from_verdict("c", verdict, "log tail")
+    answer = ChildAnswer(id=1, case="c", outcome="error", exception=saved["exception"],
+                         observations={}, duration_s=0.1)
+    failure = failure_from_answer("c", answer, "log tail")
     assert failure.evidence.startswith("RuntimeError: !at::functionalization::impl::isFunctionalTensor(t)")
     assert str(failure).splitlines()[0] == failure.evidence  # the failure's first line is the cause
     judgement = judge(get_entry("dtensor-distribute-tensor-matmul"), saved["torch_xla"], failure.evidence)

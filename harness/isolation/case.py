@@ -25,7 +25,7 @@ from harness.isolation import evidence
 from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
 from harness.isolation.evidence import headline
 from harness.isolation.pool import ChildPool
-from harness.isolation.protocol import BodyRef, ChildException, Verdict, json_problem
+from harness.isolation.protocol import BodyRef, ChildAnswer, ChildException, json_problem
 
 # Called with each LateFault: the plugin charges it to the case it names.
 LateFaultSink = Callable[[LateFault], None]
@@ -103,8 +103,8 @@ def checked_kwargs(body: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str
     return kwargs
 
 
-def failure_from_verdict(case: str, verdict: Verdict, tail: str) -> CaseFailed:
-    exc = ChildException.from_dict(verdict.exception)
+def failure_from_answer(case: str, answer: ChildAnswer, tail: str) -> CaseFailed:
+    exc = ChildException.from_dict(answer.exception)
     assert exc is not None
     return CaseFailed(
         f"{headline(exc.line, 1000)}\n(raised by case {case} in its child)\n{exc.traceback}"
@@ -197,23 +197,18 @@ class SpmdRunner:
                 child = self.pool.replacement(spec)
                 deadline = time.monotonic() + timeout
                 request_id, offset = child.begin(case, ref, kwargs, deadline)
-            verdict = child.finish(case, request_id, deadline, offset)
+            answer = child.finish(case, request_id, deadline, offset)
         except CaseError as err:
-            return CaseResult(case, _outcome_of(err), child.torch_xla, 0.0, log_tail=err.log_tail, error=err), child
+            return CaseResult(case, err.outcome, child.torch_xla, 0.0, log_tail=err.log_tail, error=err), child
         tail = evidence.log_tail(child.log_path, offset)
         result = CaseResult(
-            case, verdict.outcome, child.torch_xla, verdict.duration_s,
-            exception=ChildException.from_dict(verdict.exception), observations=verdict.observations,
-            log_tail=tail, reusable=verdict.reusable, poisoned=verdict.poisoned,
+            case, answer.outcome, child.torch_xla, answer.duration_s,
+            exception=ChildException.from_dict(answer.exception), observations=answer.observations,
+            log_tail=tail, reusable=answer.reusable, poisoned=answer.poisoned,
         )
         if result.outcome == "error":
-            result.error = failure_from_verdict(case, verdict, tail)
+            result.error = failure_from_answer(case, answer, tail)
         return result, child
-
-
-def _outcome_of(err: CaseError) -> str:
-    return {"CaseCrashed": "crashed", "CaseTimedOut": "timeout", "CaseProtocolError": "protocol"}.get(
-        type(err).__name__, "error")
 
 
 def _raise_late_fault(fault: LateFault) -> None:

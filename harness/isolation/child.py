@@ -1,9 +1,11 @@
-"""The child process: `python -m harness.isolation.child`. Runs case bodies one at a time.
+"""The child process: runs case bodies one at a time.
 
-Started by harness.isolation.child_process in a session of its own with an explicit environment. At start it
-forks a watchdog (below), runs the backend's set-up hooks (for XLA backends: import torch_xla
-and switch SPMD on, once per process), says "ready", then for each request on stdin says
-"started", runs the body and answers with a verdict on the result pipe (harness.isolation.protocol). A body
+A fork server's keeper starts it for harness.isolation.child_process, in a session of its own
+with an explicit environment (harness.isolation.forkserver): forked from the server, which then
+calls `main()`, or exec'd fresh as `python -m harness.isolation.child`. At start it forks a
+watchdog (below), runs the backend's set-up hooks (for XLA backends: import torch_xla and switch
+SPMD on, once per process), says "ready", then for each request on stdin says "started", runs the
+body and answers with a verdict on the result pipe (harness.isolation.protocol.ChildAnswer). A body
 that raises is reported as an exception and the child lives on; a body that kills the process
 (SIGABRT from a C++ CHECK, a segfault) is noticed by the parent, which owns the attribution.
 
@@ -187,7 +189,7 @@ def _signal_handlers() -> dict[int, Any]:
 BODIES_RUN = 0
 
 
-def run_request(request: protocol.Request) -> protocol.Verdict:
+def run_request(request: protocol.Request) -> protocol.ChildAnswer:
     started = time.monotonic()
     state = ProcessState()
     global BODIES_RUN
@@ -210,24 +212,24 @@ def run_request(request: protocol.Request) -> protocol.Verdict:
         ctx.poison(f"waiting for the body's device work raised {type(exc).__name__}")
     unquiet = state.unquiet()
     problems = state.restore() + unquiet + ctx.poisoned
-    return protocol.Verdict(
+    return protocol.ChildAnswer(
         id=request.id, case=request.case, outcome=outcome, exception=exception,
         observations=ctx.observations(), duration_s=round(time.monotonic() - started, 3),
         reusable=not problems, poisoned="; ".join(problems), quiet=not unquiet,
     )
 
 
-def encode_verdict(verdict: protocol.Verdict) -> bytes:
-    """The verdict's bytes; a verdict that cannot be sent as it is becomes an error saying why."""
+def encode_answer(answer: protocol.ChildAnswer) -> bytes:
+    """The answer's bytes; an answer that cannot be sent as it is becomes an error saying why."""
     try:
-        data = protocol.encode(verdict)
+        data = protocol.encode(answer)
     except (TypeError, ValueError):  # CaseContext checks each value as recorded; this is the backstop
-        return _replace_observations(verdict, "HarnessUsageError", _not_json(verdict.observations))
+        return _replace_observations(answer, "HarnessUsageError", _not_json(answer.observations))
     if len(data) > protocol.MAX_MESSAGE_BYTES:
-        return _replace_observations(verdict, "ObservationsTooLarge", (
+        return _replace_observations(answer, "ObservationsTooLarge", (
             f"the verdict is {len(data) / 1e6:.1f} MB, over the harness's limit of "
             f"{protocol.MAX_MESSAGE_BYTES / 1e6:.0f} MB (harness.isolation.protocol.MAX_MESSAGE_BYTES): record less "
-            f"(sizes: {_observation_sizes(verdict.observations)})"))
+            f"(sizes: {_observation_sizes(answer.observations)})"))
     return data
 
 
@@ -250,12 +252,12 @@ def _observation_sizes(observations: dict[str, Any]) -> str:
     return ", ".join(f"{name} {size / 1e6:.1f} MB" for size, name in sorted(sizes, reverse=True)[:5])
 
 
-def _replace_observations(verdict: protocol.Verdict, error_type: str, message: str) -> bytes:
-    replaced = protocol.Verdict(
-        id=verdict.id, case=verdict.case, outcome="error",
+def _replace_observations(answer: protocol.ChildAnswer, error_type: str, message: str) -> bytes:
+    replaced = protocol.ChildAnswer(
+        id=answer.id, case=answer.case, outcome="error",
         exception={"type": f"harness.errors.{error_type}", "message": message, "traceback": message + "\n"},
-        observations={"shardings": {}, "hlo": {}, "values": {}}, duration_s=verdict.duration_s,
-        reusable=verdict.reusable, poisoned=verdict.poisoned, quiet=verdict.quiet,
+        observations={"shardings": {}, "hlo": {}, "values": {}}, duration_s=answer.duration_s,
+        reusable=answer.reusable, poisoned=answer.poisoned, quiet=answer.quiet,
     )
     return protocol.encode(replaced)
 
@@ -282,9 +284,9 @@ def serve(channel: ResultChannel) -> None:
         if not isinstance(request, protocol.Request):
             raise protocol.ProtocolError(f"expected a request on stdin, got {request!r}")
         channel.send(protocol.Started(id=request.id))
-        verdict = run_request(request)
-        channel.send_bytes(encode_verdict(verdict))
-        if not verdict.reusable:
+        answer = run_request(request)
+        channel.send_bytes(encode_answer(answer))
+        if not answer.reusable:
             linger()
             return
 

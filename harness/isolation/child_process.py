@@ -1,20 +1,23 @@
 """The parent's handle on one child process: start it, send it a case, read its answers, end it.
 
-One `ChildProcess` is one `python -m harness.isolation.child` in a session of its own, with an explicit
-environment, its stdout/stderr in its own log file, answers on a private pipe (harness.isolation.protocol)
-and a lifeline pipe whose only write end the parent holds: when the parent goes, even by SIGKILL,
-the child's watchdog kills the child's whole process group. Every child, fresh or forked, comes
-from a server's keeper (harness.isolation.forkserver): a fresh one is exec'd by its keeper. Popen would
-make pytest its parent, and pytest cannot be the subreaper that catches what a body starts in a
-session of its own (it would adopt every orphan of the run and must not reap what it did not
-start); a keeper can, and its server, a subreaper too, still reports the child if a body kills
-the keeper.
+One `ChildProcess` is one process running harness.isolation.child's main loop in a session of its
+own, with an explicit environment, its stdout/stderr in its own log file, answers on a private
+pipe (harness.isolation.protocol) and a lifeline pipe whose only write end the parent holds: when
+the parent goes, even by SIGKILL, the child's watchdog kills the child's whole process group.
+Every child comes from a server's keeper (harness.isolation.forkserver): forked from a server
+that imported torch_xla once, or, fresh, exec'd by its keeper as `python -m harness.isolation.child`.
+Popen would make pytest its parent, and pytest cannot be the subreaper that catches what a body
+starts in a session of its own (it would adopt every orphan of the run and must not reap what it
+did not start); a keeper can, and its server, a subreaper too, still reports the child if a body
+kills the keeper. The parent's handle on the process is a processes.ProcessHandle.
 
 Who is charged with what:
+  * the child fails to start (dies, or says anything but "ready"): no case (ChildStartError);
   * the child dies, times out or answers out of turn between "started" and its verdict: the case
     in flight (CaseCrashed / CaseTimedOut / CaseProtocolError);
   * the child dies or says anything after a verdict and before it acknowledged the next request:
-    the case that just ran (`LateFault`), and the next case is run in a new child.
+    the case that just ran (`LateFault`), and the next case is run in a new child; a child that
+    has run no case charges the case being begun instead (`ChildProcess._charge` decides).
 A death is seen from the child's own exit (pidfd), so a descendant that keeps the result pipe
 open (a forked copy of the body, a gloo rank) cannot turn a crash into a timeout.
 """
@@ -26,12 +29,14 @@ import os
 import select
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError
+from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError, HarnessError
 from harness.isolation import evidence, processes, protocol
 from harness.isolation.forkclient import KEEPER_REPORT_S, ForkServerClient
+from harness.isolation.processes import ProcessHandle
 
 # A child acknowledges a request as soon as it reads it; one that does not within this time is
 # stuck in what its previous case left running.
@@ -59,8 +64,11 @@ class ChildSpec:
         return " ".join(f"{k}={v}" for k, v in sorted(interesting.items()))
 
 
-class LateFault(Exception):
-    """The child misbehaved after the verdict of `case` and before acknowledging the next request."""
+class LateFault(HarnessError):
+    """The child misbehaved after the verdict of `case` and before acknowledging the next request.
+
+    Not a CaseError: it is charged to `case`, which has finished (its record is amended), not to
+    the case whose start found it."""
 
     def __init__(self, case: str, evidence: str, log_tail: str) -> None:
         super().__init__(f"case {case}: {evidence.splitlines()[0]}")
@@ -80,7 +88,6 @@ class ChildProcess:
     def __init__(self, spec: ChildSpec, log_dir: Path, server: ForkServerClient, fresh: bool = False) -> None:
         """Start the child by `server`'s keeper: forked, or (fresh) exec'd as `python -m harness.isolation.child`."""
         self.spec = spec
-        self.forked = not fresh
         log_dir.mkdir(parents=True, exist_ok=True)
         result_read, result_write = os.pipe()
         lifeline_read, self.lifeline = os.pipe()
@@ -92,7 +99,7 @@ class ChildProcess:
         try:
             with self.log_path.open("wb") as log:
                 argv = [spec.python, "-u", "-m", "harness.isolation.child"] if fresh else None
-                self.proc: Any = server.spawn(env, log.fileno(), (result_write, lifeline_read), argv)
+                self.proc: ProcessHandle = server.spawn(env, log.fileno(), (result_write, lifeline_read), argv)
         except BaseException:
             for fd in (result_read, self.lifeline):
                 os.close(fd)
@@ -108,7 +115,7 @@ class ChildProcess:
         self.next_id = 1
         self.last_case: str | None = None  # the case of the last verdict: owner of a late fault
         self.last_offset = 0  # where that case's part of the log starts
-        self.quiet = True  # False: that case left a thread or process running (protocol.Verdict.quiet)
+        self.quiet = True  # False: that case left a thread or process running (protocol.ChildAnswer.quiet)
         self.cases_run = 0
         self.ended = False
         self.timeout_s = 0.0
@@ -172,7 +179,7 @@ class ChildProcess:
 
     def _exit_description(self) -> str:
         code = processes.wait_for_exit(self.proc, KEEPER_REPORT_S + 5.0)
-        if getattr(self.proc, "status_lost", False):
+        if getattr(self.proc, "status_lost", False):  # a ForkedProcess whose keeper and server both died
             return "exit status unknown (its keeper and fork server ended before reporting it)"
         return processes.describe_exit(code)
 
@@ -230,28 +237,37 @@ class ChildProcess:
         try:
             message = self._next_message(min(deadline, time.monotonic() + ACK_TIMEOUT_S) if previous else deadline)
         except TimeoutError:
-            if previous:
-                raise self._late_fault(previous, f"the child did not acknowledge the next request within "
-                                       f"{ACK_TIMEOUT_S:.0f}s (stuck in what this case left running)") from None
-            raise self._timed_out(case, deadline, offset) from None
+            raise self._charge(previous, f"the child did not acknowledge the next request within {ACK_TIMEOUT_S:.0f}s "
+                               "(stuck in what this case left running)",
+                               lambda: self._timed_out(case, deadline, offset)) from None
         except protocol.ProtocolError as exc:
-            if previous:
-                raise self._late_fault(previous, f"protocol failure: the child sent {exc} after its verdict") from None
-            raise self._protocol_failure(case, f"sent {exc}", offset) from None
+            sent = f"sent {exc}"
+            raise self._charge(previous, f"protocol failure: the child {sent} after its verdict",
+                               lambda: self._protocol_failure(case, sent, offset)) from None
         if isinstance(message, protocol.Started) and message.id == request.id:
             self.cases_run += 1
             return request.id, offset
         if message is EXITED:
             how = self._exit_description()
-            if previous:
-                raise self._late_fault(previous, f"{how} after the verdict of this case, before the next case started")
-            raise self._crashed(case, how, offset)
+            raise self._charge(previous, f"{how} after the verdict of this case, before the next case started",
+                               lambda: self._crashed(case, how, offset))
         what = f"sent {_describe(message)} when request {request.id} was due to be acknowledged"
-        if previous:
-            raise self._late_fault(previous, f"protocol failure: the child {what}")
-        raise self._protocol_failure(case, what, offset)
+        raise self._charge(previous, f"protocol failure: the child {what}",
+                           lambda: self._protocol_failure(case, what, offset))
 
-    def finish(self, case: str, request_id: int, deadline: float, offset: int) -> protocol.Verdict:
+    def _charge(self, previous: str | None, late: str, own: Callable[[], CaseError]) -> LateFault | CaseError:
+        """Who is charged with a fault seen before the child acknowledged a request, in one place.
+
+        A child that ran a case (`previous`) answered it, so what goes wrong before it takes the
+        next request is what that case left behind: a LateFault saying `late`. A child that has
+        run nothing was ready (its start-up is wait_ready's to judge) and has been handed this
+        case: the case being begun is charged, with the CaseError that `own` makes.
+        """
+        if previous:
+            return self._late_fault(previous, late)
+        return own()
+
+    def finish(self, case: str, request_id: int, deadline: float, offset: int) -> protocol.ChildAnswer:
         """Wait for the verdict of the request in flight; a CaseError for anything else."""
         try:
             message = self._next_message(deadline)
@@ -261,7 +277,7 @@ class ChildProcess:
             raise self._protocol_failure(case, f"sent {exc}", offset) from None
         if message is EXITED:
             raise self._crashed(case, self._exit_description(), offset)
-        if not (isinstance(message, protocol.Verdict) and message.id == request_id):
+        if not (isinstance(message, protocol.ChildAnswer) and message.id == request_id):
             raise self._protocol_failure(case, f"sent {_describe(message)} instead of verdict {request_id}", offset)
         self._drain()
         if self.buffer.pending():
@@ -353,7 +369,7 @@ def _close_quietly(fd: int) -> None:
 
 
 def _describe(message: Any) -> str:
-    if isinstance(message, (protocol.Verdict, protocol.Started)):
+    if isinstance(message, (protocol.ChildAnswer, protocol.Started)):
         return f"{message.kind} {message.id}"
     return getattr(message, "kind", repr(message))
 

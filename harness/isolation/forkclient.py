@@ -4,8 +4,8 @@
 process now or at the first connection (`launch`), so an address can be handed out before the
 server exists (to xdist workers, which start before its imports are done). `ForkServerClient` is
 one pytest process's connection: the first spawn waits for the server's "ready", each spawn
-returns a `ForkedProcess`, which is what runner.ChildProcess needs of a Popen: a pid, stdin,
-poll() and wait() with the exit status the child's keeper reports (a signal as -N, as Popen does).
+returns a `ForkedProcess`, a processes.ProcessHandle like a Popen: a pid, stdin, poll() and
+wait() with the exit status the child's keeper reports (a signal as -N, as Popen does).
 
 A keeper is not trusted to report: a body can stop it (SIGSTOP) or kill it. A child that has
 exited without a status gets its keeper continued (SIGCONT), then, after KEEPER_REPORT_S, killed:
@@ -132,7 +132,8 @@ class ForkServer:
 
 
 class ForkedProcess:
-    """A child forked by a server: runner.ChildProcess's view of it, like a Popen's."""
+    """A child a server's keeper forked or exec'd, as child_process.ChildProcess sees it: a
+    processes.ProcessHandle, like a Popen, whose exit status comes from the keeper's pipe."""
 
     def __init__(self, pid: int, stdin_fd: int, status_fd: int, keeper: int | None = None) -> None:
         self.pid = pid

@@ -1,10 +1,13 @@
 """The one way the harness starts, ends and describes processes.
 
-Every long-lived process the harness starts (a case child, a suite run of the release matrix, a
-pytest on a GKE host or a `--local` host) runs in a session of its own, so that ending it ends
-everything it started: `terminate_group` sends SIGTERM to the whole process group, waits, then
-SIGKILLs the group, and it does so even when the leader is already dead, because a descendant
-(a gloo rank, an inductor compile worker, a forked copy of a case body) may still be running.
+Every process the harness ends as a whole runs in a session of its own, so that ending it ends
+everything it started. A fork server, a suite run of the release matrix, a pytest on a GKE host
+or a `--local` host are started by `start_in_session` (a Popen); a case child gets its session
+from its keeper (harness.isolation.forkserver), and the parent holds a forkclient.ForkedProcess.
+Both are a `ProcessHandle`, and `terminate_group` ends either: it sends SIGTERM to the whole
+process group, waits, then SIGKILLs the group, and it does so even when the leader is already
+dead, because a descendant (a gloo rank, an inductor compile worker, a forked copy of a case
+body) may still be running.
 
 A session is not a container: a body can leave it (`setsid`, `start_new_session=True`, a double
 fork). What catches those is a *child subreaper* (`become_subreaper`, Linux 3.4+): orphans of its
@@ -26,7 +29,7 @@ import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 TERMINATE_GRACE_S = 5.0
 # How long end_children keeps killing and reaping; SIGKILLed processes go in milliseconds unless a
@@ -39,6 +42,24 @@ TAIL_LINES = 40
 TAIL_BYTES = 8_000
 # How much of the end of a log file is read to find its tail: enough for TAIL_LINES normal lines.
 TAIL_READ_BYTES = 256_000
+
+
+class ProcessHandle(Protocol):
+    """A started process the harness watches and ends: a subprocess.Popen from start_in_session,
+    or a case child from a fork server's keeper (harness.isolation.forkclient.ForkedProcess).
+
+    The process leads a process group of its own (its pid is the group's id): that is how
+    terminate_group and kill_group_now end it with everything it started.
+    """
+
+    pid: int
+    stdin: IO[bytes] | None  # a pipe to its standard input, where the parent holds one
+
+    def poll(self) -> int | None:
+        """Its return code (-N for signal N) once it has ended, else None; never blocks."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its return code, waiting at most `timeout` seconds; subprocess.TimeoutExpired after that."""
 
 
 def start_in_session(
@@ -54,7 +75,7 @@ def start_in_session(
     )
 
 
-def terminate_group(proc: subprocess.Popen, grace_s: float = TERMINATE_GRACE_S) -> int | None:
+def terminate_group(proc: ProcessHandle, grace_s: float = TERMINATE_GRACE_S) -> int | None:
     """End `proc` and every process left in its group; return the leader's return code.
 
     SIGTERM first, so faulthandler in a case child can write its stacks, then SIGKILL for the
@@ -73,7 +94,7 @@ def terminate_group(proc: subprocess.Popen, grace_s: float = TERMINATE_GRACE_S) 
         return None
 
 
-def kill_group_now(proc: subprocess.Popen) -> None:
+def kill_group_now(proc: ProcessHandle) -> None:
     """SIGKILL the group without waiting (interrupt paths, where nothing may block)."""
     _signal_group(proc.pid, signal.SIGKILL)
 
@@ -151,7 +172,7 @@ def tail_file(path: Path, since: int = 0, lines: int = TAIL_LINES, max_bytes: in
     return tail_text(text, lines, max_bytes)
 
 
-def wait_for_exit(proc: subprocess.Popen, timeout_s: float) -> int | None:
+def wait_for_exit(proc: ProcessHandle, timeout_s: float) -> int | None:
     """proc's return code, or None if it is still running after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -10,6 +10,9 @@ child's log untouched. Every message is one line of strict JSON (no NaN/Infinity
                       {"kind": "started", "id": 7}                                        request 7 read
                       {"kind": "verdict", "id": 7, "outcome": "ok" | "error", ...}          request 7 done
 
+The last is a ChildAnswer: the child's verdict on the body it ran (not the known-bug registry's
+judgement of the case, which the parent makes from it).
+
 The ids let the parent check that every answer belongs to the case in flight: a second verdict,
 a verdict with another id or bytes that do not decode are a protocol failure of that case. The
 "started" acknowledgement draws the line between two cases run by one child: a child that dies
@@ -25,6 +28,8 @@ import dataclasses
 import json
 from typing import Any, ClassVar
 
+from harness.errors import HarnessError
+
 RESULT_FD_ENV = "HARNESS_RESULT_FD"
 LIFELINE_FD_ENV = "HARNESS_LIFELINE_FD"  # read end of a pipe only the parent can write: EOF = parent gone
 KEEPER_PID_ENV = "HARNESS_KEEPER_PID"  # the child's keeper: what it adopts are the child's escaped helpers
@@ -37,7 +42,7 @@ FAKE_VERSION_ENV = "HARNESS_FAKE_TORCH_XLA"  # the torch_xla version a fake-back
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 
 
-class ProtocolError(Exception):
+class ProtocolError(HarnessError):
     """A line on the result pipe that is not a valid message."""
 
 
@@ -100,7 +105,10 @@ class Started:
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict:
+class ChildAnswer:
+    """The child's answer to request `id` once its body is done: how the body ended, what it
+    recorded, and whether this child may run another case. Its kind on the wire is "verdict"."""
+
     kind: ClassVar[str] = "verdict"
     id: int
     case: str
@@ -118,7 +126,7 @@ class Verdict:
     quiet: bool = True
 
 
-MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Request, Ready, StartupFailed, Started, Verdict)}
+MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Request, Ready, StartupFailed, Started, ChildAnswer)}
 
 
 def json_problem(value: Any) -> str | None:

@@ -1,0 +1,70 @@
+"""The error tree drawn in harness/errors.py's docstring is the one the code defines, and every
+case error names its outcome."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+import harness.errors
+from harness.errors import CaseCrashed, CaseError, CaseFailed, CaseProtocolError, CaseTimedOut, HarnessError
+
+pytestmark = pytest.mark.selftest
+
+REPO = Path(__file__).resolve().parents[1]
+IN_CHILDREN_ONLY = {"harness.xla", "harness.isolation.child"}
+# Drawn where a parallel branch puts it (under MatrixError); drop once that branch is merged.
+DRAWN_AHEAD = {"CommandTimedOut"}
+_BRANCH = re.compile(r"^(?P<indent>(?:│   |    )*)(?:├── |└── )?(?P<name>[A-Za-z]+)\b")
+
+
+def _drawn_tree() -> dict[str, str | None]:
+    """name -> parent name, read from the drawing in harness.errors' docstring."""
+    doc = harness.errors.__doc__ or ""
+    lines = doc.split("    HarnessError\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    parents: dict[str, str | None] = {"HarnessError": None}
+    stack = ["HarnessError"]  # stack[d] is the last name drawn at depth d
+    for line in lines:
+        match = _BRANCH.match(line.removeprefix("    "))
+        assert match, f"not a line of the tree: {line!r}"
+        depth = len(match["indent"]) // 4 + 1
+        del stack[depth:]
+        parents[match["name"]] = stack[depth - 1]
+        stack.append(match["name"])
+    return parents
+
+
+def _harness_errors() -> dict[str, type]:
+    """Every HarnessError subclass the harness defines, by name (every module imported first)."""
+    names = [".".join(p.relative_to(REPO).with_suffix("").parts) for p in (REPO / "harness").rglob("*.py")]
+    for name in sorted({n.removesuffix(".__init__") for n in names} - IN_CHILDREN_ONLY):
+        importlib.import_module(name)
+    found: dict[str, type] = {}
+    todo = [HarnessError]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.startswith("harness"):
+            assert found.setdefault(cls.__name__, cls) is cls, f"two error classes named {cls.__name__}"
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def test_the_drawn_error_tree_is_the_class_tree():
+    drawn = _drawn_tree()
+    defined = _harness_errors()
+    assert sorted(set(defined) - set(drawn)) == [], "defined but not drawn in harness/errors.py"
+    assert sorted(set(drawn) - set(defined) - DRAWN_AHEAD) == [], "drawn but not defined"
+    wrong = [f"{name} under {parent}" for name, parent in drawn.items()
+             if parent is not None and name in defined and defined[parent] not in defined[name].__bases__]
+    assert wrong == [], "drawn under a class that is not its base"
+
+
+@pytest.mark.parametrize("error, outcome", [
+    (CaseError, "error"), (CaseFailed, "error"), (CaseCrashed, "crashed"), (CaseTimedOut, "timeout"),
+    (CaseProtocolError, "protocol"),
+])
+def test_each_case_error_carries_its_outcome(error, outcome):
+    assert error("x", evidence="e").outcome == outcome
