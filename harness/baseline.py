@@ -4,8 +4,9 @@ Bug 2b is the typical SPMD regression: nothing raises, the numbers still match C
 is quietly `{replicated}`. A case asserts what it names; the baseline catches a change of any
 sharding a case records (`ctx.record_sharding`). One file per backend and device count,
 `baselines/shardings/<backend>-<devices>.json`, keyed by case node id and tensor name, holding
-the canonical text of harness.sharding (an iota and an explicit device list compare equal; a
-different device assignment does not), and the torch_xla version it was taken on.
+the canonical text of each sharding (harness.sharding.canonical_text: an iota and an explicit
+device list compare equal; a different device assignment does not), and the torch_xla version
+it was taken on.
 
 Judging (harness.plugin, after the known-bug registry): a passing case whose shardings differ
 from its entry fails on the baseline's *release line* (the same major.minor torch_xla, nightlies
@@ -26,7 +27,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.errors import BaselineError, HarnessError
 from harness.schema import shown, unknown_keys
-from harness.sharding import ShardingParseError, format_sharding, parse_sharding
+from harness.sharding import canonical_text
 from harness.tiles import grids_side_by_side, is_multi_axis
 
 BASELINE_DIR = Path("baselines") / "shardings"  # under the repository root (pytest's rootdir)
@@ -34,14 +35,6 @@ BASELINE_DIR = Path("baselines") / "shardings"  # under the repository root (pyt
 
 def default_path(root: Path, backend: str, devices: int) -> Path:
     return root / BASELINE_DIR / f"{backend}-{devices}.json"
-
-
-def canonical(spec: str) -> str:
-    """The one text of a sharding: iota forms spelled out, metadata dropped. Unparsable text stays as is."""
-    try:
-        return format_sharding(parse_sharding(spec))
-    except ShardingParseError:
-        return spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +104,7 @@ class Baseline:
         expected = self.cases.get(case)
         if expected is None:
             return None
-        seen = {name: canonical(spec) for name, spec in observed.items()}
+        seen = {name: canonical_text(spec) for name, spec in observed.items()}
         changes = [Change(name, expected[name], seen.get(name)) for name in sorted(expected)
                    if expected[name] != seen.get(name)]
         changes += [Change(name, None, seen[name]) for name in sorted(set(seen) - set(expected))]
@@ -120,7 +113,7 @@ class Baseline:
     def update(self, case: str, observed: Mapping[str, str], torch_xla: str | None) -> list[Change]:
         """Set the case's entry to what it observed; return what changed."""
         before = self.cases.get(case, {})
-        after = {name: canonical(spec) for name, spec in observed.items()}
+        after = {name: canonical_text(spec) for name, spec in observed.items()}
         self.cases[case] = after
         self.torch_xla = torch_xla or self.torch_xla
         names = sorted(set(before) | set(after))

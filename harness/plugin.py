@@ -33,8 +33,8 @@ from harness.isolation.processes import signal_name
 from harness.registry import (
     REGISTRY_PATH,
     Judgement,
+    JudgementKind,
     KnownBug,
-    Verdict,
     check_disjoint,
     get_entry,
     judge,
@@ -523,18 +523,18 @@ def _apply_registry(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
     judgement = judge(entries, _child_version(item), _evidence(call))
     item.stash[JUDGEMENT_KEY] = judgement
     item.user_properties.append(("known_bug", judgement.entry or entries[0].id))
-    item.user_properties.append(("registry_verdict", judgement.verdict.value))
-    if judgement.verdict is Verdict.REPRODUCED:
+    item.user_properties.append(("registry_verdict", judgement.kind.value))
+    if judgement.kind is JudgementKind.REPRODUCED:
         report.outcome = "skipped"
         report.wasxfail = judgement.message
-    elif judgement.verdict is Verdict.UNEXPECTED_PASS:
+    elif judgement.kind is JudgementKind.UNEXPECTED_PASS:
         report.outcome = "failed"
         report.longrepr = judgement.message
-    elif judgement.verdict is not Verdict.PASSED:
-        _lead_with_verdict(report, judgement.message)
+    elif judgement.kind is not JudgementKind.PASSED:
+        _lead_with_judgement(report, judgement.message)
 
 
-def _lead_with_verdict(report: pytest.TestReport, verdict: str) -> None:
+def _lead_with_judgement(report: pytest.TestReport, message: str) -> None:
     """Put the registry's judgement first: the first lines of the failure, the FAILED summary line
     and the JUnit message, ahead of the traceback (which stays, below it)."""
     longrepr = report.longrepr
@@ -542,13 +542,13 @@ def _lead_with_verdict(report: pytest.TestReport, verdict: str) -> None:
     first = chain[0][0] if chain else getattr(longrepr, "reprtraceback", None)
     entries = getattr(first, "reprentries", None)
     if entries is None:
-        report.longrepr = f"{verdict}\n\n{longrepr}"
+        report.longrepr = f"{message}\n\n{longrepr}"
         return
     # ReprEntryNative prints its lines as they are and survives xdist's report serialization.
-    entries.insert(0, ReprEntryNative([f"{verdict}\n\n"]))
+    entries.insert(0, ReprEntryNative([f"{message}\n\n"]))
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None:
-        crash.message = verdict
+        crash.message = message
 
 
 def _compare_shardings(item: pytest.Item, report: pytest.TestReport) -> None:
@@ -609,7 +609,7 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
         reason=_reason(report, judgement),
         known_bug=(judgement.entry if judgement and judgement.entry else entries[0].id if entries else None),
         known_bugs=[e.id for e in entries],
-        registry_verdict=judgement.verdict.value if judgement else None,
+        registry_verdict=judgement.kind.value if judgement else None,
         signature=judgement.signature if judgement else None,
         evidence=_bounded(_evidence(call) or ""), torch_xla=_child_version(item), backend=harness.backend.name,
         devices=harness.backend.capabilities().devices, duration_s=round(report.duration, 3),

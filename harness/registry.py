@@ -193,7 +193,10 @@ def entry_for_release(entries: Sequence[KnownBug], version: str) -> KnownBug | N
     return None
 
 
-class Verdict(enum.Enum):
+class JudgementKind(enum.Enum):
+    """How a case stands against the registry entries it names. Records keep its value under the
+    older name `registry_verdict` (a field readers of earlier results folders know)."""
+
     PASSED = "passed"  # fixed release, case passed
     REPRODUCED = "reproduced"  # carrying release, failed with a known signature -> xfail
     UNEXPECTED_PASS = "unexpected-pass"  # carrying release, passed -> failure: update the entry
@@ -204,7 +207,7 @@ class Verdict(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Judgement:
-    verdict: Verdict
+    kind: JudgementKind
     message: str
     signature: str | None = None
     entry: str | None = None  # the entry the case was judged against
@@ -219,7 +222,7 @@ def judge(entries: KnownBug | Sequence[KnownBug], version: str | None, evidence:
     entries = [entries] if isinstance(entries, KnownBug) else list(entries)
     if version is None:
         names = ", ".join(e.id for e in entries)
-        return Judgement(Verdict.UNJUDGED, f"no torch_xla version known; registry entry {names} not applied")
+        return Judgement(JudgementKind.UNJUDGED, f"no torch_xla version known; registry entry {names} not applied")
     where = f"torch_xla {version}"
     carrier = entry_for_release(entries, version)
     if carrier is not None:
@@ -227,30 +230,30 @@ def judge(entries: KnownBug | Sequence[KnownBug], version: str | None, evidence:
     names = ", ".join(e.id for e in entries)
     if evidence is None:
         windows = "; ".join(f"{e.id}: {e.carried_by}" for e in entries)
-        return Judgement(Verdict.PASSED, f"{where} is outside the carried_by of {windows}", entry=entries[0].id)
+        return Judgement(JudgementKind.PASSED, f"{where} is outside the carried_by of {windows}", entry=entries[0].id)
     cause = headline(evidence)
     for entry in entries:
         signature = entry.matching_signature(evidence)
         if signature:
-            return Judgement(Verdict.REGRESSED, (
+            return Judgement(JudgementKind.REGRESSED, (
                 f"REGRESSION? {where} fails with the signature of known bug {entry.id} ({signature!r}), "
                 f"which the registry says is fixed there ({entry.fix}): {cause}"), signature, entry.id)
-    return Judgement(Verdict.FAILED, f"failed on {where}; not the signature of {names}: {cause}", entry=entries[0].id)
+    return Judgement(JudgementKind.FAILED, f"failed on {where}; not the signature of {names}: {cause}", entry=entries[0].id)
 
 
 def _judge_carried(entry: KnownBug, where: str, evidence: str | None) -> Judgement:
     if evidence is None:
-        return Judgement(Verdict.UNEXPECTED_PASS, (
+        return Judgement(JudgementKind.UNEXPECTED_PASS, (
             f"known bug {entry.id} ({entry.upstream_issue}) did not reproduce on {where}, which the "
             f"registry says carries it (carried_by {entry.carried_by}). If it was fixed, update "
             f"carried_by in harness/known_bugs.toml; if not, the case no longer detects it."), entry=entry.id)
     signature = entry.matching_signature(evidence)
     cause = headline(evidence)
     if signature:
-        return Judgement(Verdict.REPRODUCED, f"known bug {entry.id} ({entry.upstream_issue}) on {where}: {cause} "
+        return Judgement(JudgementKind.REPRODUCED, f"known bug {entry.id} ({entry.upstream_issue}) on {where}: {cause} "
                          f"(matched {signature!r})", signature, entry.id)
     expected = " | ".join(p.pattern for p in entry.signatures)
-    return Judgement(Verdict.FAILED, (
+    return Judgement(JudgementKind.FAILED, (
         f"{where} carries {entry.id}, but this failure matches none of its signatures ({expected}): "
         f"a new failure: {cause}"), entry=entry.id)
 

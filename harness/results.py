@@ -43,7 +43,7 @@ class CaseRecord:
     outcome: str  # "passed" | "failed" | "xfailed" | "skipped"
     reason: str = ""  # one line: why it failed / was skipped / which known bug it reproduced
     known_bug: str | None = None  # registry entry id the case was judged against, if any
-    # The registry's judgement (harness.registry.Verdict): reproduced / passed / unexpected-pass /
+    # The registry's judgement (harness.registry.JudgementKind): reproduced / passed / unexpected-pass /
     # regressed / failed / unjudged; None for a case that names no entry. Readers use this
     # instead of judging again.
     registry_verdict: str | None = None

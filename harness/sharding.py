@@ -52,6 +52,7 @@ __all__ = [
     "as_sharding",
     "assert_sharding_equal",
     "assert_tiled_along",
+    "canonical_text",
     "format_sharding",
     "iota_device_ids",
     "is_replicated",
@@ -322,6 +323,21 @@ def as_sharding(value: str | Sharding) -> Sharding:
     if isinstance(value, (*_SINGLE_TYPES, TupleSharding)):
         return value
     raise TypeError(f"expected sharding text or a sharding value, got {type(value).__name__}: {value!r}")
+
+
+def canonical_text(text: str) -> str:
+    """The one spelling of a sharding text, for comparing recorded shardings as text: what the
+    sharding baseline keeps, and what hosts and release columns are compared by.
+
+    Sharding text is parsed and formatted again, so an iota form equals its explicit device list
+    and metadata, sharding groups and spaces between tokens fall away; a different device
+    assignment stays different. Other text (a DTensor's placements such as `[Shard(dim=0)]`, a
+    syntax this parser does not know) is kept, with its runs of white space folded to one space.
+    """
+    try:
+        return format_sharding(parse_sharding(text))
+    except ShardingParseError:
+        return " ".join(text.split())
 
 
 class _Parser:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.baseline import Baseline, Change, canonical, is_drift
+from harness.baseline import Baseline, Change, is_drift
 
 pytestmark = pytest.mark.selftest
 
@@ -141,11 +141,12 @@ def test_what_counts_as_drift(changes, drift):
 
 
 def test_release_line_and_canonical_form():
-    base = Baseline(None, "cpu", 4, "2.9.0", {})  # type: ignore[arg-type]  # no file: never read or written
+    base = Baseline(None, "cpu", 4, "2.9.0", {"c": {"w": "{devices=[2,2]0,1,2,3}"}})  # type: ignore[arg-type]  # no file: never read or written
     assert base.on_release_line("2.9.1") and base.on_release_line("2.9.0.dev20250601") and base.on_release_line("2.9.0+gitabc")
     assert not base.on_release_line("2.8.0") and not base.on_release_line(None)
-    assert canonical("{devices=[2,2]<=[4]}") == canonical("{devices=[2,2]0,1,2,3}")
-    assert canonical("{devices=[2,2]0,2,1,3}") != canonical("{devices=[2,2]0,1,2,3}")
+    # Compared in canonical form (its rules: tests/test_sharding.py, test_canonical_text).
+    assert base.compare("c", {"w": "{devices=[2,2]<=[4]}"}) == []
+    assert base.compare("c", {"w": "{devices=[2,2]0,2,1,3}"}) == [Change("w", "{devices=[2,2]0,1,2,3}", "{devices=[2,2]0,2,1,3}")]
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from harness.isolation.case import failure_from_answer
 from harness.isolation.evidence import crash_evidence, first_fatal_line, fold_thread_dumps, headline, log_tail
 from harness.isolation.processes import describe_exit, signal_name, tail_text
 from harness.isolation.protocol import ChildAnswer
-from harness.registry import Verdict, get_entry, judge
+from harness.registry import JudgementKind, get_entry, judge
 
 pytestmark = pytest.mark.selftest
 
@@ -30,7 +30,7 @@ def test_a_real_sigabrt_log_gives_the_signal_and_the_check_line_first():
     assert "Extension modules: numpy" not in evidence, "faulthandler's module list crowds the tail"
     assert "in sync" in tail, "the current thread's innermost frames are kept"
     judgement = judge(get_entry("fsdpv2-vit-step-has-sharding"), "2.5.1", evidence)
-    assert judgement.verdict is Verdict.REPRODUCED
+    assert judgement.kind is JudgementKind.REPRODUCED
     assert "on torch_xla 2.5.1: SIGABRT: " in judgement.message and HAS_SHARDING in judgement.message
 
 
@@ -53,7 +53,7 @@ def test_a_real_exception_verdict_gives_its_exception_line_as_evidence():
     assert failure.evidence.startswith("RuntimeError: !at::functionalization::impl::isFunctionalTensor(t)")
     assert str(failure).splitlines()[0] == failure.evidence  # the failure's first line is the cause
     judgement = judge(get_entry("dtensor-distribute-tensor-matmul"), saved["torch_xla"], failure.evidence)
-    assert judgement.verdict is Verdict.REPRODUCED
+    assert judgement.kind is JudgementKind.REPRODUCED
 
 
 @pytest.mark.parametrize("lines, expected", [

@@ -540,10 +540,12 @@ def test_run_logged_keeps_output_in_the_log_and_beats(tmp_path: Path):
 def test_run_logged_stops_a_command_past_its_timeout(tmp_path: Path):
     import sys
 
-    from harness.matrix.procs import CommandTimedOut, run_logged
+    from harness.matrix.errors import CommandTimedOut, MatrixError
+    from harness.matrix.procs import run_logged
 
-    with pytest.raises(CommandTimedOut):
+    with pytest.raises(CommandTimedOut) as raised:
         run_logged([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "l.log", timeout_s=0.3, every_s=0.1)
+    assert isinstance(raised.value, MatrixError), "a timeout belongs to the matrix's error tree"
 
 
 def test_relative_out_reaches_the_suite_as_an_absolute_path(tmp_path: Path, registry_path: Path, monkeypatch):

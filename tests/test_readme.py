@@ -154,7 +154,7 @@ def test_the_fix_procedures_window_judges_builds_as_the_readme_says():
 
     from packaging.specifiers import SpecifierSet
 
-    from harness.registry import Verdict, get_entry, judge
+    from harness.registry import JudgementKind, get_entry, judge
 
     text = section("## On every torch_xla PR")
     windows = re.findall(r"`carried_by = \"([^\"]+)\"`", text[text.index("### When a PR fixes a known bug"):])
@@ -167,4 +167,4 @@ def test_the_fix_procedures_window_judges_builds_as_the_readme_says():
     assert not fixed.carried_by_release("2.10.0.dev20260302")
     evidence = "AssertionError: blocks.0.mlp.fc1.weight left {replicated} instead of sharded"
     assert entry.matching_signature(evidence)
-    assert judge(fixed, "2.10.0+gitold", evidence).verdict is Verdict.REGRESSED  # a branch from before the fix
+    assert judge(fixed, "2.10.0+gitold", evidence).kind is JudgementKind.REGRESSED  # a branch from before the fix

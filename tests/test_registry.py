@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import RegistryError
-from harness.registry import REGISTRY_PATH, Verdict, check_disjoint, get_entry, judge, load_registry
+from harness.registry import REGISTRY_PATH, JudgementKind, check_disjoint, get_entry, judge, load_registry
 
 pytestmark = pytest.mark.selftest
 
@@ -24,30 +24,30 @@ def test_shipped_registry_loads_with_every_family():
         assert entry.upstream_issue, f"{entry.id} names no upstream issue"
 
 
-@pytest.mark.parametrize("entry_id, version, evidence, verdict", [
+@pytest.mark.parametrize("entry_id, version, evidence, kind", [
     # 2.6.0 carries bug 1 and fails with its TypeError: the bug reproduced.
-    pytest.param(SCALAR, "2.6.0", "TypeError: unhashable type: 'list'", Verdict.REPRODUCED, id="reproduced"),
+    pytest.param(SCALAR, "2.6.0", "TypeError: unhashable type: 'list'", JudgementKind.REPRODUCED, id="reproduced"),
     # 2.6.0 carries it but the case passed: the entry or the case is wrong.
-    pytest.param(SCALAR, "2.6.0", None, Verdict.UNEXPECTED_PASS, id="unexpected-pass"),
+    pytest.param(SCALAR, "2.6.0", None, JudgementKind.UNEXPECTED_PASS, id="unexpected-pass"),
     # 2.9.0 is fixed and passes.
-    pytest.param(SCALAR, "2.9.0", None, Verdict.PASSED, id="fixed-passes"),
+    pytest.param(SCALAR, "2.9.0", None, JudgementKind.PASSED, id="fixed-passes"),
     # 2.9.0 fails with the old signature: it came back.
-    pytest.param(SCALAR, "2.9.0", "TypeError: unhashable type: 'list'", Verdict.REGRESSED, id="regressed"),
+    pytest.param(SCALAR, "2.9.0", "TypeError: unhashable type: 'list'", JudgementKind.REGRESSED, id="regressed"),
     # A carrying release fails some other way: a new failure, not the known bug.
-    pytest.param(SCALAR, "2.6.0", "RuntimeError: something else", Verdict.FAILED, id="other-signature"),
+    pytest.param(SCALAR, "2.6.0", "RuntimeError: something else", JudgementKind.FAILED, id="other-signature"),
     # Nightlies: the day before the fix reached nightlies carries it, the day after does not.
-    pytest.param(SCALAR, "2.7.0.dev20250124", "TypeError: unhashable type: 'list'", Verdict.REPRODUCED, id="nightly-before-fix"),
-    pytest.param(SCALAR, "2.7.0.dev20250126", None, Verdict.PASSED, id="nightly-after-fix"),
+    pytest.param(SCALAR, "2.7.0.dev20250124", "TypeError: unhashable type: 'list'", JudgementKind.REPRODUCED, id="nightly-before-fix"),
+    pytest.param(SCALAR, "2.7.0.dev20250126", None, JudgementKind.PASSED, id="nightly-after-fix"),
     # A PR build of a later release (local version label) is past every fix.
-    pytest.param(SCALAR, "2.10.0+gitabc1234", None, Verdict.PASSED, id="pr-wheel"),
+    pytest.param(SCALAR, "2.10.0+gitabc1234", None, JudgementKind.PASSED, id="pr-wheel"),
     # An open bug is carried by the newest release too.
-    pytest.param(OPEN, "2.9.0", "AssertionError: 16 of 16 parameters left {replicated} instead of sharded", Verdict.REPRODUCED, id="open-bug"),
+    pytest.param(OPEN, "2.9.0", "AssertionError: 16 of 16 parameters left {replicated} instead of sharded", JudgementKind.REPRODUCED, id="open-bug"),
     # No torch_xla version (fake backend): the registry is not applied.
-    pytest.param(SCALAR, None, "TypeError: unhashable type: 'list'", Verdict.UNJUDGED, id="no-version"),
+    pytest.param(SCALAR, None, "TypeError: unhashable type: 'list'", JudgementKind.UNJUDGED, id="no-version"),
 ])
-def test_judgement(entry_id, version, evidence, verdict):
+def test_judgement(entry_id, version, evidence, kind):
     judgement = judge(get_entry(entry_id), version, evidence)
-    assert judgement.verdict is verdict, judgement.message
+    assert judgement.kind is kind, judgement.message
 
 
 def test_unexpected_pass_tells_the_maintainer_what_to_update():
@@ -129,21 +129,21 @@ NOT_TRUE = "AssertionError: SKIP_MEGASCALE_PJRT_CLIENT was not 'true' while trac
 NOT_RESTORED = "AssertionError: SKIP_MEGASCALE_PJRT_CLIENT not restored by trace_pallas: 'true' before, None after"
 
 
-@pytest.mark.parametrize("version, evidence, verdict, entry", [
+@pytest.mark.parametrize("version, evidence, kind, entry", [
     # 2.5.1 has no guard at all: judged by megascale-no-guard, not by the 2.6 entry.
-    pytest.param("2.5.1", NOT_TRUE, Verdict.REPRODUCED, NO_GUARD, id="2.5.1-no-guard"),
+    pytest.param("2.5.1", NOT_TRUE, JudgementKind.REPRODUCED, NO_GUARD, id="2.5.1-no-guard"),
     # 2.6.0's inline guard pops a preset value: the 2.6 entry judges it.
-    pytest.param("2.6.0", NOT_RESTORED, Verdict.REPRODUCED, PRESET, id="2.6.0-preset-dropped"),
+    pytest.param("2.6.0", NOT_RESTORED, JudgementKind.REPRODUCED, PRESET, id="2.6.0-preset-dropped"),
     # 2.9.0 is outside both windows and passes.
-    pytest.param("2.9.0", None, Verdict.PASSED, PRESET, id="2.9.0-fixed"),  # recorded against the first named
+    pytest.param("2.9.0", None, JudgementKind.PASSED, PRESET, id="2.9.0-fixed"),  # recorded against the first named
     # 2.9.0 failing with one entry's signature is that entry's regression.
-    pytest.param("2.9.0", NOT_RESTORED, Verdict.REGRESSED, PRESET, id="2.9.0-regressed"),
+    pytest.param("2.9.0", NOT_RESTORED, JudgementKind.REGRESSED, PRESET, id="2.9.0-regressed"),
     # 2.5.1 failing with the 2.6 entry's symptom only is not what 2.5.1 is known for.
-    pytest.param("2.5.1", NOT_RESTORED, Verdict.FAILED, NO_GUARD, id="2.5.1-other-symptom"),
+    pytest.param("2.5.1", NOT_RESTORED, JudgementKind.FAILED, NO_GUARD, id="2.5.1-other-symptom"),
 ])
-def test_several_entries_are_judged_by_the_one_that_holds_the_release(version, evidence, verdict, entry):
+def test_several_entries_are_judged_by_the_one_that_holds_the_release(version, evidence, kind, entry):
     judgement = judge([get_entry(PRESET), get_entry(NO_GUARD)], version, evidence)
-    assert (judgement.verdict, judgement.entry) == (verdict, entry), judgement.message
+    assert (judgement.kind, judgement.entry) == (kind, entry), judgement.message
 
 
 def test_entries_that_claim_the_same_release_are_refused():

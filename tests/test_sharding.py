@@ -22,6 +22,7 @@ from harness.sharding import (
     as_sharding,
     assert_sharding_equal,
     assert_tiled_along,
+    canonical_text,
     format_sharding,
     iota_device_ids,
     is_replicated,
@@ -177,6 +178,34 @@ DIFFERENT_SHARDINGS = [
 @pytest.mark.parametrize(("left", "right"), DIFFERENT_SHARDINGS)
 def test_different_shardings_compare_unequal(left: str, right: str) -> None:
     assert parse_sharding(left) != parse_sharding(right)
+
+
+# The one text the sharding baseline keeps and hosts and release columns are compared by
+# (harness.baseline, harness.gke.aggregate, harness.matrix.shardings): these are its rules.
+CANONICAL_TEXTS = [
+    pytest.param("{devices=[4,1]0,1,2,3}", "{devices=[4,1]0,1,2,3}", id="canonical-stays"),
+    pytest.param("{devices=[2,2]<=[2,2]T(1,0)}", "{devices=[2,2]0,2,1,3}", id="iota-spelled-out"),
+    pytest.param('{devices=[4,1]0,1,2,3 metadata={op_name="a"}}', "{devices=[4,1]0,1,2,3}", id="metadata-dropped"),
+    pytest.param("{devices=[4,1]0,1,2,3 shard_as 1}", "{devices=[4,1]0,1,2,3}", id="sharding-group-dropped"),
+    pytest.param("{devices=[2,1,2]<=[4] last_tile_dims={replicated}}", "{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}",
+                 id="replicate-spelling"),
+    pytest.param("  { devices=[4] 0, 1, 2, 3 }", "{devices=[4]0,1,2,3}", id="spaces-between-tokens"),
+    pytest.param("", "", id="no-annotation-stays-empty"),  # not {replicated}: that is bug 2b
+    pytest.param("[Replicate(), Shard(dim=0)]", "[Replicate(), Shard(dim=0)]", id="placements-kept"),
+    pytest.param(" [Replicate(),\n  Shard(dim=0)] ", "[Replicate(), Shard(dim=0)]", id="other-text-spaces-folded"),
+    pytest.param("{mesh[x=4], [{x}]}", "{mesh[x=4], [{x}]}", id="shardy-kept-as-text"),
+]
+
+
+@pytest.mark.parametrize(("text", "canonical"), CANONICAL_TEXTS)
+def test_canonical_text(text: str, canonical: str) -> None:
+    assert canonical_text(text) == canonical
+    assert canonical_text(canonical) == canonical  # a canonical text is its own canonical text
+
+
+@pytest.mark.parametrize(("left", "right"), DIFFERENT_SHARDINGS)
+def test_different_shardings_keep_different_canonical_texts(left: str, right: str) -> None:
+    assert canonical_text(left) != canonical_text(right)
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,29 +16,11 @@ from harness.gke.costagreement import CostDisagreement, compare_costs
 from harness.gke.costagreement import baseline_changes as cost_baseline_changes
 from harness.gke.hostreport import HostReport
 from harness.results import CaseRecord
+from harness.sharding import canonical_text
+from harness.tiles import grids_side_by_side, is_multi_axis
 
 FAILING_OUTCOMES = ("failed",)
 JUNIT_NAME, SUMMARY_NAME, JSON_NAME = "junit.xml", "summary.md", "results.json"
-
-
-def _load_parser() -> Callable[[str], Any] | None:
-    try:  # harness/sharding.py is written separately; until it lands, compare normalised text
-        from harness.sharding import parse_sharding  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return parse_sharding
-
-
-def sharding_key(text: str) -> Any:
-    """What two shardings must share to count as equal (iota and explicit device lists are equal
-    once harness.sharding exists; before that, text up to whitespace)."""
-    parser = _load_parser()
-    if parser is not None:
-        try:
-            return parser(text)
-        except Exception:  # noqa: BLE001 - text the parser does not know: fall back to text
-            pass
-    return " ".join(text.split())
 
 
 @dataclasses.dataclass
@@ -57,10 +38,6 @@ class Disagreement:
     def grids(self) -> list[str]:
         """The two most common layouts as device grids, when either is partially replicated or
         cut along several dimensions (their one-line texts differ only in a device list); else []."""
-        try:
-            from harness.tiles import grids_side_by_side, is_multi_axis
-        except ImportError:  # a worker image older than harness.tiles: the text alone
-            return []
         (first, first_hosts), (second, second_hosts) = self.variants[:2]
         if not (is_multi_axis(first) or is_multi_axis(second)):
             return []
@@ -134,17 +111,12 @@ def compare_shardings(reports: list[HostReport]) -> list[Disagreement]:
 
 
 def _group(observations: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
-    groups: list[tuple[Any, str, list[str]]] = []  # parsed keys may be unhashable: compare with ==
+    """(text first seen, hosts) per sharding, by canonical text (harness.sharding.canonical_text),
+    most common first; a tie keeps the order the hosts were seen in."""
+    groups: dict[str, tuple[str, list[str]]] = {}
     for host, text in observations:
-        key = sharding_key(text)
-        for gkey, _, hosts in groups:
-            if gkey == key:
-                hosts.append(host)
-                break
-        else:
-            groups.append((key, text, [host]))
-    groups.sort(key=lambda g: -len(g[2]))
-    return [(text, hosts) for _, text, hosts in groups]
+        groups.setdefault(canonical_text(text), (text, []))[1].append(host)
+    return sorted(groups.values(), key=lambda group: -len(group[1]))
 
 
 def write_all(result: Aggregate, out_dir: Path, meta: dict[str, Any]) -> None:

@@ -25,8 +25,8 @@ from typing import Protocol
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from harness.errors import HarnessUsageError
-from harness.matrix.errors import EnvBuildError, EnvMismatchError, NotEnoughDiskError
-from harness.matrix.procs import CommandTimedOut, last_line_matching, run_logged, tail
+from harness.matrix.errors import CommandTimedOut, EnvBuildError, EnvMismatchError, NotEnoughDiskError
+from harness.matrix.procs import last_line_matching, run_logged, tail
 from harness.matrix.share import share_identical_files
 
 if sys.version_info >= (3, 11):

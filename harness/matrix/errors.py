@@ -34,3 +34,11 @@ class EnvMismatchError(MatrixError):
 
 class SuiteRunError(MatrixError):
     """pytest could not be run to completion in an environment (timed out, or could not start)."""
+
+
+class CommandTimedOut(MatrixError):
+    """A long command (pip, pytest) ran past its timeout; its whole process group was terminated.
+
+    harness.matrix.procs raises it; the install and the suite runner turn it into an
+    EnvBuildError or a SuiteRunError that names the log.
+    """

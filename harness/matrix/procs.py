@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from harness.isolation import processes
+from harness.matrix.errors import CommandTimedOut
 
 # How long a stopped pip or pytest gets between SIGTERM and SIGKILL (pytest ends its own children).
 TERMINATE_GRACE_S = 10.0
@@ -30,10 +31,6 @@ class Progress:
     def say(self, message: str) -> None:
         elapsed = time.monotonic() - self.started
         print(f"[matrix {int(elapsed) // 60:2d}:{int(elapsed) % 60:02d}] {message}", file=self.stream, flush=True)
-
-
-class CommandTimedOut(Exception):
-    """The command ran past its timeout; its whole process group was terminated."""
 
 
 def run_logged(cmd: Sequence[str], log: Path, *, cwd: Path | None = None, env: Mapping[str, str] | None = None,

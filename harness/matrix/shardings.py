@@ -1,7 +1,7 @@
 """What moves between releases: per case, the tensors whose sharding differs between consecutive columns.
 
 Read from the records' `shardings` (what each case recorded with `ctx.record_sharding`),
-compared in canonical form (harness.baseline.canonical), for tensors recorded in both columns. A
+compared in canonical form (harness.sharding.canonical_text), for tensors recorded in both columns. A
 tensor recorded in one column only (a case that stopped earlier on a release carrying a bug) is
 counted, not listed: that is a different story, told by the registry rows above.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from harness.baseline import canonical
 from harness.matrix.table import ColumnResult
+from harness.sharding import canonical_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Step:
 
 def _shardings(column: ColumnResult) -> dict[str, dict[str, str]]:
     # A case whose tensors vary by design (no_sharding_baseline: Hypothesis draws) would only show noise.
-    return {r.nodeid: {t: canonical(s) for t, s in r.shardings.items()}
+    return {r.nodeid: {t: canonical_text(s) for t, s in r.shardings.items()}
             for r in column.run.records if r.shardings and r.sharding_baseline}
 
 

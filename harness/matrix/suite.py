@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Protocol
 
 from harness import runfolder
-from harness.matrix.errors import SuiteRunError
-from harness.matrix.procs import CommandTimedOut, run_logged
+from harness.matrix.errors import CommandTimedOut, SuiteRunError
+from harness.matrix.procs import run_logged
 from harness.results import VERDICTS_GLOB, CaseRecord, read_records, suite_exit_problem
 
 SUITE_LOG = "pytest.log"

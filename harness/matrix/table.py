@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from harness.errors import RegistryError
 from harness.matrix.suite import SuiteRun
-from harness.registry import KnownBug, Verdict
+from harness.registry import JudgementKind, KnownBug
 from harness.results import CaseRecord
 
 
@@ -132,7 +132,7 @@ def entries_of(record: CaseRecord) -> list[str]:
     """The entries a record counts for: the one that judged it, or, where no named entry holds
     the release (a pass, a skip), every entry the case names."""
     named = _named(record)
-    if record.registry_verdict in (None, Verdict.PASSED.value):
+    if record.registry_verdict in (None, JudgementKind.PASSED.value):
         return named
     return [record.known_bug] if record.known_bug else named
 

@@ -41,7 +41,6 @@ def test_disagreement_names_case_tensor_hosts_and_both_shardings() -> None:
 
 
 def test_iota_and_explicit_device_lists_agree() -> None:
-    pytest.importorskip("harness.sharding")
     reports = [host(0, 0, {"w": "{devices=[4,1]<=[4]}"}), host(1, 0, {"w": "{devices=[4,1]0,1,2,3}"})]
     assert agg.aggregate(reports, 2, 1).disagreements == []
 
