@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ChildStartError
-from harness.isolation import processes
+from harness.isolation import logtail, processes
 from harness.isolation.forkserver import (
     CONTROL_FD_ENV,
     IMPORTS_ENV,
@@ -233,7 +233,7 @@ class ForkServerClient:
 
     def _start_error(self, what: str) -> ChildStartError:
         return ChildStartError(f"fork server {what}; log: {self.address.log_path}\n"
-                               f"{processes.tail_file(Path(self.address.log_path))}")
+                               f"{logtail.tail_file(Path(self.address.log_path))}")
 
     def _receive(self, what: str, timeout: float) -> dict[str, Any]:
         self.sock.settimeout(timeout)
