@@ -26,6 +26,7 @@ tests/test_errors.py keeps the drawing true:
     │   └── CaseProtocolError             outcome "protocol"
     ├── LateFault                         harness.isolation.child_process; charged to the child's last case
     ├── ProtocolError                     harness.isolation.protocol: a bad message on the result pipe
+    │   └── ForkWireError                 harness.isolation.forkwire: a bad fork-server message
     ├── MatrixError                       harness.matrix.errors
     │   ├── NotEnoughDiskError
     │   ├── EnvBuildError

@@ -9,7 +9,8 @@ import pytest
 
 from harness.isolation.case import failure_from_answer
 from harness.isolation.evidence import crash_evidence, first_fatal_line, fold_thread_dumps, headline, log_tail
-from harness.isolation.processes import describe_exit, signal_name, tail_text
+from harness.isolation.logtail import tail_file, tail_text
+from harness.isolation.processes import describe_exit, signal_name
 from harness.isolation.protocol import ChildAnswer
 from harness.registry import JudgementKind, get_entry, judge
 
@@ -91,6 +92,16 @@ def test_log_tail_reads_only_the_end_of_a_big_log(tmp_path):
     log = tmp_path / "big.log"
     log.write_text("z" * 20_000_000 + "\nthe last line\n")
     assert log_tail(log).endswith("the last line")
+
+
+def test_a_tail_starts_at_since_and_folds_only_when_asked(tmp_path):
+    log = tmp_path / "child.log"
+    dump = "Thread 0x01 (most recent call first):\n  File \"a.py\", line 1 in idle\n"
+    log.write_text("the previous case\n" + dump + "this case's last line\n")
+    since = len("the previous case\n")
+    assert tail_file(log, since) == dump + "this case's last line"
+    assert log_tail(log, since) == "[faulthandler: stack of thread 0x01 (1 frames) folded]\nthis case's last line"
+    assert tail_file(tmp_path / "missing.log") == f"(no log at {tmp_path / 'missing.log'})"
 
 
 def test_folding_keeps_the_current_thread_top_frames():

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from harness.isolation.processes import TAIL_BYTES, TAIL_LINES, TAIL_READ_BYTES, tail_text
+from harness.isolation.logtail import TAIL_BYTES, TAIL_LINES, tail_file
 
 # (rank, pattern): the lowest rank found first in the log is the cause. A glog FATAL, a failed
 # CHECK or RET_CHECK is the cause itself; "Fatal Python error" is what faulthandler prints for
@@ -97,17 +97,7 @@ def fold_thread_dumps(text: str) -> str:
 
 def log_tail(path: Path, since: int = 0, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> str:
     """The end of the case's part of the log, thread dumps folded, bounded in lines and bytes."""
-    try:
-        with open(path, "rb") as fh:
-            end = fh.seek(0, 2)
-            start = max(since, end - TAIL_READ_BYTES)
-            fh.seek(start)
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return f"(no log at {path})"
-    if start > since and "\n" in text:
-        text = "[... earlier part of the log cut ...]\n" + text.split("\n", 1)[1]
-    return tail_text(fold_thread_dumps(text), lines, max_bytes)
+    return tail_file(path, since, lines, max_bytes, fold=fold_thread_dumps)
 
 
 def crash_evidence(how: str, path: Path, since: int = 0) -> tuple[str, str]:

@@ -1,8 +1,8 @@
 """The parent side of harness.isolation.forkserver: start a server, ask it for children, watch them.
 
-`ForkServer` is the owner's handle: it binds the listening socket first and starts the server
-process now or at the first connection (`launch`), so an address can be handed out before the
-server exists (to xdist workers, which start before its imports are done). `ForkServerClient` is
+`ForkServer` is the owner's handle: it binds the listening socket, then starts the server process,
+which inherits it, so an address can be handed out at once (to xdist workers, which start before
+the server's imports are done): connections queue until the server serves. `ForkServerClient` is
 one pytest process's connection: the first spawn waits for the server's "ready", each spawn
 returns a `ForkedProcess`, a processes.ProcessHandle like a Popen: a pid, stdin, poll() and
 wait() with the exit status the child's keeper reports (a signal as -N, as Popen does).
@@ -32,17 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ChildStartError
-from harness.isolation import processes
-from harness.isolation.forkserver import (
+from harness.isolation import forkwire, logtail, processes
+from harness.isolation.forkwire import (
     CONTROL_FD_ENV,
     IMPORTS_ENV,
+    LISTEN_BACKLOG,
     LISTEN_FD_ENV,
-    MAX_CONTROL_MESSAGE,
     POST_FORK_VARIABLES,
     SOCKET_FOLDER_PREFIX,
 )
 
-LISTEN_BACKLOG = 64
 # How long a child may be gone without its keeper reporting before the keeper is SIGKILLed.
 KEEPER_REPORT_S = 3.0
 # The key of a pool's exec server: no imports, every child exec'd fresh by its keeper.
@@ -159,7 +158,7 @@ class ForkedProcess:
             self._status += chunk
             if not self._status.endswith(b"\n"):
                 return None
-            self.returncode = int(self._status)
+            self.returncode = forkwire.parse_status(self._status)
         elif self._child_exited():
             # Every writer is gone (keeper and server) and the status with them. SIGKILL is what
             # ends a server's group; status_lost lets the evidence say the status is unknown.
@@ -223,7 +222,7 @@ class ForkServerClient:
     def __init__(self, address: ServerAddress, startup_timeout: float) -> None:
         self.address = address
         self.startup_timeout = startup_timeout
-        self.ready: dict[str, Any] | None = None  # awaited at the first spawn: connecting never blocks
+        self.ready: forkwire.ServerReady | None = None  # awaited at the first spawn: connecting never blocks
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.sock.connect(address.path)
@@ -233,21 +232,23 @@ class ForkServerClient:
 
     def _start_error(self, what: str) -> ChildStartError:
         return ChildStartError(f"fork server {what}; log: {self.address.log_path}\n"
-                               f"{processes.tail_file(Path(self.address.log_path))}")
+                               f"{logtail.tail_file(Path(self.address.log_path))}")
 
-    def _receive(self, what: str, timeout: float) -> dict[str, Any]:
+    def _receive(self, what: str, timeout: float, *expected: type) -> Any:
+        """The server's next message, of one of the `expected` types; a SpawnFailed it sends
+        instead is a ChildStartError."""
         self.sock.settimeout(timeout)
         try:
-            data = self.sock.recv(MAX_CONTROL_MESSAGE)
+            data = self.sock.recv(forkwire.MAX_MESSAGE_BYTES)
         except (TimeoutError, OSError) as exc:
             self.close()
             raise self._start_error(f"gave no {what} within {timeout:.0f}s ({exc})") from None
         if not data:
             self.close()
             raise self._start_error(f"ended before its {what}")
-        message = json.loads(data)
-        if "error" in message:
-            raise ChildStartError(f"fork server could not fork a child: {message['error']}")
+        message = forkwire.decode(data, *expected, forkwire.SpawnFailed)
+        if isinstance(message, forkwire.SpawnFailed):
+            raise ChildStartError(f"fork server could not fork a child: {message.error}")
         return message
 
     def is_usable(self) -> bool:
@@ -264,21 +265,22 @@ class ForkServerClient:
         """A new child with `env` (post-fork variables), stdout/stderr on log_fd, `pass_fds` open;
         with `argv`, a fresh process: the child execs argv with the whole of `env`."""
         if self.ready is None:
-            self.ready = self._receive("ready", self.startup_timeout)
+            self.ready = self._receive("ready", self.startup_timeout, forkwire.ServerReady)
         stdin_read, stdin_write = os.pipe()
         status_read, status_write = os.pipe()
         if argv:
-            request: dict[str, Any] = {"env": dict(env), "fds": list(pass_fds), "argv": list(argv)}
+            request = forkwire.SpawnRequest(env=dict(env), fds=list(pass_fds), argv=list(argv))
         else:
-            request = {"env": {k: v for k, v in env.items() if k in POST_FORK_VARIABLES}, "fds": list(pass_fds)}
+            request = forkwire.SpawnRequest(env={k: v for k, v in env.items() if k in POST_FORK_VARIABLES},
+                                            fds=list(pass_fds), argv=None)
         try:
             try:
-                socket.send_fds(self.sock, [json.dumps(request).encode()],
+                socket.send_fds(self.sock, [forkwire.encode(request)],
                                 [stdin_read, log_fd, status_write, *pass_fds])
             except OSError as exc:
                 self.close()
                 raise self._start_error(f"closed the connection ({exc.strerror or exc})") from None
-            reply = self._receive("child", self.startup_timeout)
+            reply = self._receive("child", self.startup_timeout, forkwire.Spawned)
         except BaseException:
             os.close(stdin_write)
             os.close(status_read)
@@ -286,7 +288,7 @@ class ForkServerClient:
         finally:
             os.close(stdin_read)
             os.close(status_write)
-        return ForkedProcess(reply["pid"], stdin_write, status_read, reply.get("keeper"))
+        return ForkedProcess(reply.pid, stdin_write, status_read, reply.keeper)
 
     def close(self) -> None:
         self.sock.close()

@@ -2,12 +2,12 @@
 
 `import torch_xla` costs 4-6 s and most of a child's memory; the state it leaves is the same for
 every child of one interpreter and import-time environment. The server imports only what is
-listed in HARNESS_FORKSERVER_IMPORTS, makes no runtime call (no PJRT client, no JAX backend, no
-torch op: a torch CPU op would start libgomp's pool and a forked child's first matmul would
-hang), then forks on request. What a child may still choose after the fork is the environment
+listed in HARNESS_FORKSERVER_IMPORTS (forkwire.IMPORTS_ENV), makes no runtime call (no PJRT
+client, no JAX backend, no torch op: a torch CPU op would start libgomp's pool and a forked
+child's first matmul would hang), then forks on request. What a child may still choose after the fork is the environment
 variables torch_xla reads at use, not at import (`POST_FORK_VARIABLES`); every other variable
 keys the server. The parent side (starting a server, asking it for children) is
-harness.isolation.forkclient.
+harness.isolation.forkclient; what the two say to each other is harness.isolation.forkwire.
 
 One server serves every pytest process of a run: the controlling process starts it and passes
 the socket to the xdist workers, so a run imports torch_xla once, not once per worker. Clients
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import os
 import random
 import selectors
@@ -46,31 +45,24 @@ import signal
 import socket
 import sys
 import time
-from typing import Any
 
-from harness.isolation import processes
+from harness.isolation import forkwire, processes
+from harness.isolation.forkwire import (
+    CONTROL_FD_ENV,
+    FIXED_FDS,
+    IMPORTS_ENV,
+    LISTEN_FD_ENV,
+    MAX_PASSED_FDS,
+    POST_FORK_VARIABLES,
+    SOCKET_FOLDER_PREFIX,
+)
 from harness.isolation.protocol import KEEPER_PID_ENV
 
-IMPORTS_ENV = "HARNESS_FORKSERVER_IMPORTS"
-LISTEN_FD_ENV = "HARNESS_FORKSERVER_LISTEN_FD"
-CONTROL_FD_ENV = "HARNESS_FORKSERVER_CONTROL_FD"
-# Read by torch_xla (C++) or the harness at each use, so a forked child may set them. Seen for
-# XLA_DISABLE_FUNCTIONALIZATION and CPU_NUM_DEVICES on torch_xla 2.6-2.9: forked children with
-# either changed give the same shardings, outputs and losses as fresh processes.
-POST_FORK_VARIABLES = frozenset({
-    "XLA_DISABLE_FUNCTIONALIZATION", "CPU_NUM_DEVICES", "MASTER_ADDR", "MASTER_PORT",
-    "HARNESS_BACKEND", "HARNESS_DEVICES", "HARNESS_PRELOAD", "HARNESS_RESULT_FD", "HARNESS_LIFELINE_FD",
-})
 # Modules that read the environment once at import; a server must never hold them.
 FORBIDDEN_IN_SERVER = ("torch_xla.distributed.fsdp.xla_fully_sharded_data_parallel",
                        "torch_xla.experimental.spmd_fully_sharded_data_parallel")
 XLA_IMPORTS = ("torch", "torch_xla", "torch_xla.runtime", "torch_xla.distributed.spmd", "jax?")
 TORCH_IMPORTS = ("torch",)
-MAX_CONTROL_MESSAGE = 1 << 16
-SOCKET_FOLDER_PREFIX = "spmd-fork-"  # the private temp folder holding a server's socket
-MAX_PASSED_FDS = 16
-# The descriptors a spawn request carries before the client's own: stdin, log, exit-status pipe.
-FIXED_FDS = 3
 KEEPER_REPORTED = 0  # a keeper's exit code once the child's status is on the client's pipe
 KEEPER_FAILED = 1
 
@@ -98,10 +90,10 @@ class Kept:
 
 
 class Server:
-    def __init__(self, listener: socket.socket, control: socket.socket, ready: dict[str, Any]) -> None:
+    def __init__(self, listener: socket.socket, control: socket.socket, ready: forkwire.ServerReady) -> None:
         self.listener = listener
         self.control = control
-        self.ready_line = json.dumps(ready).encode()
+        self.ready_packet = forkwire.encode(ready)
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ, "accept")
         self.selector.register(control, selectors.EVENT_READ, "control")
@@ -207,7 +199,7 @@ class Server:
     def _accept(self) -> None:
         conn, _ = self.listener.accept()
         try:
-            conn.sendall(self.ready_line)
+            conn.sendall(self.ready_packet)
         except OSError:
             conn.close()
             return
@@ -216,7 +208,7 @@ class Server:
 
     def _answer(self, conn: socket.socket) -> None:
         try:
-            message, fds, _, _ = socket.recv_fds(conn, MAX_CONTROL_MESSAGE, MAX_PASSED_FDS)
+            message, fds, _, _ = socket.recv_fds(conn, forkwire.MAX_MESSAGE_BYTES, MAX_PASSED_FDS)
         except OSError:
             message, fds = b"", []
         if not message:
@@ -226,20 +218,21 @@ class Server:
             for fd in fds:
                 os.close(fd)
             return
+        reply: forkwire.Spawned | forkwire.SpawnFailed
         try:
-            keeper, child = self._fork_keeper(json.loads(message), fds)
-            reply = {"pid": child, "keeper": keeper}
+            keeper, child = self._fork_keeper(forkwire.decode(message, forkwire.SpawnRequest), fds)
+            reply = forkwire.Spawned(pid=child, keeper=keeper)
         except Exception as exc:  # noqa: BLE001 - the client must hear why; the server goes on
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
+            reply = forkwire.SpawnFailed(error=f"{type(exc).__name__}: {exc}")
         finally:
             for fd in fds:
                 os.close(fd)
         try:
-            conn.sendall(json.dumps(reply).encode())
+            conn.sendall(forkwire.encode(reply))
         except OSError:
             pass  # that client is gone; its child's lifeline ends the child
 
-    def _fork_keeper(self, request: dict[str, Any], fds: list[int]) -> tuple[int, int]:
+    def _fork_keeper(self, request: forkwire.SpawnRequest, fds: list[int]) -> tuple[int, int]:
         """Fork a keeper that forks the child and reports its exit; return (keeper, child) pids."""
         if len(fds) < FIXED_FDS:
             raise ValueError(f"a spawn request carries at least {FIXED_FDS} descriptors, got {len(fds)}")
@@ -278,7 +271,7 @@ class Server:
         os.close(self._wake_write)
 
 
-def keep_child(request: dict[str, Any], fds: list[int], pid_write: int) -> int:
+def keep_child(request: forkwire.SpawnRequest, fds: list[int], pid_write: int) -> int:
     """In the keeper: fork the child, tell the server its pid, wait, write its exit status, then
     end every process this keeper adopted (the child's helpers that left its session)."""
     stdin_fd, log_fd, status_fd, *passed = fds
@@ -301,7 +294,7 @@ def keep_child(request: dict[str, Any], fds: list[int], pid_write: int) -> int:
 def _write_status(fd: int, status: int) -> bool:
     """The exit status line a client reads (forkclient.ForkedProcess): -N for signal N, as Popen."""
     try:
-        os.write(fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+        os.write(fd, forkwire.status_line(os.waitstatus_to_exitcode(status)))
         return True
     except OSError:
         return False  # the client is gone
@@ -315,7 +308,7 @@ def _drain(fd: int) -> None:
         pass
 
 
-def become_child(request: dict[str, Any], stdin_fd: int, log_fd: int, passed: list[int]) -> None:
+def become_child(request: forkwire.SpawnRequest, stdin_fd: int, log_fd: int, passed: list[int]) -> None:
     code = 70
     try:
         keeper = os.getppid()
@@ -327,12 +320,12 @@ def become_child(request: dict[str, Any], stdin_fd: int, log_fd: int, passed: li
             if fd > 2:
                 os.close(fd)
         # The client named its pipes by its own fd numbers; here they arrived with new ones.
-        renumber = dict(zip(request["fds"], passed))
-        argv = request.get("argv")
+        renumber = dict(zip(request.fds, passed))
+        argv = request.argv
         # A fresh process takes the request's environment whole; a forked one keeps the server's
         # and changes only what is read after the fork.
         env = {} if argv else {k: v for k, v in os.environ.items() if k not in POST_FORK_VARIABLES}
-        for key, value in request["env"].items():
+        for key, value in request.env.items():
             env[key] = str(renumber.get(int(value), value)) if key.endswith("_FD") else value
         env[KEEPER_PID_ENV] = str(keeper)
         if argv:
@@ -384,10 +377,12 @@ def main() -> int:
         return 2
     # Without a subreaper, escaped helpers go to init: the log and every client say so.
     containment = processes.become_subreaper()
-    ready = {"ready": True, "pid": os.getpid(), "imported": imported,
-             "threads": len(os.listdir("/proc/self/task")), "startup_s": round(time.monotonic() - started, 3),
-             "containment": "subreaper" if containment is None else processes.SUBREAPER_UNAVAILABLE.format(why=containment)}
-    print(f"fork server ready: {json.dumps(ready)}", flush=True)  # clients receive it on connecting
+    ready = forkwire.ServerReady(
+        pid=os.getpid(), imported=imported, threads=len(os.listdir("/proc/self/task")),
+        startup_s=round(time.monotonic() - started, 3),
+        containment="subreaper" if containment is None else processes.SUBREAPER_UNAVAILABLE.format(why=containment))
+    # Clients receive it on connecting.
+    print(f"fork server ready: {forkwire.encode(ready).decode()}", flush=True)
     Server(listener, control, ready).serve()
     return 0
 

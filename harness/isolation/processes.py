@@ -16,7 +16,7 @@ among its own children and ends them, generation after generation. Elsewhere the
 that it cannot contain them (`SUBREAPER_UNAVAILABLE`).
 
 `signal_name` and `describe_exit` turn return codes into words, guarded for numbers that name no
-signal; `tail_text` and `tail_file` bound what is shown of a log in lines *and* bytes.
+signal. The tail of a log is harness.isolation.logtail's.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
+from harness.isolation import logtail
+
 TERMINATE_GRACE_S = 5.0
 # How long end_children keeps killing and reaping; SIGKILLed processes go in milliseconds unless a
 # disk wait holds them.
@@ -38,10 +40,6 @@ END_CHILDREN_S = 5.0
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 SUBREAPER_UNAVAILABLE = ("no child subreaper on this system ({why}): a helper a case body starts in a "
                          "session of its own, or double-forks, is not ended with its child")
-TAIL_LINES = 40
-TAIL_BYTES = 8_000
-# How much of the end of a log file is read to find its tail: enough for TAIL_LINES normal lines.
-TAIL_READ_BYTES = 256_000
 
 
 class ProcessHandle(Protocol):
@@ -126,50 +124,8 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
-def tail_text(text: str, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> str:
-    """The last `lines` lines of `text`, at most `max_bytes` long, cut at a line boundary.
-
-    What was cut is said in a marker line, so a reader knows the tail is not the whole log. A
-    single line longer than `max_bytes` keeps its end (where an error message usually is).
-    """
-    body = text.rstrip("\n")
-    kept = body.splitlines()[-lines:] if body else []
-    out: list[str] = []
-    size = 0
-    for line in reversed(kept):
-        cost = len(line.encode("utf-8", "replace")) + 1
-        if size + cost > max_bytes:
-            if not out:  # one huge line: keep its end
-                keep = line[-max(0, max_bytes - 100):]
-                out.append(f"[... {len(line) - len(keep)} characters of this line cut ...]{keep}")
-            break
-        out.append(line)
-        size += cost
-    out.reverse()
-    cut = len(body.encode("utf-8", "replace")) - sum(len(line.encode("utf-8", "replace")) + 1 for line in out)
-    if cut > 0 and out:
-        out.insert(0, f"[... {max(cut, 0)} earlier bytes of the log cut ...]")
-    return "\n".join(out)
-
-
-def tail_file(path: Path, since: int = 0, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -> str:
-    """tail_text of the part of a log file after byte `since`, reading only the end of a big file."""
-    try:
-        with open(path, "rb") as fh:
-            end = fh.seek(0, os.SEEK_END)
-            start = max(since, end - TAIL_READ_BYTES)
-            fh.seek(start)
-            data = fh.read()
-    except OSError:
-        return f"(no log at {path})"
-    text = data.decode("utf-8", "replace")
-    if start > since:  # the window starts mid-line; drop that partial line, say what was skipped
-        text = text.split("\n", 1)[1] if "\n" in text else text
-        tail = tail_text(text, lines, max_bytes)
-        if not tail.startswith("[... "):
-            tail = f"[... earlier bytes of the log cut ...]\n{tail}"
-        return tail
-    return tail_text(text, lines, max_bytes)
+# Where harness.matrix.procs takes its logs' tails from.
+tail_file = logtail.tail_file
 
 
 def wait_for_exit(proc: ProcessHandle, timeout_s: float) -> int | None:

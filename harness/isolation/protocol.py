@@ -43,7 +43,8 @@ MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 
 
 class ProtocolError(HarnessError):
-    """A line on the result pipe that is not a valid message."""
+    """A line on the result pipe that is not a valid message (forkwire.ForkWireError: a packet
+    between a fork server and its client)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,23 +148,29 @@ def encode(message: Any) -> bytes:
 def decode(line: bytes) -> Any:
     """The message a line holds; ProtocolError naming what is wrong with it otherwise."""
     try:
-        data = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+        data = strict_loads(line)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolError(f"undecodable line ({exc}): {_preview(line)}") from None
+        raise ProtocolError(f"undecodable line ({exc}): {preview(line)}") from None
     if not isinstance(data, dict) or data.get("kind") not in MESSAGE_TYPES:
-        raise ProtocolError(f"not a harness message: {_preview(line)}")
+        raise ProtocolError(f"not a harness message: {preview(line)}")
     cls = MESSAGE_TYPES[data.pop("kind")]
     try:
         return cls(**data)
     except TypeError as exc:
-        raise ProtocolError(f"malformed {cls.kind} message ({exc}): {_preview(line)}") from None
+        raise ProtocolError(f"malformed {cls.kind} message ({exc}): {preview(line)}") from None
+
+
+def strict_loads(data: bytes) -> Any:
+    """UTF-8 JSON without NaN or Infinity; UnicodeDecodeError or ValueError otherwise."""
+    return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _preview(line: bytes, limit: int = 200) -> str:
+def preview(line: bytes, limit: int = 200) -> str:
+    """The start of a bad message, for the error that names it."""
     text = repr(bytes(line[:limit]))
     return text + (f" ... ({len(line)} bytes)" if len(line) > limit else "")
 
