@@ -220,4 +220,4 @@ def listing(changes: list[Change], indent: str = "  ") -> str:
 
 def is_drift(changes: list[Change] | None) -> bool:
     """A change that fails a case: a tensor whose sharding moved or that vanished (not a new one)."""
-    return bool(changes) and any(c.before is not None for c in changes)
+    return any(c.before is not None for c in changes or ())

@@ -264,7 +264,7 @@ def failure_message(record: CaseRecord) -> str:
     return "\n".join(parts)
 
 
-def annotations(results: Results) -> list[str]:
+def github_annotations(results: Results) -> list[str]:
     if not results.records:
         return [workflow_command("error", "No SPMD case records were found: the run executed nothing.",
                                  title="SPMD regression: empty run")]
@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_summary(render_summary(results, args.title), args.summary or home / "summary.md", args.step_summary)
     if args.github_output is not None:
         write_github_output(args.github_output, counts(results))
-    for line in annotations(results) if args.annotate else plain_failure_lines(results):
+    for line in github_annotations(results) if args.annotate else plain_failure_lines(results):
         print(line)
     print(f"harness.report {home}: {totals_line(results)}")
     if not results.records:

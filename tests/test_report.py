@@ -156,7 +156,7 @@ def test_workflow_command_escaping(text: str, data: str, prop: str):
 
 
 def test_one_error_annotation_per_failure(mixed_run: Path):
-    (line,) = report.annotations(report.load_results(mixed_run))
+    (line,) = report.github_annotations(report.load_results(mixed_run))
     assert line.startswith("::error title=SPMD regression%3A cases/test_scalar_specs.py%3A%3Atest_wrap[func-off]::")
     assert "spec lost on scalar%0AAssertionError" in line
     assert "\n" not in line
@@ -165,14 +165,14 @@ def test_one_error_annotation_per_failure(mixed_run: Path):
 def test_annotations_stay_within_githubs_per_step_limit(tmp_path: Path):
     for i in range(25):
         write_record(tmp_path, record(f"cases/test_a.py::test_{i:02}", "failed"))
-    lines = report.annotations(report.load_results(tmp_path))
+    lines = report.github_annotations(report.load_results(tmp_path))
     assert len(lines) == report.MAX_ERROR_ANNOTATIONS
     assert "16 more failed case(s)" in lines[-1]
 
 
 def test_unknown_outcomes_count_as_failures(tmp_path: Path):
     write_record(tmp_path, record("cases/test_a.py::test_b", "error", reason="worker crashed"))
-    (line,) = report.annotations(report.load_results(tmp_path))
+    (line,) = report.github_annotations(report.load_results(tmp_path))
     assert line.startswith("::error ") and "worker crashed" in line
 
 

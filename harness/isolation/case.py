@@ -63,7 +63,7 @@ class CaseResult:
         return self
 
 
-class Recorded(dict):  # type: ignore[type-arg]  # dict[str, Any]; subclassed for __missing__
+class Recorded(dict[str, Any]):  # subclassed for __missing__
     """What a case body recorded, by name. A name it did not record says which names it did."""
 
     def __init__(self, kind: str, data: dict[str, Any]) -> None:

@@ -156,7 +156,11 @@ class ChildProcess:
             watched.append(self.pidfd)
         else:
             timeout = min(timeout, 0.05)  # no pidfd (not Linux): poll for the exit
-        ready, _, _ = select.select(watched, [], [], timeout) if watched else ([], [], time.sleep(timeout))
+        if watched:
+            ready, _, _ = select.select(watched, [], [], timeout)
+        else:
+            time.sleep(timeout)
+            ready = []
         if self.result_fd in ready:
             self._read_chunk()
         elif self.pidfd in ready and self.proc.poll() is None:

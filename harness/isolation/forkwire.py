@@ -96,7 +96,7 @@ class SpawnFailed:
 
 
 Message = ServerReady | SpawnRequest | Spawned | SpawnFailed
-MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (ServerReady, SpawnRequest, Spawned, SpawnFailed)}
+MESSAGE_TYPES: dict[str, type[Any]] = {t.kind: t for t in (ServerReady, SpawnRequest, Spawned, SpawnFailed)}
 
 
 def encode(message: Message) -> bytes:
@@ -104,7 +104,7 @@ def encode(message: Message) -> bytes:
     return json.dumps({"kind": message.kind, **dataclasses.asdict(message)}, allow_nan=False).encode()
 
 
-def decode(packet: bytes, *expected: type) -> Any:
+def decode(packet: bytes, *expected: type[Any]) -> Any:
     """The message a packet holds, of one of the `expected` types if any are named; ForkWireError
     naming what is wrong otherwise."""
     try:

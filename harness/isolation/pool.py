@@ -89,10 +89,11 @@ class ChildPool:
         return not self.fork or spec.fork_imports is None
 
     def _server_for(self, spec: ChildSpec, own: bool = False) -> ForkServerClient:
-        if self._fresh(spec):  # one exec server per interpreter: its children take their own environment
+        imports = spec.fork_imports
+        if self._fresh(spec) or imports is None:  # one exec server per interpreter: its children take their own environment
             key, imports = "exec-" + server_key(spec.python, {}, EXEC_IMPORTS), EXEC_IMPORTS
         else:
-            key, imports = server_key(spec.python, dict(spec.env), spec.fork_imports), spec.fork_imports
+            key = server_key(spec.python, dict(spec.env), imports)
         client = self.clients.get(key)
         if client is not None and client.is_usable() and not own:
             return client

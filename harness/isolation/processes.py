@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 from harness.isolation import logtail
 
@@ -51,7 +51,10 @@ class ProcessHandle(Protocol):
     """
 
     pid: int
-    stdin: IO[bytes] | None  # a pipe to its standard input, where the parent holds one
+
+    @property
+    def stdin(self) -> IO[Any] | None:
+        """A pipe to its standard input, where the parent holds one."""
 
     def poll(self) -> int | None:
         """Its return code (-N for signal N) once it has ended, else None; never blocks."""
@@ -171,7 +174,7 @@ def _stat_fields(pid: int | str) -> list[str] | None:
 
 def parents() -> dict[int, int]:
     """pid -> parent pid of every process this one can see (empty without /proc)."""
-    found = {}
+    found: dict[int, int] = {}
     try:
         entries = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
     except OSError:

@@ -127,7 +127,7 @@ class ChildAnswer:
     quiet: bool = True
 
 
-MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Request, Ready, StartupFailed, Started, ChildAnswer)}
+MESSAGE_TYPES: dict[str, type[Any]] = {t.kind: t for t in (Request, Ready, StartupFailed, Started, ChildAnswer)}
 
 
 def json_problem(value: Any) -> str | None:

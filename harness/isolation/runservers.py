@@ -48,7 +48,10 @@ def _marker_expression_selects_spmd(markexpr: str) -> bool:
     try:
         from _pytest.mark.expression import Expression  # pytest's own parser for -m
 
-        return bool(Expression.compile(markexpr).evaluate(lambda name, **_: name == "spmd"))
+        def only_spmd(name: str, /, **_: object) -> bool:
+            return name == "spmd"
+
+        return bool(Expression.compile(markexpr).evaluate(only_spmd))
     except Exception:  # noqa: BLE001 - a private API or a bad expression: pytest reports the latter later
         return False
 
