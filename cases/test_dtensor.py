@@ -126,16 +126,6 @@ def _xla_mesh():
     return init_device_mesh("xla", (xla.num_devices(),))
 
 
-def _record_param_specs(ctx, model, suffix: str = "") -> None:
-    from harness import recording
-
-    for name, param in model.named_parameters():
-        # parallelize_module leaves XLAShardedTensor wrappers; the spec lives on the global tensor
-        # (asking the wrapper raises "Expected XLA tensor" on 2.9, "Check failed: xtensor" on 2.6).
-        ctx.record_sharding(name + suffix, recording.spec_of_any(param))
-        recording.record_placements(ctx, name + suffix, param)
-
-
 # --------------------------------------------------------------------------------------------
 # parallelize_module on the XLA mesh (known bug, open upstream)
 # --------------------------------------------------------------------------------------------
@@ -144,12 +134,12 @@ def _record_param_specs(ctx, model, suffix: str = "") -> None:
 def body_parallelize_module_xla(ctx, coordinate_hack: bool) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from harness import xla
+    from harness import recording, xla
 
     model, reference, x = _toy_model_and_reference()
     mesh = _xla_mesh()
     model = parallelize_module(model.to(xla.device()), mesh, _tp_plan())
-    _record_param_specs(ctx, model)
+    recording.record_parameters(ctx, model, placements=True)
     if coordinate_hack:
         # Private: a single-process SPMD mesh never sets the rank's coordinate, which
         # DTensor.from_local needs; rank 0's coordinate lets the forward get further.
@@ -322,7 +312,7 @@ def body_per_parameter_workaround(ctx, steps: int) -> None:
     for name, param in model.named_parameters():
         # Marks the sharding on `param` in place; the returned wrapper is used for its placements only.
         recording.record_placements(ctx, name, dt.distribute_tensor(param, mesh, placements[name]))
-    _record_param_specs(ctx, model)
+    recording.record_parameters(ctx, model, placements=True)
 
     x_xla = x.to(xla.device())
     train_next_to_reference(ctx, model, reference, x, x_xla, steps, lambda loss: ctx.record_hlo(
@@ -335,7 +325,7 @@ def train_next_to_reference(ctx, model, reference, x, x_xla, steps: int, record_
     record_first_step(loss) records what the case keeps of step 0's graph."""
     import torch
 
-    from harness import stepcosts, xla
+    from harness import recording, stepcosts, xla
 
     optimizer = torch.optim.SGD(model.parameters(), lr=SGD_LR)
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=SGD_LR)
@@ -356,7 +346,7 @@ def train_next_to_reference(ctx, model, reference, x, x_xla, steps: int, record_
         _assert_close(f"step {step} loss", loss, ref_loss.detach())
     for name, param in reference.named_parameters():
         _assert_close(f"{name} after {steps} SGD steps", model.get_parameter(name), param.detach())
-    _record_param_specs(ctx, model, suffix="@after-steps")
+    recording.record_parameters(ctx, model, suffix="@after-steps", placements=True)
 
 
 @pytest.mark.needs(devices=2)

@@ -237,7 +237,7 @@ def _placements(dt, codes):
 
 def body_dtensor_2d_workaround(ctx, steps: int) -> None:
 
-    from cases.test_dtensor import _record_param_specs, _toy_model_and_reference, train_next_to_reference
+    from cases.test_dtensor import _toy_model_and_reference, train_next_to_reference
     from harness import recording, xla
 
     dt = xla.dtensor()
@@ -246,7 +246,7 @@ def body_dtensor_2d_workaround(ctx, steps: int) -> None:
     mesh = _xla_2d_mesh(ctx)
     for name, param in model.named_parameters():
         recording.record_placements(ctx, name, dt.distribute_tensor(param, mesh, _placements(dt, DTENSOR_2D_PLACEMENTS[name])))
-    _record_param_specs(ctx, model)
+    recording.record_parameters(ctx, model, placements=True)
     x_xla = x.to(xla.device())
     recording.record_placements(ctx, "x", dt.distribute_tensor(x_xla, mesh, _placements(dt, DTENSOR_2D_PLACEMENTS["x"])))
     ctx.record_sharding("x", xla.spec_of(x_xla))
@@ -277,14 +277,14 @@ def test_dtensor_2d_distribute_tensor_workaround(spmd, functionalization: bool) 
 def body_parallelize_module_2d(ctx) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
-    from cases.test_dtensor import _assert_close, _record_param_specs, _toy_model_and_reference, _tp_plan
-    from harness import xla
+    from cases.test_dtensor import _assert_close, _toy_model_and_reference, _tp_plan
+    from harness import recording, xla
 
     model, reference, x = _toy_model_and_reference()
     mesh = _xla_2d_mesh(ctx)
     # The 2-D way to ask for tensor parallelism: the plan over the mesh's "tp" dimension.
     model = parallelize_module(model.to(xla.device()), mesh["tp"], _tp_plan())
-    _record_param_specs(ctx, model)
+    recording.record_parameters(ctx, model, placements=True)
     out = model(x.to(xla.device()))
     xla.sync()
     _assert_close("forward output", out, reference(x).detach())

@@ -102,16 +102,6 @@ def _assert_close_to_reference(ctx, wrapped, reference, xla_losses, cpu_losses) 
             )
 
 
-def _record_param_specs(ctx, wrapped, prefix: str) -> None:
-    from harness import xla
-
-    shapes = {}
-    for name, param in wrapped.module.named_parameters():
-        ctx.record_sharding(f"{prefix}{name}", xla.spec_of(param))
-        shapes[name] = list(param.shape)
-    ctx.record("param_shapes", shapes)
-
-
 # --------------------------------------------------------------------------------------------
 # Case bodies
 # --------------------------------------------------------------------------------------------
@@ -145,6 +135,8 @@ def body_fsdpv2_scalar_param(ctx, steps: int, reintroduce_list_spec: bool = Fals
     import torch
     import torch.nn as nn
 
+    from harness import recording
+
     if reintroduce_list_spec:
         _reintroduce_list_spec(ctx)
 
@@ -159,7 +151,7 @@ def body_fsdpv2_scalar_param(ctx, steps: int, reintroduce_list_spec: bool = Fals
 
     torch.manual_seed(0)
     wrapped = _wrap_and_train_against_cpu(ctx, ScaledLinear(), lambda model, x: model(x).pow(2).mean(), steps, layout)
-    _record_param_specs(ctx, wrapped, "after_steps.")
+    ctx.record("param_shapes", recording.record_parameters(ctx, wrapped.module, prefix="after_steps."))
 
 
 def body_fsdpv2_scalar_output(ctx, steps: int, reintroduce_list_spec: bool = False, layout: str | None = None) -> None:
@@ -204,14 +196,14 @@ def _wrap_and_train_against_cpu(ctx, model, loss_of, steps: int, layout: str | N
     import torch_xla.distributed.spmd as xs
     from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDPv2
 
-    from harness import meshes, xla
+    from harness import meshes, recording, xla
 
     reference = copy.deepcopy(model)
     x_cpu = torch.randn(2 * xla.num_devices(), 16)
     layout = None if layout is None else meshes.get(layout)
     mesh = _fsdp_mesh() if layout is None else meshes.build(layout, ctx)
     wrapped = FSDPv2(model, mesh=mesh, **({} if layout is None else layout.fsdpv2_kwargs()))
-    _record_param_specs(ctx, wrapped, "")
+    ctx.record("param_shapes", recording.record_parameters(ctx, wrapped.module))
     x = x_cpu.to(xla.device())
     xs.mark_sharding(x, mesh, ("fsdp", None) if layout is None else layout.batch_spec(2))
     xla_losses = _train(wrapped, loss_of, x, steps, on_xla=True, ctx=ctx)

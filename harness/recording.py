@@ -27,18 +27,29 @@ def stable_name(name: str) -> str:
 
 
 def spec_of_any(tensor: Any) -> str:
-    """The sharding spec of a plain XLA tensor or of an XLAShardedTensor/DTensor wrapper."""
+    """The sharding spec of a plain XLA tensor or of an XLAShardedTensor/DTensor wrapper.
+
+    A wrapper (parallelize_module leaves them as parameters) holds its spec on its global tensor:
+    asking the wrapper itself raises "Expected XLA tensor" on 2.9, "Check failed: xtensor" on 2.6.
+    """
     from harness import xla
 
     return xla.spec_of(getattr(tensor, "global_tensor", tensor))
 
 
-def record_parameters(ctx: Any, module: Any, suffix: str = "") -> dict[str, list[int]]:
-    """Every parameter's full sharding (tile shape and device assignment); returns their shapes."""
+def record_parameters(ctx: Any, module: Any, *, prefix: str = "", suffix: str = "",
+                      placements: bool = False) -> dict[str, list[int]]:
+    """Every parameter's full sharding (tile shape and device assignment), recorded as
+    `prefix + stable name + suffix` (`after_steps.fc1.weight`, `fc1.weight@after-steps`); with
+    `placements`, also each DTensor parameter's placements under that name (record_placements).
+    Returns the parameters' shapes by stable name."""
     shapes = {}
     for name, param in module.named_parameters():
         readable = stable_name(name)
-        ctx.record_sharding(readable + suffix, spec_of_any(param))
+        recorded = f"{prefix}{readable}{suffix}"
+        ctx.record_sharding(recorded, spec_of_any(param))
+        if placements:
+            record_placements(ctx, recorded, param)
         shapes[readable] = list(param.shape)
     return shapes
 
