@@ -49,7 +49,6 @@ ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()
 SHARDING_CHANGES_KEY = pytest.StashKey[list[str]]()
 RUN_SERVERS_KEY = pytest.StashKey[runservers.RunServers]()
 RUN_FOLDER_KEY = pytest.StashKey[runfolder.RunFolder]()
-XLA_DUMPS_NAME = "xla-dumps"  # in the run folder: the children's XLA dumps, removed at the end of the run
 PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
 WORKERINPUT_RUN_KEY = "spmd_harness_run"
 CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
@@ -91,7 +90,7 @@ class HarnessSession:
             run_servers = config.stash.get(RUN_SERVERS_KEY, None)
             shared = run_servers.addresses() if run_servers else {}
         # Under xdist every core already runs a worker: spare children would only compete.
-        self.pool = ChildPool(self.results_dir / "logs" / self.worker, startup_timeout=self.case_timeout,
+        self.pool = ChildPool(self.results_dir / runfolder.LOGS_DIR / self.worker, startup_timeout=self.case_timeout,
                               exclusive=self.backend.exclusive_device, spares=self.worker == "main",
                               fork=_fork_server_wanted(options.value(config, "spmd_fork_server"), self.backend),
                               servers=shared)
@@ -220,7 +219,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         return  # pytest_configure or the first case reports it
     servers = runservers.RunServers()
     early_config.stash[RUN_SERVERS_KEY] = servers
-    servers.start(runservers.specs_to_start(backend), run.path / "logs" / "main")
+    servers.start(runservers.specs_to_start(backend), run.path / runfolder.LOGS_DIR / "main")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -293,13 +292,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         servers.close()  # after the pool: its children are ended first
     if session is not None and session.worker == "main":
         # The children's XLA dumps (a failing case kept its own in its record's folder already).
-        shutil.rmtree(session.run.path / XLA_DUMPS_NAME, ignore_errors=True)
+        shutil.rmtree(session.run.path / runfolder.XLA_DUMPS_DIR, ignore_errors=True)
 
 
 def _share_dump_root(run_path: Path) -> None:
     """Children (and servers started from now on) put their XLA dumps under the run's folder."""
     if not os.environ.get(XLA_DUMP_ROOT_ENV):
-        root = run_path / XLA_DUMPS_NAME
+        root = run_path / runfolder.XLA_DUMPS_DIR
         root.mkdir(exist_ok=True)
         os.environ[XLA_DUMP_ROOT_ENV] = str(root)
 
@@ -470,7 +469,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
     """Runs case bodies in child processes; see harness.isolation.case.SpmdRunner.run."""
     harness = request.config.stash[SESSION_KEY]
-    journal = harness.claim_run_folder() / f"requests-{harness.worker}.jsonl"
+    journal = harness.claim_run_folder() / runfolder.requests_name(harness.worker)
     runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, _case_id(request.node), journal,
                         late_faults=harness.charge_late_fault)
     request.node.stash[RUNNER_KEY] = runner
@@ -649,7 +648,7 @@ def _reason(report: pytest.TestReport, judgement: Judgement | None) -> str:
 def _keep_hlo(results_dir: Path, nodeid: str, hlo: dict[str, str]) -> None:
     if not hlo:
         return
-    folder = results_dir / "hlo"
+    folder = results_dir / runfolder.HLO_DIR
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in hlo.items():
         (folder / f"{results.safe_filename(nodeid)}__{results.safe_filename(name)}.txt").write_text(text)
