@@ -8,11 +8,12 @@ the canonical text of each sharding (harness.sharding.canonical_text: an iota an
 device list compare equal; a different device assignment does not), and the torch_xla version
 it was taken on.
 
-Judging (harness.plugin, after the known-bug registry): a passing case whose shardings differ
-from its entry fails on the baseline's *release line* (the same major.minor torch_xla, nightlies
-and +git builds of it included) with a per-tensor diff; on other releases the difference is
-recorded and reported, not failed. Tensors a case records that its entry lacks are reported as
-new (`--spmd-update-shardings` adds them), never failed: recording more must not break a run.
+Judging (Baseline.check; harness.plugin asks it after the known-bug registry): a passing case
+whose shardings differ from its entry fails on the baseline's *release line* (the same
+major.minor torch_xla, nightlies and +git builds of it included) with a per-tensor diff; on other
+releases the difference is recorded and reported, not failed. Tensors a case records that its
+entry lacks are reported as new (`--spmd-update-shardings` adds them), never failed: recording
+more must not break a run.
 """
 
 from __future__ import annotations
@@ -53,6 +54,16 @@ class Change:
 
 def _shown(spec: str | None) -> str:
     return spec or "''"  # torch_xla's text for "no sharding annotation"
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseCheck:
+    """What the baseline says of one passing case's shardings (Baseline.check)."""
+
+    changes: list[Change]  # against the case's entry; empty: the case matches it
+    failure: str | None = None  # the case fails with this text (drift on the baseline's release line)
+    heading: str = ""  # otherwise, where there are changes: the title they are reported under
+    listing: str = ""  # the changes, a line per tensor, with device grids where they help (listing())
 
 
 @dataclasses.dataclass
@@ -109,6 +120,24 @@ class Baseline:
                    if expected[name] != seen.get(name)]
         changes += [Change(name, None, seen[name]) for name in sorted(set(seen) - set(expected))]
         return changes
+
+    def check(self, case: str, observed: Mapping[str, str], version: str | None, nodeid: str) -> CaseCheck | None:
+        """The policy above, for a passing case that observed these shardings on torch_xla `version`;
+        None when the baseline has no entry for it. `nodeid` is named in the command that rewrites
+        the entry."""
+        changes = self.compare(case, observed)
+        if changes is None:
+            return None
+        if not changes:
+            return CaseCheck([])
+        shown = listing(changes)
+        if is_drift(changes) and self.on_release_line(version):
+            return CaseCheck(changes, listing=shown, failure=(
+                f"sharding drift: {len(changes)} tensor(s) differ from {self.path.name} (taken on torch_xla "
+                f"{self.torch_xla}; this run: {version}):\n{shown}\nIf the change is intended, rewrite the "
+                f"entry: pytest '{nodeid}' --spmd-update-shardings"))
+        why = "new tensors" if not is_drift(changes) else f"torch_xla {version} is not on {self.torch_xla}'s release line"
+        return CaseCheck(changes, heading=f"sharding changes (reported, not failed: {why})", listing=shown)
 
     def update(self, case: str, observed: Mapping[str, str], torch_xla: str | None) -> list[Change]:
         """Set the case's entry to what it observed; return what changed."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness import baseline, costs, options, results
+from harness import baseline, costs, options, results, runfolder
 from harness.costbaseline import CostBaseline, default_path
 from harness.errors import HarnessError
 
@@ -27,7 +27,6 @@ SESSION_KEY = pytest.StashKey["CostSession"]()
 SIGNATURES_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
 DUMPS_KEY = pytest.StashKey[dict[str, str]]()
 CHANGES_KEY = pytest.StashKey[list[str]]()
-DUMPS_FOLDER = "costs"
 NO_COST_CHECK_MARKER = ("no_cost_check(reason): neither steady state nor the cost baseline judges this case "
                         "(a self-test whose bodies record a cost regression on purpose)")
 
@@ -159,7 +158,7 @@ def keep_dumps(folder: Path, item: pytest.Item, failed: bool) -> None:
     dumps = item.stash.get(DUMPS_KEY, {})
     if not failed or not dumps:
         return
-    target = folder / DUMPS_FOLDER
+    target = folder / runfolder.COST_DUMPS_DIR
     target.mkdir(parents=True, exist_ok=True)
     for name, text in dumps.items():
         (target / f"{results.safe_filename(item.nodeid)}__{results.safe_filename(name)}.after_optimizations.txt"

@@ -1,13 +1,15 @@
 """The pytest plugin (entry point `pytest11: spmd_harness`).
 
 It adds the options, resolves what each case needs at run time (never at import), gives tests
-the `spmd` fixture that runs bodies in child processes, judges `known_bug` cases against the
-registry, and writes one CaseRecord per SPMD case to the results folder. The pytest process
-itself never imports torch or torch_xla.
+the `spmd` fixture that runs bodies in child processes, has each case judged (the known-bug
+registry, then the sharding and the cost baselines, each by its own module) and writes one
+CaseRecord per SPMD case to the results folder. The pytest process itself never imports torch or
+torch_xla.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import shutil
@@ -25,7 +27,7 @@ from harness import baseline, costcheck, options, results, runfolder, versions
 from harness.backends import XLA_DUMP_ROOT_ENV, Backend, make_backend
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.isolation import runservers
-from harness.isolation.case import SpmdRunner
+from harness.isolation.case import CaseResult, SpmdRunner
 from harness.isolation.child_process import LateFault
 from harness.isolation.evidence import headline
 from harness.isolation.pool import ChildPool
@@ -44,12 +46,9 @@ from harness.requirements import unmet_needs
 
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
 RUNNER_KEY = pytest.StashKey[SpmdRunner]()
-JUDGEMENT_KEY = pytest.StashKey[Judgement]()
 ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()
-SHARDING_CHANGES_KEY = pytest.StashKey[list[str]]()
 RUN_SERVERS_KEY = pytest.StashKey[runservers.RunServers]()
 RUN_FOLDER_KEY = pytest.StashKey[runfolder.RunFolder]()
-XLA_DUMPS_NAME = "xla-dumps"  # in the run folder: the children's XLA dumps, removed at the end of the run
 PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
 WORKERINPUT_RUN_KEY = "spmd_harness_run"
 CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
@@ -91,7 +90,7 @@ class HarnessSession:
             run_servers = config.stash.get(RUN_SERVERS_KEY, None)
             shared = run_servers.addresses() if run_servers else {}
         # Under xdist every core already runs a worker: spare children would only compete.
-        self.pool = ChildPool(self.results_dir / "logs" / self.worker, startup_timeout=self.case_timeout,
+        self.pool = ChildPool(self.results_dir / runfolder.LOGS_DIR / self.worker, startup_timeout=self.case_timeout,
                               exclusive=self.backend.exclusive_device, spares=self.worker == "main",
                               fork=_fork_server_wanted(options.value(config, "spmd_fork_server"), self.backend),
                               servers=shared)
@@ -220,7 +219,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         return  # pytest_configure or the first case reports it
     servers = runservers.RunServers()
     early_config.stash[RUN_SERVERS_KEY] = servers
-    servers.start(runservers.specs_to_start(backend), run.path / "logs" / "main")
+    servers.start(runservers.specs_to_start(backend), run.path / runfolder.LOGS_DIR / "main")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -293,13 +292,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         servers.close()  # after the pool: its children are ended first
     if session is not None and session.worker == "main":
         # The children's XLA dumps (a failing case kept its own in its record's folder already).
-        shutil.rmtree(session.run.path / XLA_DUMPS_NAME, ignore_errors=True)
+        shutil.rmtree(session.run.path / runfolder.XLA_DUMPS_DIR, ignore_errors=True)
 
 
 def _share_dump_root(run_path: Path) -> None:
     """Children (and servers started from now on) put their XLA dumps under the run's folder."""
     if not os.environ.get(XLA_DUMP_ROOT_ENV):
-        root = run_path / XLA_DUMPS_NAME
+        root = run_path / runfolder.XLA_DUMPS_DIR
         root.mkdir(exist_ok=True)
         os.environ[XLA_DUMP_ROOT_ENV] = str(root)
 
@@ -470,7 +469,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
     """Runs case bodies in child processes; see harness.isolation.case.SpmdRunner.run."""
     harness = request.config.stash[SESSION_KEY]
-    journal = harness.claim_run_folder() / f"requests-{harness.worker}.jsonl"
+    journal = harness.claim_run_folder() / runfolder.requests_name(harness.worker)
     runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, _case_id(request.node), journal,
                         late_faults=harness.charge_late_fault)
     request.node.stash[RUNNER_KEY] = runner
@@ -482,13 +481,47 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if call.when == "setup" and item.get_closest_marker("spmd") and _case_id(item) != item.nodeid:
         item.user_properties.append((CASE_ID_PROPERTY, _case_id(item)))  # before the report copies them
     report: pytest.TestReport = yield
+    spmd = item.get_closest_marker("spmd") is not None
     if call.when == "call":
-        _apply_registry(item, call, report)
-        _compare_shardings(item, report)
-        costcheck.judge(item, report, item.stash.get(RUNNER_KEY, None), _child_version(item), call.excinfo is None)
-    if item.get_closest_marker("spmd") and (call.when == "call" or (call.when == "setup" and not report.passed)):
-        _write_record(item, call, report)
+        case = CaseOutcome.of(item)
+        _apply_registry(item, call, report, case)
+        _compare_shardings(item, report, case)
+        costcheck.judge(item, report, case.runner, case.torch_xla, call.excinfo is None)
+        if spmd:
+            _write_record(item, call, report, case)
+    elif call.when == "setup" and not report.passed and spmd:
+        _write_record(item, call, report, CaseOutcome.of(item))
     return report
+
+
+@dataclasses.dataclass
+class CaseOutcome:
+    """One case as the plugin judges it, gathered once (after its call, or at a failed set-up):
+    the registry and the baselines read it and add what they found, and its record is written
+    from it."""
+
+    case_id: str  # the stable name records and baselines use (results.case_id)
+    runner: SpmdRunner | None  # None: the case never reached the spmd fixture
+    entries: list[KnownBug]  # the known_bug entries it names
+    torch_xla: str | None  # what its children ran: the last body that reported a version
+    shardings: dict[str, str]  # what its bodies recorded (a later body's tensor wins)
+    judgement: Judgement | None = None  # the registry's, for a case that names entries
+    sharding_changes: list[str] = dataclasses.field(default_factory=list)  # against its baseline entry
+
+    @classmethod
+    def of(cls, item: pytest.Item) -> CaseOutcome:
+        runner = item.stash.get(RUNNER_KEY, None)
+        results = runner.results if runner else []
+        reported = [r.torch_xla for r in results if r.torch_xla]
+        shardings: dict[str, str] = {}
+        for result in results:
+            shardings.update(result.shardings)
+        return cls(case_id=_case_id(item), runner=runner, entries=item.stash.get(ENTRIES_KEY, None) or [],
+                   torch_xla=reported[-1] if reported else None, shardings=shardings)
+
+    @property
+    def results(self) -> list[CaseResult]:
+        return self.runner.results if self.runner else []
 
 
 def _case_id(item: pytest.Item) -> str:
@@ -501,12 +534,6 @@ def _case_id_of_report(report: Any) -> str:
     return dict(getattr(report, "user_properties", ())).get(CASE_ID_PROPERTY, report.nodeid)
 
 
-def _child_version(item: pytest.Item) -> str | None:
-    runner = item.stash.get(RUNNER_KEY, None)
-    versions = [r.torch_xla for r in runner.results if r.torch_xla] if runner else []
-    return versions[-1] if versions else None
-
-
 def _evidence(call: pytest.CallInfo[None]) -> str | None:
     if call.excinfo is None:
         return None
@@ -516,13 +543,12 @@ def _evidence(call: pytest.CallInfo[None]) -> str | None:
     return call.excinfo.exconly()
 
 
-def _apply_registry(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
-    entries = item.stash.get(ENTRIES_KEY, None)
-    if not entries or report.skipped:
+def _apply_registry(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport,
+                    case: CaseOutcome) -> None:
+    if not case.entries or report.skipped:
         return
-    judgement = judge(entries, _child_version(item), _evidence(call))
-    item.stash[JUDGEMENT_KEY] = judgement
-    item.user_properties.append(("known_bug", judgement.entry or entries[0].id))
+    judgement = case.judgement = judge(case.entries, case.torch_xla, _evidence(call))
+    item.user_properties.append(("known_bug", judgement.entry or case.entries[0].id))
     item.user_properties.append(("registry_verdict", judgement.kind.value))
     if judgement.kind is JudgementKind.REPRODUCED:
         report.outcome = "skipped"
@@ -551,43 +577,29 @@ def _lead_with_judgement(report: pytest.TestReport, message: str) -> None:
         crash.message = message
 
 
-def _compare_shardings(item: pytest.Item, report: pytest.TestReport) -> None:
-    """After the registry: a passing case's shardings against its baseline entry (harness.baseline)."""
+def _compare_shardings(item: pytest.Item, report: pytest.TestReport, case: CaseOutcome) -> None:
+    """After the registry: a passing case's shardings against its baseline entry, or kept for the
+    rewrite (--spmd-update-shardings). Whether a change fails the case: harness.baseline."""
     harness = item.config.stash[SESSION_KEY]
-    runner = item.stash.get(RUNNER_KEY, None)
-    if (report.outcome != "passed" or hasattr(report, "wasxfail") or runner is None
-            or item.get_closest_marker("no_sharding_baseline")):
+    if (report.outcome != "passed" or hasattr(report, "wasxfail") or case.runner is None
+            or item.get_closest_marker("no_sharding_baseline") or not case.shardings):
         return
-    observed: dict[str, str] = {}
-    for result in runner.results:
-        observed.update(result.shardings)
-    if not observed:
-        return
-    version = _child_version(item)
     if harness.update_shardings:
-        harness.shardings_seen[_case_id(item)] = (observed, version)
+        harness.shardings_seen[case.case_id] = (case.shardings, case.torch_xla)
         return
     base = harness.baseline()
     if base is None:
         return
-    changes = base.compare(_case_id(item), observed)
-    if changes is None:
-        harness.cases_without_entry.append(_case_id(item))
+    check = base.check(case.case_id, case.shardings, case.torch_xla, item.nodeid)
+    if check is None:
+        harness.cases_without_entry.append(case.case_id)
         return
-    if not changes:
-        return
-    lines = [str(c) for c in changes]
-    item.stash[SHARDING_CHANGES_KEY] = lines
-    listing = baseline.listing(changes)  # with device grids where a layout has several axes
-    if baseline.is_drift(changes) and base.on_release_line(version):
+    case.sharding_changes = [str(c) for c in check.changes]
+    if check.failure is not None:
         report.outcome = "failed"
-        report.longrepr = (
-            f"sharding drift: {len(lines)} tensor(s) differ from {base.path.name} (taken on torch_xla "
-            f"{base.torch_xla}; this run: {version}):\n{listing}\nIf the change is intended, rewrite the "
-            f"entry: pytest '{item.nodeid}' --spmd-update-shardings")
-    else:
-        why = "new tensors" if not baseline.is_drift(changes) else f"torch_xla {version} is not on {base.torch_xla}'s release line"
-        report.sections.append((f"sharding changes (reported, not failed: {why})", listing))
+        report.longrepr = check.failure
+    elif check.changes:
+        report.sections.append((check.heading, check.listing))
 
 
 def _outcome_of(report: pytest.TestReport) -> str:
@@ -596,33 +608,29 @@ def _outcome_of(report: pytest.TestReport) -> str:
     return report.outcome
 
 
-def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport,
+                  case: CaseOutcome) -> None:
     harness = item.config.stash[SESSION_KEY]
-    runner = item.stash.get(RUNNER_KEY, None)
-    judgement = item.stash.get(JUDGEMENT_KEY, None)
-    entries = item.stash.get(ENTRIES_KEY, None) or []
-    shardings: dict[str, str] = {}
-    for result in runner.results if runner else []:
-        shardings.update(result.shardings)
+    judgement, entries = case.judgement, case.entries
     record = results.CaseRecord(
-        nodeid=_case_id(item), family=results.family_of(_case_id(item)), outcome=_outcome_of(report),
+        nodeid=case.case_id, family=results.family_of(case.case_id), outcome=_outcome_of(report),
         reason=_reason(report, judgement),
         known_bug=(judgement.entry if judgement and judgement.entry else entries[0].id if entries else None),
         known_bugs=[e.id for e in entries],
         registry_verdict=judgement.kind.value if judgement else None,
         signature=judgement.signature if judgement else None,
-        evidence=_bounded(_evidence(call) or ""), torch_xla=_child_version(item), backend=harness.backend.name,
+        evidence=_bounded(_evidence(call) or ""), torch_xla=case.torch_xla, backend=harness.backend.name,
         devices=harness.backend.capabilities().devices, duration_s=round(report.duration, 3),
-        body_s=round(sum(r.duration_s for r in runner.results), 3) if runner else 0.0,
-        shardings=shardings, sharding_changes=item.stash.get(SHARDING_CHANGES_KEY, []),
+        body_s=round(sum(r.duration_s for r in case.results), 3) if case.runner else 0.0,
+        shardings=case.shardings, sharding_changes=case.sharding_changes,
         sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None, **costcheck.record_fields(item),
         **_stack_versions(),
     )
 
     def write() -> None:
         folder = harness.claim_run_folder()
-        for result in runner.results if runner else []:
-            _keep_hlo(folder, _case_id(item), result.hlo)
+        for result in case.results:
+            _keep_hlo(folder, case.case_id, result.hlo)
         costcheck.keep_dumps(folder, item, report.failed)
         results.write_record(folder, record, harness.worker)
 
@@ -649,7 +657,7 @@ def _reason(report: pytest.TestReport, judgement: Judgement | None) -> str:
 def _keep_hlo(results_dir: Path, nodeid: str, hlo: dict[str, str]) -> None:
     if not hlo:
         return
-    folder = results_dir / "hlo"
+    folder = results_dir / runfolder.HLO_DIR
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in hlo.items():
         (folder / f"{results.safe_filename(nodeid)}__{results.safe_filename(name)}.txt").write_text(text)

@@ -1,7 +1,8 @@
 """Replay journalled case bodies in bare Python processes: no pytest, no pipes, no pool.
 
-Every `spmd.run` is journalled to `<results-dir>/requests-<worker>.jsonl` before it runs (body,
-kwargs, the child's exact environment). This replays them:
+Every `spmd.run` is journalled to `requests-<worker>.jsonl` in the run's folder
+(`<results-dir>/run-*/`, see harness.runfolder) before it runs (body, kwargs, the child's exact
+environment). This replays them:
 
     python -m harness.replay --case test_fsdpv2_vit          # reproduce one case outside pytest
     python -m harness.replay --print-commands                # the env + command, to run under gdb
@@ -36,7 +37,7 @@ from harness.isolation import protocol
 def read_journal(results_dir: Path, case_filter: str = "") -> list[dict[str, Any]]:
     entries = []
     run = runfolder.resolve(results_dir) or results_dir  # a results folder means its latest run
-    for path in sorted(run.glob("requests-*.jsonl")):
+    for path in sorted(run.glob(runfolder.REQUESTS_GLOB)):
         for line in path.read_text(encoding="utf-8").splitlines():
             entry = json.loads(line)
             if case_filter in entry["request"]["case"]:

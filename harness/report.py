@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from harness import cli, runfolder
-from harness.results import VERDICTS_GLOB, CaseRecord, family_of, read_records, suite_exit_problem
+from harness.results import CaseRecord, family_of, read_records, suite_exit_problem
 
 # Long log tails would make the summary table unreadable; the full text is in the uploaded JSON.
 EVIDENCE_LIMIT = 400
@@ -355,14 +355,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{' ...' if len(results.unreadable) > 10 else ''}", file=sys.stderr)
     runs = runfolder.find_runs(args.results_dir)
     home = runs[0] if len(runs) == 1 else args.results_dir  # the run's own folder when there is one
-    write_summary(render_summary(results, args.title), args.summary or home / "summary.md", args.step_summary)
+    write_summary(render_summary(results, args.title), args.summary or home / runfolder.SUMMARY_NAME, args.step_summary)
     if args.github_output is not None:
         write_github_output(args.github_output, counts(results))
     for line in github_annotations(results) if args.annotate else plain_failure_lines(results):
         print(line)
     print(f"harness.report {home}: {totals_line(results)}")
     if not results.records:
-        print(f"error: no case records ({VERDICTS_GLOB}) under {args.results_dir}: the run executed "
+        print(f"error: no case records ({runfolder.VERDICTS_GLOB}) under {args.results_dir}: the run executed "
               "nothing. Check that cases were collected (-m spmd), that the harness plugin loaded, "
               "and that --spmd-results-dir points here.", file=sys.stderr)
         return EXIT_NO_RECORDS

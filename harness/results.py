@@ -1,17 +1,10 @@
 """The results folder: one JSON record per case, written by the pytest plugin.
 
 This is the contract between the harness and everything downstream of a run (the CI job
-summary, the GKE worker's host report, the release matrix). Under pytest-xdist every process
-writes its own `verdicts-<worker>.jsonl`, so no two processes append to one file.
-
-Each run writes into a folder of its own under the results folder (harness.runfolder):
-    <results-dir>/latest -> run-<start>-p<pid>/
-      run.json                  the run's manifest (who, when, how it ended)
-      verdicts-<worker>.jsonl   one CaseRecord per line (amendments: {"amends": nodeid, ...})
-      requests-<worker>.jsonl   every body run, for harness.replay
-      logs/<worker>/*.log       child and fork-server logs
-      hlo/<case>__<name>.txt    HLO excerpts a case chose to keep
-      summary.md                written by harness.report
+summary, the GKE worker's host report, the release matrix). Each pytest process appends its
+records to `verdicts-<worker>.jsonl` in the run's own folder: one CaseRecord per line, and an
+amendment (`{"amends": nodeid, "late_fault": ...}`) where a child misbehaved after a case's
+verdict. The run folder's whole layout: harness.runfolder.
 """
 
 from __future__ import annotations
@@ -30,8 +23,6 @@ from harness import runfolder, versions
 from harness.errors import DamagedRecord
 from harness.isolation.processes import describe_exit
 from harness.schema import shown
-
-VERDICTS_GLOB = "verdicts-*.jsonl"
 
 
 @dataclasses.dataclass
@@ -169,7 +160,7 @@ def family_of(nodeid: str) -> str:
 
 
 def write_record(results_dir: Path, record: CaseRecord, worker: str = "main") -> None:
-    _append(results_dir / f"verdicts-{worker}.jsonl", record.to_json())
+    _append(results_dir / runfolder.verdicts_name(worker), record.to_json())
 
 
 def _append(path: Path, line: str) -> None:
@@ -182,7 +173,7 @@ def _append(path: Path, line: str) -> None:
 
 def write_amendment(results_dir: Path, nodeid: str, late_fault: str, worker: str = "main") -> None:
     """Charge a fault found after a case's verdict to that case; read_records folds it in."""
-    _append(results_dir / f"verdicts-{worker}.jsonl", json.dumps({"amends": nodeid, "late_fault": late_fault}))
+    _append(results_dir / runfolder.verdicts_name(worker), json.dumps({"amends": nodeid, "late_fault": late_fault}))
 
 
 def read_records(results_dir: Path, unreadable: list[str] | None = None, recursive: bool = False) -> Iterator[CaseRecord]:
@@ -196,7 +187,7 @@ def read_records(results_dir: Path, unreadable: list[str] | None = None, recursi
     """
     root = Path(results_dir)
     runs = runfolder.find_runs(root) if recursive else [runfolder.resolve(root) or root]
-    for path in sorted(p for run in runs for p in run.glob(VERDICTS_GLOB)):
+    for path in sorted(p for run in runs for p in run.glob(runfolder.VERDICTS_GLOB)):
         records: dict[str, CaseRecord] = {}
         with path.open(encoding="utf-8") as fh:
             for number, line in enumerate(fh, start=1):

@@ -1,10 +1,21 @@
 """One folder per pytest run under the results folder, and the pointer to the newest.
 
     <results-dir>/
-      latest -> run-20261124-040512-p4711      symlink, replaced only if it points at a run folder
+      latest -> run-20261124-040512-p4711   symlink, replaced only if it points at a run folder
+      junit.xml                             where scripts/ci-spmd.sh and the GKE worker ask pytest for it
       run-20261124-040512-p4711/
-        run.json                                the manifest: who ran, when, how it ended
-        verdicts-<worker>.jsonl, requests-<worker>.jsonl, logs/<worker>/, hlo/, junit.xml, summary.md
+        run.json                  the manifest: who ran, when, how it ended
+        verdicts-<worker>.jsonl   one case record per line (harness.results; amendments: late faults)
+        requests-<worker>.jsonl   every body run, journalled before it runs, for harness.replay
+        logs/<worker>/            child and fork-server logs
+        hlo/<case>__<name>.txt    HLO text a case chose to keep
+        costs/                    the partitioned modules of a failing cost-measured case
+        xla-dumps/                the children's XLA dumps, removed when the run ends
+        summary.md                written by harness.report
+        replay-group-<n>.json     written by harness.replay --print-commands
+
+`<worker>` is `main`, or xdist's worker id (`gw0`, `gw1`, ...): every pytest process writes files
+of its own, so no two processes append to one file. The names are defined once, below.
 
 Why a folder per run: the plugin is a pytest11 entry point, so it is loaded by every pytest in
 the venv, with whatever `--results-dir` (`.`, a home folder) someone gives. It must never delete
@@ -36,6 +47,29 @@ MANIFEST_SCHEMA = 1
 # The manifest lists the node ids pytest reported failing so a reader can find failures that have
 # no case record (a non-SPMD test, a lost record); bounded so a mass failure cannot bloat it.
 MAX_FAILED_IDS = 500
+
+# What a run folder holds (the layout above). A results folder is read after the run, also by
+# other versions of the harness (harness.report, `matrix compare`): these names do not change.
+LOGS_DIR = "logs"
+HLO_DIR = "hlo"
+COST_DUMPS_DIR = "costs"
+XLA_DUMPS_DIR = "xla-dumps"
+SUMMARY_NAME = "summary.md"
+JUNIT_NAME = "junit.xml"  # beside the run folders, not in one
+
+
+def verdicts_name(worker: str) -> str:
+    """The case records of one pytest process (`worker`: `main`, `gw0`, ...)."""
+    return f"verdicts-{worker}.jsonl"
+
+
+def requests_name(worker: str) -> str:
+    """The journal of the body runs one pytest process asked for (harness.replay reads it)."""
+    return f"requests-{worker}.jsonl"
+
+
+VERDICTS_GLOB = verdicts_name("*")
+REQUESTS_GLOB = requests_name("*")
 
 
 def new_run_id(pid: int | None = None) -> str:
@@ -232,7 +266,7 @@ def resolve(path: Path) -> Path | None:
     of verdicts written without one, as tests and GKE host folders hold), else where `latest`
     points, else the newest run folder in it; None when it holds no run."""
     path = Path(path)
-    if is_run_folder(path) or any(path.glob("verdicts-*.jsonl")):
+    if is_run_folder(path) or any(path.glob(VERDICTS_GLOB)):
         return path
     latest = path / LATEST_NAME
     if latest.is_symlink() and is_run_folder(latest):

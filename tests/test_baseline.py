@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.baseline import Baseline, Change, is_drift
+from harness.baseline import Baseline, CaseCheck, Change, is_drift
 
 pytestmark = pytest.mark.selftest
 
@@ -128,6 +128,23 @@ def test_a_broken_baseline_is_a_usage_error(suite, pytester):
     (pytester.path / "baseline.json").write_text("{not json")
     result = suite({"w": TILED})
     assert result.ret == pytest.ExitCode.USAGE_ERROR or "cannot be read" in result.stdout.str() + result.stderr.str()
+
+
+def test_the_policy_fails_drift_on_the_release_line_and_reports_the_rest():
+    base = Baseline(Path("cpu-4.json"), "cpu", 4, "2.9.0", {"c": {"w": TILED}})
+    assert base.check("other", {"w": TILED}, "2.9.0", "t.py::other") is None  # no entry: not compared
+    assert base.check("c", {"w": "{devices=[4,1]<=[4]}"}, "2.9.0", "t.py::c") == CaseCheck([])
+    drift = base.check("c", {"w": "{replicated}"}, "2.9.1", "t.py::c")
+    assert drift is not None and drift.changes == [Change("w", TILED, "{replicated}")]
+    assert drift.failure is not None and drift.failure.startswith(
+        "sharding drift: 1 tensor(s) differ from cpu-4.json (taken on torch_xla 2.9.0; this run: 2.9.1):")
+    assert "pytest 't.py::c' --spmd-update-shardings" in drift.failure
+    elsewhere = base.check("c", {"w": "{replicated}"}, "2.8.0", "t.py::c")
+    assert elsewhere is not None and elsewhere.failure is None
+    assert elsewhere.heading == "sharding changes (reported, not failed: torch_xla 2.8.0 is not on 2.9.0's release line)"
+    new = base.check("c", {"w": TILED, "b": TILED}, "2.9.0", "t.py::c")
+    assert new is not None and new.failure is None and new.changes == [Change("b", None, TILED)]
+    assert new.heading == "sharding changes (reported, not failed: new tensors)"
 
 
 @pytest.mark.parametrize("changes, drift", [

@@ -85,7 +85,7 @@ def suite_argv(opts: WorkerOptions) -> list[str]:
     # --opt=value: pytest picks its rootdir and config before plugin options exist, so a separate
     # value (/results) would be read as a test path and the repo's pytest config dropped.
     return [*base, f"--spmd-backend={opts.backend}", f"--spmd-results-dir={results}",
-            f"--junitxml={opts.results_dir / 'junit.xml'}", *opts.extra_args]
+            f"--junitxml={opts.results_dir / runfolder.JUNIT_NAME}", *opts.extra_args]
 
 
 def run_worker(opts: WorkerOptions, env: dict[str, str], out: IO[str]) -> int:

@@ -16,7 +16,6 @@ from packaging.version import InvalidVersion, Version
 from harness import runfolder
 from harness.errors import HarnessUsageError
 from harness.matrix.envs import read_wheel_folder
-from harness.results import VERDICTS_GLOB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +105,7 @@ def results_column(name: str, folder: Path, option: str) -> ColumnSpec:
         return ColumnSpec(name, "results", None, folder)
     nested = sorted(p.name for p in folder.glob("*/") if is_results_dir(p)) if folder.is_dir() else []
     hint = f"; it has results folders {', '.join(nested)} inside: pass one of those" if nested else ""
-    raise HarnessUsageError(f"{option} {folder}: no {VERDICTS_GLOB} there{hint}")
+    raise HarnessUsageError(f"{option} {folder}: no {runfolder.VERDICTS_GLOB} there{hint}")
 
 
 def dir_column(name: str, folder: Path, option: str) -> ColumnSpec:

@@ -16,7 +16,7 @@ from typing import Protocol
 from harness import runfolder
 from harness.matrix.errors import CommandTimedOut, SuiteRunError
 from harness.matrix.procs import run_logged
-from harness.results import VERDICTS_GLOB, CaseRecord, read_records, suite_exit_problem
+from harness.results import CaseRecord, read_records, suite_exit_problem
 
 SUITE_LOG = "pytest.log"
 # Only the case folder: an env built for the matrix has the harness's light deps, not the `test`
@@ -116,7 +116,7 @@ def _isolated_environ(python: Path) -> dict[str, str]:
 
 def _count_records(results_dir: Path) -> int:
     count = 0
-    for path in (runfolder.resolve(results_dir) or results_dir).glob(VERDICTS_GLOB):
+    for path in (runfolder.resolve(results_dir) or results_dir).glob(runfolder.VERDICTS_GLOB):
         try:
             count += sum(1 for line in path.open(encoding="utf-8") if line.strip())
         except OSError:
