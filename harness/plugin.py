@@ -16,9 +16,9 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
@@ -96,6 +96,7 @@ class HarnessSession:
                               servers=shared)
         self.registry_path = Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH).resolve()
         self.late_faults: list[LateFault] = []
+        self.shardings_updated: dict[str, list[baseline.Change]] | None = None  # set by --spmd-update-shardings
         self.early_start_done = False
         self._baseline_option: str | None = options.value(config, "spmd_shardings_baseline")
         self._rootpath = config.rootpath
@@ -180,7 +181,7 @@ def _fork_server_wanted(option: str | None, backend: Backend) -> bool:
 
 def _summarise_baseline(terminalreporter: Any, harness: HarnessSession) -> None:
     baseline.summarise(terminalreporter, "sharding", harness.baseline_path,
-                       getattr(harness, "shardings_updated", None), harness.cases_without_entry,
+                       harness.shardings_updated, harness.cases_without_entry,
                        "--spmd-update-shardings")
 
 
@@ -279,8 +280,11 @@ def _stop_on_sigterm(config: pytest.Config) -> None:
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"pytest received {signal_name(signum)}")
 
+    def restore_sigterm() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
     signal.signal(signal.SIGTERM, interrupt)
-    config.add_cleanup(lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    config.add_cleanup(restore_sigterm)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -370,7 +374,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
     case's record, so the controller does: a started case always leaves a failed record."""
     worker_node = getattr(report, "node", None)  # xdist's WorkerController for the dead worker
     harness = worker_node.config.stash.get(SESSION_KEY, None) if worker_node is not None else None
-    if harness is None:
+    if harness is None or worker_node is None:
         return
     worker = getattr(getattr(worker_node, "gateway", None), "id", "?")
     reason = f"xdist worker {worker} crashed while running this case (the worker process died; see the pytest output)"
@@ -477,7 +481,8 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+def pytest_runtest_makereport(
+        item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     if call.when == "setup" and item.get_closest_marker("spmd") and _case_id(item) != item.nodeid:
         item.user_properties.append((CASE_ID_PROPERTY, _case_id(item)))  # before the report copies them
     report: pytest.TestReport = yield
@@ -516,7 +521,7 @@ class CaseOutcome:
         shardings: dict[str, str] = {}
         for result in results:
             shardings.update(result.shardings)
-        return cls(case_id=_case_id(item), runner=runner, entries=item.stash.get(ENTRIES_KEY, None) or [],
+        return cls(case_id=_case_id(item), runner=runner, entries=item.stash.get(ENTRIES_KEY, []),
                    torch_xla=reported[-1] if reported else None, shardings=shardings)
 
     @property
@@ -637,7 +642,13 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
     _write_results(harness, item.config, write)
 
 
-def _stack_versions() -> dict[str, str | None]:
+class StackVersions(TypedDict):
+    torch: str | None
+    jax: str | None
+    harness: str | None
+
+
+def _stack_versions() -> StackVersions:
     """torch, jax and the harness as installed in this venv (the children run the same one)."""
     stack = versions.stack()
     return {"torch": stack["torch"], "jax": stack["jax"], "harness": versions.harness()}
