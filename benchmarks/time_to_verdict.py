@@ -108,8 +108,9 @@ def measure(label: str, argv: list[str], results_dir: Path | None) -> Measuremen
     done.set()
     sampler.join()
     if results_dir is not None:
-        m.cases = sum(1 for p in (results_dir / "latest").glob("verdicts-*.jsonl")
-                      for line in p.read_text().splitlines() if line)
+        m.cases = sum(
+            1 for p in (results_dir / "latest").glob("verdicts-*.jsonl") for line in p.read_text().splitlines() if line
+        )
     return m
 
 
@@ -170,19 +171,25 @@ def target_only(parallel: tuple[list[str], Path | None], bare: tuple[list[str], 
     for attempt in range(repeat):
         n2, one = measure("-n 2, forked", *parallel), measure("one bare process", *bare)
         ratios.append(n2.wall / one.wall)
-        print(f"run {attempt + 1}/{repeat}: -n 2 forked {n2.wall:.1f}s ({n2.cases} cases, exit {n2.exit_code}), "
-              f"one bare process {one.wall:.1f}s: {ratios[-1]:.2f}x", flush=True)
+        print(
+            f"run {attempt + 1}/{repeat}: -n 2 forked {n2.wall:.1f}s ({n2.cases} cases, exit {n2.exit_code}), "
+            f"one bare process {one.wall:.1f}s: {ratios[-1]:.2f}x",
+            flush=True,
+        )
     ratios.sort()
-    print(f"\n-n 2 forked = {ratios[len(ratios) // 2]:.2f} x one bare torch_xla process "
-          f"(median of {repeat}; min {ratios[0]:.2f}, max {ratios[-1]:.2f})")
+    print(
+        f"\n-n 2 forked = {ratios[len(ratios) // 2]:.2f} x one bare torch_xla process "
+        f"(median of {repeat}; min {ratios[0]:.2f}, max {ratios[-1]:.2f})"
+    )
     return 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=1, help="runs per row; the table shows the median")
-    parser.add_argument("--target-only", action="store_true",
-                        help="only '-n 2, forked' and 'one bare process' (the target's ratio)")
+    parser.add_argument(
+        "--target-only", action="store_true", help="only '-n 2, forked' and 'one bare process' (the target's ratio)"
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra arguments for pytest (after --)")
     args = parser.parse_args()
     python = sys.executable
@@ -195,7 +202,10 @@ def main() -> int:
             name = "forked" if mode == "on" else "fresh"
             for workers, extra in (("serial", []), ("-n 2", ["-n", "2"])):
                 folder = Path(tmp, f"{name}-{workers.replace(' ', '')}")
-                rows[f"{workers}, {name}"] = (base + extra + [f"--spmd-fork-server={mode}", f"--spmd-results-dir={folder}"], folder)
+                rows[f"{workers}, {name}"] = (
+                    base + extra + [f"--spmd-fork-server={mode}", f"--spmd-results-dir={folder}"],
+                    folder,
+                )
         serial_dir = rows["serial, forked"][1]
         rows["floor (bare replay)"] = ([python, "-m", "harness.replay", f"--spmd-results-dir={serial_dir}"], None)
         rows["one bare process"] = ([python, "-c", BARE_STEP], None)
@@ -211,8 +221,11 @@ def main() -> int:
         floor = measured.pop("floor (bare replay)")
         floor.cases = measured["serial, forked"].cases
         bare = measured.pop("one bare process")
-        extra_rows = [bodies_floor(serial_dir, "floor (bodies), serial", 1),
-                      bodies_floor(serial_dir, "floor (bodies), 2 cores", 2), bare]
+        extra_rows = [
+            bodies_floor(serial_dir, "floor (bodies), serial", 1),
+            bodies_floor(serial_dir, "floor (bodies), 2 cores", 2),
+            bare,
+        ]
         print()
     print(table(list(measured.values()), floor, extra_rows))
     print(f"\n-n 2 forked = {measured['-n 2, forked'].wall / bare.wall:.1f} x one bare torch_xla process")

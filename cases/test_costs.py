@@ -20,8 +20,11 @@ from harness import costs
 from harness.costbaseline import CostBaseline
 from harness.hlo import COLLECTIVE_OPCODES
 
-pytestmark = [pytest.mark.spmd, pytest.mark.needs(devices=2),
-              pytest.mark.no_cost_check("its bodies record cost regressions on purpose; the test judges them")]
+pytestmark = [
+    pytest.mark.spmd,
+    pytest.mark.needs(devices=2),
+    pytest.mark.no_cost_check("its bodies record cost regressions on purpose; the test judges them"),
+]
 
 STEPS = 3  # the third runs after the meter's two-step warm-up
 # What the batch is marked with at each step when the annotation is made to move (over the
@@ -54,8 +57,11 @@ def body_two_layer_fsdpv2(ctx, steps: int, rotate_input_sharding: bool = False, 
     mesh = xla.mesh((n, 1), ("fsdp", "model"))
     torch.manual_seed(0)
     model = nn.Sequential(Layer(16, 32), nn.Tanh(), Layer(32, 8))
-    wrapped = FSDPv2(model, mesh=mesh, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                                                          transformer_layer_cls={Layer}))
+    wrapped = FSDPv2(
+        model,
+        mesh=mesh,
+        auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Layer}),
+    )
     recording.record_parameters(ctx, wrapped)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
     meter = stepcosts.StepMeter(ctx, parameters=wrapped.parameters(), optimizer=optimizer)
@@ -64,8 +70,9 @@ def body_two_layer_fsdpv2(ctx, steps: int, rotate_input_sharding: bool = False, 
     for step in range(steps):
         with meter.step():
             x = x_cpu.to(xla.device())
-            xs.mark_sharding(x, mesh, ROTATING_SPECS[step % len(ROTATING_SPECS)] if rotate_input_sharding
-                             else ("fsdp", None))
+            xs.mark_sharding(
+                x, mesh, ROTATING_SPECS[step % len(ROTATING_SPECS)] if rotate_input_sharding else ("fsdp", None)
+            )
             optimizer.zero_grad()
             loss = wrapped(x).pow(2).mean()
             loss.backward()
@@ -83,8 +90,9 @@ def signature_of(result) -> dict:
 
 
 def assert_same_numbers(a, b) -> None:
-    assert all(math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-6) for x, y in zip(a.values["losses"], b.values["losses"])), (
-        f"the change must keep the numbers: {a.values['losses']} vs {b.values['losses']}")
+    assert all(
+        math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-6) for x, y in zip(a.values["losses"], b.values["losses"])
+    ), f"the change must keep the numbers: {a.values['losses']} vs {b.values['losses']}"
 
 
 def test_steady_state_detector_catches_a_graph_per_step(spmd) -> None:
@@ -105,7 +113,9 @@ def test_cost_baseline_catches_communication_that_changes_no_sharding(spmd) -> N
     after = spmd.run(body_two_layer_fsdpv2, steps=STEPS, gather_twice=True, fresh=True)
     assert_same_numbers(before, after)
     assert before.shardings == after.shardings, "the change must leave every recorded sharding as it was"
-    base = CostBaseline(None, "cpu", 0, "2.9.0", {"case": {costs.DEFAULT_LABEL: costs.comparable(signature_of(before))}})  # type: ignore[arg-type]  # no file: only compare() is used
+    base = CostBaseline(
+        None, "cpu", 0, "2.9.0", {"case": {costs.DEFAULT_LABEL: costs.comparable(signature_of(before))}}
+    )  # type: ignore[arg-type]  # no file: only compare() is used
     assert base.compare("case", {costs.DEFAULT_LABEL: signature_of(before)}) == [], "no change, no line"
     lines = [str(c) for c in base.compare("case", {costs.DEFAULT_LABEL: signature_of(after)})]
     assert lines and all(line.startswith("step0: ") for line in lines), lines

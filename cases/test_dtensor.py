@@ -164,16 +164,20 @@ def body_parallelize_module_xla(ctx, coordinate_hack: bool) -> None:
 @pytest.mark.needs(devices=2)
 @pytest.mark.known_bug("dtensor-parallelize-module-forward")
 @pytest.mark.parametrize("functionalization", FUNCTIONALIZATION)
-@pytest.mark.parametrize("coordinate_hack", [
-    # As a user writes it: fails in DTensor.from_local with "no attribute '_coordinate_on_dim'".
-    pytest.param(False, id="as-written"),
-    # With the private `mesh._coordinate_on_dim = [0]`, to reach the deeper failure:
-    # isFunctionalTensor (func-on), Expected XLA tensor / Check failed: xtensor (func-off).
-    pytest.param(True, id="coordinate-hack"),
-])
+@pytest.mark.parametrize(
+    "coordinate_hack",
+    [
+        # As a user writes it: fails in DTensor.from_local with "no attribute '_coordinate_on_dim'".
+        pytest.param(False, id="as-written"),
+        # With the private `mesh._coordinate_on_dim = [0]`, to reach the deeper failure:
+        # isFunctionalTensor (func-on), Expected XLA tensor / Check failed: xtensor (func-off).
+        pytest.param(True, id="coordinate-hack"),
+    ],
+)
 def test_parallelize_module_on_xla_mesh(spmd, coordinate_hack: bool, functionalization: bool) -> None:
-    result = spmd.run(body_parallelize_module_xla, functionalization=functionalization, check=False,
-                      coordinate_hack=coordinate_hack)
+    result = spmd.run(
+        body_parallelize_module_xla, functionalization=functionalization, check=False, coordinate_hack=coordinate_hack
+    )
     # parallelize_module itself shards as planned; the known bug is the forward. A wrong sharding
     # here is a different failure and must not be mistaken for the known one.
     _assert_specs_recorded_so_far(result, expected_param_specs(mesh_size(spmd)))
@@ -216,8 +220,7 @@ def _gloo_rank(rank: int, world_size: int, queue) -> None:
     for name, param in model.named_parameters():
         if not isinstance(param, DTensor):
             raise AssertionError(f"rank {rank}: {name} is a {type(param).__name__}, expected a DTensor")
-        layout[name] = {"placements": [repr(p) for p in param.placements],
-                        "local_shape": list(param.to_local().shape)}
+        layout[name] = {"placements": [repr(p) for p in param.placements], "local_shape": list(param.to_local().shape)}
 
     out = model(x)
     out.pow(2).mean().backward()
@@ -254,10 +257,17 @@ def _skip_where_torch_cannot_run_one_rank(result, world_size: int) -> None:
 
     torch = result.values.get("torch")
     message = result.exception.message if result.exception else ""
-    if (world_size == 1 and torch and Version(torch).release < (2, 6)
-            and "IndexError" in message and "gen_einsum_strategies" in message):
-        pytest.skip(f"torch {torch}: DTensor's gen_einsum_strategies raises IndexError on a 1-rank mesh "
-                    "(pytorch/pytorch#139134, fixed in torch 2.6); the 2-rank reference runs on this release")
+    if (
+        world_size == 1
+        and torch
+        and Version(torch).release < (2, 6)
+        and "IndexError" in message
+        and "gen_einsum_strategies" in message
+    ):
+        pytest.skip(
+            f"torch {torch}: DTensor's gen_einsum_strategies raises IndexError on a 1-rank mesh "
+            "(pytorch/pytorch#139134, fixed in torch 2.6); the 2-rank reference runs on this release"
+        )
 
 
 def _free_port() -> int:
@@ -266,15 +276,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("world_size", [
-    pytest.param(1, id="gloo-1-rank"),  # the DTensor path with no peers
-    pytest.param(2, id="gloo-2-ranks"),  # real shards: RowwiseParallel's partial sums are all-reduced
-])
+@pytest.mark.parametrize(
+    "world_size",
+    [
+        pytest.param(1, id="gloo-1-rank"),  # the DTensor path with no peers
+        pytest.param(2, id="gloo-2-ranks"),  # real shards: RowwiseParallel's partial sums are all-reduced
+    ],
+)
 def test_parallelize_module_on_gloo_cpu_mesh(spmd, world_size: int) -> None:
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     # Fresh, without torch_xla: torch.distributed's process group is once per process.
-    result = spmd.run(body_parallelize_module_gloo, preload=False, env=env, timeout=120, world_size=world_size,
-                      check=False)
+    result = spmd.run(
+        body_parallelize_module_gloo, preload=False, env=env, timeout=120, world_size=world_size, check=False
+    )
     _skip_where_torch_cannot_run_one_rank(result, world_size)
     ranks = result.raise_for_outcome().values["ranks"]
     assert [r["rank"] for r in ranks] == list(range(world_size))
@@ -315,8 +329,15 @@ def body_per_parameter_workaround(ctx, steps: int) -> None:
     recording.record_parameters(ctx, model, placements=True)
 
     x_xla = x.to(xla.device())
-    train_next_to_reference(ctx, model, reference, x, x_xla, steps, lambda loss: ctx.record_hlo(
-        "first_loss", recording.record_step_graph(ctx, "first_loss", [loss])))
+    train_next_to_reference(
+        ctx,
+        model,
+        reference,
+        x,
+        x_xla,
+        steps,
+        lambda loss: ctx.record_hlo("first_loss", recording.record_step_graph(ctx, "first_loss", [loss])),
+    )
 
 
 def train_next_to_reference(ctx, model, reference, x, x_xla, steps: int, record_first_step) -> None:
@@ -353,8 +374,9 @@ def train_next_to_reference(ctx, model, reference, x, x_xla, steps: int, record_
 @pytest.mark.parametrize("functionalization", FUNCTIONALIZATION)
 def test_per_parameter_distribute_tensor_workaround(spmd, functionalization: bool) -> None:
     # Three steps: the third runs after the meter's two-step warm-up, so steady state is checked.
-    result = spmd.run(body_per_parameter_workaround, functionalization=functionalization, steps=3,
-                      fresh=True)  # a cost-measured loop: no graph cached by an earlier case
+    result = spmd.run(
+        body_per_parameter_workaround, functionalization=functionalization, steps=3, fresh=True
+    )  # a cost-measured loop: no graph cached by an earlier case
     expected = expected_param_specs(mesh_size(spmd))
     for name, spec in expected.items():
         assert_sharding_equal(result.shardings[name], spec, name)
@@ -410,21 +432,24 @@ TRANSPOSE_BUG = pytest.mark.known_bug("dtensor-distribute-tensor-matmul")
 
 
 @pytest.mark.needs(devices=2)
-@pytest.mark.parametrize(("op", "functionalization"), [
-    # Functionalization on: the known bug (#9472) is a transpose of the distributed weight.
-    pytest.param("t", True, marks=TRANSPOSE_BUG, id="t-func-on"),  # the transpose alone
-    pytest.param("mm", True, marks=TRANSPOSE_BUG, id="mm-func-on"),  # torch.mm(x, w.t())
-    pytest.param("matmul", True, marks=TRANSPOSE_BUG, id="matmul-func-on"),  # torch.matmul(x, w.T), as in #9472
-    pytest.param("linear", True, marks=TRANSPOSE_BUG, id="linear-func-on"),  # F.linear(x, w) transposes inside
-    pytest.param("add-one", True, id="add-one-func-on"),  # elementwise: must pass
-    pytest.param("mm-untransposed", True, id="mm-untransposed-func-on"),  # torch.mm(w, x.t()): must pass
-    # Functionalization off: the same bodies pass (seen on 2.6.0 and 2.9.0), which shows the
-    # func-on rows fail for the bug and would report an unexpected pass once it is fixed.
-    pytest.param("t", False, id="t-func-off"),
-    pytest.param("mm", False, id="mm-func-off"),
-    pytest.param("matmul", False, id="matmul-func-off"),
-    pytest.param("linear", False, id="linear-func-off"),
-])
+@pytest.mark.parametrize(
+    ("op", "functionalization"),
+    [
+        # Functionalization on: the known bug (#9472) is a transpose of the distributed weight.
+        pytest.param("t", True, marks=TRANSPOSE_BUG, id="t-func-on"),  # the transpose alone
+        pytest.param("mm", True, marks=TRANSPOSE_BUG, id="mm-func-on"),  # torch.mm(x, w.t())
+        pytest.param("matmul", True, marks=TRANSPOSE_BUG, id="matmul-func-on"),  # torch.matmul(x, w.T), as in #9472
+        pytest.param("linear", True, marks=TRANSPOSE_BUG, id="linear-func-on"),  # F.linear(x, w) transposes inside
+        pytest.param("add-one", True, id="add-one-func-on"),  # elementwise: must pass
+        pytest.param("mm-untransposed", True, id="mm-untransposed-func-on"),  # torch.mm(w, x.t()): must pass
+        # Functionalization off: the same bodies pass (seen on 2.6.0 and 2.9.0), which shows the
+        # func-on rows fail for the bug and would report an unexpected pass once it is fixed.
+        pytest.param("t", False, id="t-func-off"),
+        pytest.param("mm", False, id="mm-func-off"),
+        pytest.param("matmul", False, id="matmul-func-off"),
+        pytest.param("linear", False, id="linear-func-off"),
+    ],
+)
 def test_distributed_weight_op(spmd, op: str, functionalization: bool) -> None:
     result = spmd.run(body_distributed_weight_op, functionalization=functionalization, check=False, op=op)
     _assert_specs_recorded_so_far(result, {"w": tiled(mesh_size(spmd), 1)})

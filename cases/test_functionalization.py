@@ -60,6 +60,7 @@ NEW_SHAPE_VIEWS = [
     pytest.param("unsqueeze", (None, "fsdp", None), 1, id="unsqueeze"),  # (1,8,16)
 ]
 
+
 def body_mark_sharding_on_view(ctx, view: str, spec: list) -> None:
     """Shard a view of `randn(8,16) * 1.0` (an IR value, not device data), check the HLO, run it."""
     import torch
@@ -221,8 +222,9 @@ def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float, layout=None) -> 
 
 @pytest.mark.parametrize("functionalization", modes(bug_when_off="fsdpv2-vit-step-has-sharding"))
 def test_fsdpv2_vit_train_steps_match_cpu(spmd, functionalization: bool) -> None:
-    result = spmd.run(body_fsdpv2_vit_train, functionalization=functionalization, steps=TRAIN_STEPS, lr=LEARNING_RATE,
-                      fresh=True)  # a cost-measured loop: no graph cached by an earlier case
+    result = spmd.run(
+        body_fsdpv2_vit_train, functionalization=functionalization, steps=TRAIN_STEPS, lr=LEARNING_RATE, fresh=True
+    )  # a cost-measured loop: no graph cached by an earlier case
     losses, cpu_losses = result.values["losses"], result.values["cpu_losses"]
     assert len(losses) == TRAIN_STEPS, f"expected {TRAIN_STEPS} losses, got {losses}"
     assert all(math.isfinite(x) for x in losses), f"non-finite loss on XLA: {losses}"

@@ -164,7 +164,9 @@ def body_every_entry_point_guards_jax(ctx, reintroduce_deleting_guard: bool = Fa
         try:
             function = getattr(importlib.import_module(entry["module"]), entry["qualname"])
         except Exception as exc:  # noqa: BLE001 - an optional module (e.g. TPU-only) that does not import here
-            calls.append({"entry": f"{entry['module']}.{entry['qualname']}", "skipped": f"{type(exc).__name__}: {exc}"[:200]})
+            calls.append(
+                {"entry": f"{entry['module']}.{entry['qualname']}", "skipped": f"{type(exc).__name__}: {exc}"[:200]}
+            )
             continue
         for preset in (None, "false"):
             if preset is None:
@@ -182,7 +184,9 @@ def body_every_entry_point_guards_jax(ctx, reintroduce_deleting_guard: bool = Fa
             name = f"{entry['module']}.{entry['qualname']}"
             calls.append({"entry": name, "preset": preset, "lookups": list(seen), "after": after, "raised": raised})
             if any(value != "true" for value in seen):
-                problems.append(f"{VAR} was not 'true' at JAX backend start-up in {name} (preset {preset!r}; saw {seen})")
+                problems.append(
+                    f"{VAR} was not 'true' at JAX backend start-up in {name} (preset {preset!r}; saw {seen})"
+                )
             if after != preset:
                 problems.append(f"{VAR} not restored by {name}: {preset!r} before, {after!r} after")
     os.environ.pop(VAR, None)
@@ -198,7 +202,9 @@ def body_every_entry_point_guards_jax(ctx, reintroduce_deleting_guard: bool = Fa
 def test_every_jax_entry_point_sets_and_restores_skip_megascale(spmd) -> None:
     result = spmd.run(body_every_entry_point_guards_jax, fresh=True)
     called = {c["entry"] for c in result.values["calls"] if "lookups" in c}
-    assert any(name.endswith(".trace_pallas") for name in called), f"trace_pallas was not among the calls: {sorted(called)}"
+    assert any(name.endswith(".trace_pallas") for name in called), (
+        f"trace_pallas was not among the calls: {sorted(called)}"
+    )
 
 
 @pytest.mark.needs(jax=True)
@@ -222,6 +228,7 @@ def test_a_new_guarded_function_is_found_without_a_code_change(tmp_path) -> None
         "from torch_xla._internal.jax_workarounds import requires_jax, jax_env_context\n"
         "@requires_jax\ndef new_op(fn, x):\n    return fn(x)\n"
         "def lowered(x):\n    with jax_env_context():\n        return x\n"
-        "def unguarded(x):\n    return x\n")
+        "def unguarded(x):\n    return x\n"
+    )
     found = {(e["module"], e["qualname"]) for e in find_entry_points(str(tmp_path))}
     assert found == {("torch_xla.experimental.new_kernel", "new_op"), ("torch_xla.experimental.new_kernel", "lowered")}

@@ -68,11 +68,14 @@ def _assert_holders(result, name: str, spec: tuple, rank: int) -> None:
         assert is_replicated(text), f"{name}: {spec} over {mesh['axes']} means replicated, got {text}"
         return
     got = tile_holders(text)
-    assert got is not None and len(next(iter(got))) == rank, f"{name}: expected a rank-{rank} tiled sharding, got {text}"
+    assert got is not None and len(next(iter(got))) == rank, (
+        f"{name}: expected a rank-{rank} tiled sharding, got {text}"
+    )
     expected = {tile + (0,) * (rank - len(tile)): devices for tile, devices in expected.items()}
     assert got == expected, (
         f"{name}: spec {spec} over mesh {mesh['axes']}={mesh['shape']} devices {mesh['device_ids']} "
-        f"puts tiles on {expected}, the recorded {text} on {got}:\n" + "\n".join(device_grid(text)))
+        f"puts tiles on {expected}, the recorded {text} on {got}:\n" + "\n".join(device_grid(text))
+    )
 
 
 def _fsdpv2_param_spec(shape: list[int]) -> tuple:
@@ -94,16 +97,25 @@ def _check_fsdpv2_params(result, layout: str, prefix: str = "", suffix: str = ""
     for name, shape in shapes.items():
         _assert_holders(result, prefix + name + suffix, _fsdpv2_param_spec(shape), len(shape))
     if "data" in result.values["mesh"]["axes"] and result.values["mesh"]["shape"][0] > 1:
-        partial = [n for n, s in shapes.items() if s and as_sharding(result.shardings[prefix + n + suffix]).__class__ is Tiled
-                   and as_sharding(result.shardings[prefix + n + suffix]).subgroup_types == ("replicated",)]
+        partial = [
+            n
+            for n, s in shapes.items()
+            if s
+            and as_sharding(result.shardings[prefix + n + suffix]).__class__ is Tiled
+            and as_sharding(result.shardings[prefix + n + suffix]).subgroup_types == ("replicated",)
+        ]
         assert len(partial) == len([s for s in shapes.values() if s]), (
-            f"{layout}: every non-scalar parameter must be partially replicated over data; only {partial} are")
+            f"{layout}: every non-scalar parameter must be partially replicated over data; only {partial} are"
+        )
 
 
 def _check_losses(losses: list[float], cpu_losses: list[float]) -> None:
     assert all(math.isfinite(x) for x in losses), f"non-finite loss on XLA: {losses}"
-    mismatched = [(step, a, b) for step, (a, b) in enumerate(zip(losses, cpu_losses))
-                  if not math.isclose(a, b, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL)]
+    mismatched = [
+        (step, a, b)
+        for step, (a, b) in enumerate(zip(losses, cpu_losses))
+        if not math.isclose(a, b, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL)
+    ]
     assert not mismatched, f"(step, XLA loss, CPU loss) differing beyond rtol {LOSS_RTOL}: {mismatched}"
 
 
@@ -173,7 +185,8 @@ def _assert_axis_across_slices(mesh: dict, axis: str, slices: int) -> None:
         assert slice_of_device == expected_slice, (
             f"device {device} at {dict(zip(axes, coords))} is in slice {slice_of_device}; the {axis} axis "
             f"({shape[along]} long, across {slices} slices) puts that position in slice {expected_slice}: "
-            f"mesh {shape} {mesh['device_ids']}")
+            f"mesh {shape} {mesh['device_ids']}"
+        )
 
 
 def _reshape(flat: list[int], shape: list[int]) -> dict[tuple[int, ...], int]:
@@ -183,10 +196,13 @@ def _reshape(flat: list[int], shape: list[int]) -> dict[tuple[int, ...], int]:
 
 
 @ON_CPU
-@pytest.mark.parametrize("layout,axis", [
-    pytest.param("hybrid-data", "data", id="hybrid-data"),  # dcn data=2: each data row is one slice
-    pytest.param("hybrid-fsdp", "fsdp", id="hybrid-fsdp"),  # dcn fsdp=2: fsdp's halves are the slices
-])
+@pytest.mark.parametrize(
+    "layout,axis",
+    [
+        pytest.param("hybrid-data", "data", id="hybrid-data"),  # dcn data=2: each data row is one slice
+        pytest.param("hybrid-fsdp", "fsdp", id="hybrid-fsdp"),  # dcn fsdp=2: fsdp's halves are the slices
+    ],
+)
 def test_hybrid_mesh_puts_the_dcn_axis_across_slices(spmd, layout: str, axis: str) -> None:
     result = spmd.run(body_hybrid_mesh, layout=layout)
     _assert_axis_across_slices(result.values["mesh"], axis, slices=2)
@@ -226,8 +242,10 @@ def _xla_2d_mesh(ctx):
 
     n = xla.num_devices()
     mesh = init_device_mesh("xla", (2, n // 2), mesh_dim_names=("dp", "tp"))
-    ctx.record("mesh", {"shape": [2, n // 2], "axes": ["dp", "tp"],
-                        "device_ids": [int(d) for d in mesh.mesh.flatten().tolist()]})
+    ctx.record(
+        "mesh",
+        {"shape": [2, n // 2], "axes": ["dp", "tp"], "device_ids": [int(d) for d in mesh.mesh.flatten().tolist()]},
+    )
     return mesh
 
 
@@ -245,14 +263,19 @@ def body_dtensor_2d_workaround(ctx, steps: int) -> None:
     model = model.to(xla.device())
     mesh = _xla_2d_mesh(ctx)
     for name, param in model.named_parameters():
-        recording.record_placements(ctx, name, dt.distribute_tensor(param, mesh, _placements(dt, DTENSOR_2D_PLACEMENTS[name])))
+        recording.record_placements(
+            ctx, name, dt.distribute_tensor(param, mesh, _placements(dt, DTENSOR_2D_PLACEMENTS[name]))
+        )
     recording.record_parameters(ctx, model, placements=True)
     x_xla = x.to(xla.device())
-    recording.record_placements(ctx, "x", dt.distribute_tensor(x_xla, mesh, _placements(dt, DTENSOR_2D_PLACEMENTS["x"])))
+    recording.record_placements(
+        ctx, "x", dt.distribute_tensor(x_xla, mesh, _placements(dt, DTENSOR_2D_PLACEMENTS["x"]))
+    )
     ctx.record_sharding("x", xla.spec_of(x_xla))
 
-    train_next_to_reference(ctx, model, reference, x, x_xla, steps,
-                            lambda loss: recording.record_step_graph(ctx, "step0", [loss]))
+    train_next_to_reference(
+        ctx, model, reference, x, x_xla, steps, lambda loss: recording.record_step_graph(ctx, "step0", [loss])
+    )
 
 
 def _spec_of_placements(codes: tuple[str, ...], rank: int) -> tuple:
@@ -262,8 +285,9 @@ def _spec_of_placements(codes: tuple[str, ...], rank: int) -> tuple:
 
 @pytest.mark.parametrize("functionalization", [pytest.param(True, id="func-on"), pytest.param(False, id="func-off")])
 def test_dtensor_2d_distribute_tensor_workaround(spmd, functionalization: bool) -> None:
-    result = spmd.run(body_dtensor_2d_workaround, functionalization=functionalization, steps=3,
-                      fresh=True)  # a cost-measured loop: no graph cached by an earlier case
+    result = spmd.run(
+        body_dtensor_2d_workaround, functionalization=functionalization, steps=3, fresh=True
+    )  # a cost-measured loop: no graph cached by an earlier case
     for name, codes in DTENSOR_2D_PLACEMENTS.items():
         spec = _spec_of_placements(codes, DTENSOR_RANKS[name])
         _assert_holders(result, name, spec, DTENSOR_RANKS[name])

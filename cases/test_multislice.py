@@ -24,7 +24,9 @@ from harness.registry import get_entry
 pytestmark = pytest.mark.spmd
 
 VAR = "SKIP_MEGASCALE_PJRT_CLIENT"
-NO_GUARD_API = "has no guard function to nest or patch (none before 2.6; 2.6.x sets and pops the variable inline in trace_pallas)"
+NO_GUARD_API = (
+    "has no guard function to nest or patch (none before 2.6; 2.6.x sets and pops the variable inline in trace_pallas)"
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,6 +186,7 @@ def body_nested_guards(ctx, reintroduce_deleting_guard: bool = False) -> None:
     module, name = api
     os.environ.pop(VAR, None)
     try:
+
         @module.requires_jax
         def inner():
             return os.environ.get(VAR)
@@ -197,7 +200,8 @@ def body_nested_guards(ctx, reintroduce_deleting_guard: bool = False) -> None:
         if inside_inner != "true" or after_inner != "true":
             raise AssertionError(
                 f"{VAR} was not 'true' inside nested requires_jax functions "
-                f"(inner saw {inside_inner!r}; outer saw {after_inner!r} after inner returned)")
+                f"(inner saw {inside_inner!r}; outer saw {after_inner!r} after inner returned)"
+            )
 
         guard = getattr(module, name)
         with guard():
@@ -205,7 +209,9 @@ def body_nested_guards(ctx, reintroduce_deleting_guard: bool = False) -> None:
                 pass
             after_inner_with = ctx.record("contexts", os.environ.get(VAR))
         if after_inner_with != "true":
-            raise AssertionError(f"{VAR} was not 'true' in the outer {name} after a nested one exited (saw {after_inner_with!r})")
+            raise AssertionError(
+                f"{VAR} was not 'true' in the outer {name} after a nested one exited (saw {after_inner_with!r})"
+            )
         if os.environ.get(VAR) is not None:
             raise AssertionError(f"{VAR} not restored: unset before the guards, {os.environ.get(VAR)!r} after")
     finally:
@@ -285,7 +291,8 @@ def body_flash_attention_multislice(ctx, seq_len: int, steps: int) -> None:
     if unguarded_tpu:
         raise AssertionError(
             f"{VAR} was not 'true' when JAX created its TPU client ({unguarded_tpu}): "
-            "that client runs MegaScale discovery a second time in this process")
+            "that client runs MegaScale discovery a second time in this process"
+        )
     log_path = os.readlink("/proc/self/fd/2")
     if os.path.exists(log_path):
         with open(log_path, errors="replace") as fh:
@@ -323,8 +330,14 @@ def test_nested_guards_leave_skip_set(spmd) -> None:
 PRESET_ROWS = [
     # the public path every Pallas kernel takes; before 2.6 there is no guard at all, so a preset
     # 'false' is seen inside: judged as megascale-no-guard there, as the 2.6 entry from 2.6.0 on
-    pytest.param("trace_pallas", marks=[pytest.mark.known_bug("megascale-preset-dropped-by-trace-pallas"),
-                                        pytest.mark.known_bug("megascale-no-guard")], id="via-trace-pallas"),
+    pytest.param(
+        "trace_pallas",
+        marks=[
+            pytest.mark.known_bug("megascale-preset-dropped-by-trace-pallas"),
+            pytest.mark.known_bug("megascale-no-guard"),
+        ],
+        id="via-trace-pallas",
+    ),
     # the guard itself (2.7+)
     pytest.param("guard", marks=pytest.mark.known_bug("megascale-guard-deleted-by-nesting"), id="via-guard"),
 ]
@@ -355,10 +368,14 @@ def test_reintroduced_deleting_guard_is_detected(spmd, body_name, options) -> No
     """Self-test: with the pre-#8819 guard patched back in, the case fails with the entry's signature."""
     result = spmd.run(globals()[body_name], reintroduce_deleting_guard=True, fresh=True, check=False, **options)
     _skip_without_guard_api(result)
-    assert result.outcome == "error", f"expected the case to fail with the deleting guard patched in; outcome {result.outcome}"
+    assert result.outcome == "error", (
+        f"expected the case to fail with the deleting guard patched in; outcome {result.outcome}"
+    )
     entry = get_entry("megascale-guard-deleted-by-nesting")
     signature = entry.matching_signature(result.error.evidence)
-    assert signature, f"failure {result.error.evidence!r} matches none of {entry.id}'s signatures {[p.pattern for p in entry.signatures]}"
+    assert signature, (
+        f"failure {result.error.evidence!r} matches none of {entry.id}'s signatures {[p.pattern for p in entry.signatures]}"
+    )
 
 
 @pytest.mark.needs(backend="tpu", multislice=True, jax=True)

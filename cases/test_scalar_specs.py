@@ -122,7 +122,9 @@ def body_partition_spec(ctx, shape, mesh_shape, extra_data_axis, shard_maximal) 
     # The path FSDPv2 takes: an lru_cache'd method, so an unhashable spec raises TypeError here.
     mesh.get_op_sharding(spec)
     if not isinstance(spec, tuple):
-        raise AssertionError(f"partition spec for shape {tuple(shape)} should be a tuple, got {type(spec).__name__} {spec!r}")
+        raise AssertionError(
+            f"partition spec for shape {tuple(shape)} should be a tuple, got {type(spec).__name__} {spec!r}"
+        )
     if len(spec) != len(shape):
         raise AssertionError(f"partition spec {spec!r} has length {len(spec)}; the tensor has rank {len(shape)}")
     on_device = tensor.to(xla.device())
@@ -244,14 +246,20 @@ def _expected_cut(shape, mesh_shape, extra_data_axis, shard_maximal) -> dict[int
 
 
 def check_partition_spec(spmd, shape, mesh_shape, extra_data_axis, shard_maximal) -> None:
-    result = spmd.run(body_partition_spec, shape=list(shape), mesh_shape=list(mesh_shape),
-                      extra_data_axis=extra_data_axis, shard_maximal=shard_maximal)
+    result = spmd.run(
+        body_partition_spec,
+        shape=list(shape),
+        mesh_shape=list(mesh_shape),
+        extra_data_axis=extra_data_axis,
+        shard_maximal=shard_maximal,
+    )
     spec = result.shardings["tensor"]
     expected = _expected_cut(list(shape), list(mesh_shape), extra_data_axis, shard_maximal)
     assert tiled_dims(spec) == expected, (
         f"shape {tuple(shape)} on mesh {tuple(mesh_shape)} (extra_data_axis={extra_data_axis}, "
         f"shard_maximal={shard_maximal}): spec {result.values['spec']['repr']} gave sharding {spec!r}, "
-        f"expected cuts {expected}")
+        f"expected cuts {expected}"
+    )
     if not expected:
         assert is_replicated(spec), f"shape {tuple(shape)}: expected a replicated sharding, got {spec!r}"
 
@@ -360,7 +368,9 @@ def test_fsdpv2_wraps_and_trains_with_scalar_parameter(spmd) -> None:
 def test_fsdpv2_shards_scalar_forward_output(spmd) -> None:
     result = spmd.run(body_fsdpv2_scalar_output, steps=3, fresh=True)  # cost-measured: a clean compile cache
     assert result.values["output_rank"] == 0
-    assert is_replicated(result.shardings["output"]), f"0-dim output: expected {{replicated}}, got {result.shardings['output']!r}"
+    assert is_replicated(result.shardings["output"]), (
+        f"0-dim output: expected {{replicated}}, got {result.shardings['output']!r}"
+    )
     check_fsdp_param_specs(result, devices_of(spmd))
 
 
@@ -382,7 +392,9 @@ def test_mark_sharding_spec_container(spmd, container, rank) -> None:
     result = spmd.run(body_mark_sharding_container, container=container, rank=rank)
     spec = result.shardings["t"]
     if rank == 0:
-        assert is_replicated(spec), f"0-dim tensor with an empty {container} spec: expected {{replicated}}, got {spec!r}"
+        assert is_replicated(spec), (
+            f"0-dim tensor with an empty {container} spec: expected {{replicated}}, got {spec!r}"
+        )
     else:
         assert_tiled_along(spec, 0, devices_of(spmd), context=f"a rank-{rank} tensor with a {container} spec")
 
@@ -400,8 +412,14 @@ REINTRODUCTION_ROWS = [
 def test_reintroduced_list_spec_is_detected(spmd, body_name, entry_id) -> None:
     """Self-test: with the old list-returning behaviour patched back in, the case fails with the entry's signature."""
     result = spmd.run(globals()[body_name], steps=3, reintroduce_list_spec=True, fresh=True, check=False)
-    assert result.values.get("reintroduced_rank0_calls", 0) >= 1, "the patched spec function was never called for a 0-dim tensor"
-    assert result.outcome == "error", f"expected the case to fail with the defect reintroduced; outcome {result.outcome}"
+    assert result.values.get("reintroduced_rank0_calls", 0) >= 1, (
+        "the patched spec function was never called for a 0-dim tensor"
+    )
+    assert result.outcome == "error", (
+        f"expected the case to fail with the defect reintroduced; outcome {result.outcome}"
+    )
     entry = get_entry(entry_id)
     signature = entry.matching_signature(result.error.evidence)
-    assert signature, f"failure {result.error.evidence!r} matches none of {entry_id}'s signatures {[p.pattern for p in entry.signatures]}"
+    assert signature, (
+        f"failure {result.error.evidence!r} matches none of {entry_id}'s signatures {[p.pattern for p in entry.signatures]}"
+    )

@@ -17,15 +17,15 @@ from types import ModuleType
 
 __all__ = [
     "costbaseline",  # cost baselines, for the cost detectors' self-test cases
-    "costs",         # cost signatures and their comparison
-    "hlo",           # HLO text read by role
-    "meshes",        # training mesh layouts
-    "recording",     # what bodies record of shardings, by stable name
-    "registry",      # known_bugs.toml entries (get_entry)
-    "sharding",      # HLO sharding values and assertions on them
-    "stepcosts",     # the child-side meter of a training step's costs
-    "tiles",         # which device holds which tile
-    "xla",           # torch_xla helpers absorbing release differences
+    "costs",  # cost signatures and their comparison
+    "hlo",  # HLO text read by role
+    "meshes",  # training mesh layouts
+    "recording",  # what bodies record of shardings, by stable name
+    "registry",  # known_bugs.toml entries (get_entry)
+    "sharding",  # HLO sharding values and assertions on them
+    "stepcosts",  # the child-side meter of a training step's costs
+    "tiles",  # which device holds which tile
+    "xla",  # torch_xla helpers absorbing release differences
 ]
 
 

@@ -125,7 +125,8 @@ class TpuBackend:
         passed = {k: v for k, v in os.environ.items() if k.startswith(TPU_ENV_PREFIXES)}
         devices = str(self._caps.devices) if self._caps else ""
         return {
-            **base_env(), **passed,
+            **base_env(),
+            **passed,
             "PJRT_DEVICE": "TPU",
             protocol.BACKEND_ENV: self.name,
             protocol.DEVICES_ENV: devices,
@@ -150,8 +151,11 @@ class TpuBackend:
             "import json, torch_xla.runtime as xr; xr.use_spmd(); "
             "print(json.dumps({'devices': xr.global_runtime_device_count()}))"
         )
-        env = {**base_env(), **{k: v for k, v in os.environ.items() if k.startswith(TPU_ENV_PREFIXES)},
-               "PJRT_DEVICE": "TPU"}
+        env = {
+            **base_env(),
+            **{k: v for k, v in os.environ.items() if k.startswith(TPU_ENV_PREFIXES)},
+            "PJRT_DEVICE": "TPU",
+        }
         proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
         devices = json.loads(proc.stdout.strip().splitlines()[-1])["devices"] if proc.returncode == 0 else 0
         slices = int(os.environ.get("MEGASCALE_NUM_SLICES", "1") or 1)

@@ -91,15 +91,19 @@ class Baseline:
         except ValueError as exc:
             raise BaselineError(f"sharding baseline {path} is not valid JSON ({exc}); {REWRITE}") from None
         base = cls(path, *_checked_fields(data, f"sharding baseline {path}"))
-        differ = [field for field, theirs, ours in (("backend", base.backend, backend), ("devices", base.devices, devices))
-                  if theirs != ours]
+        differ = [
+            field
+            for field, theirs, ours in (("backend", base.backend, backend), ("devices", base.devices, devices))
+            if theirs != ours
+        ]
         if differ:
             raise BaselineError(
                 f"sharding baseline {path} was taken on backend {base.backend!r} with {base.devices} devices "
                 f"(its {' and '.join(differ)} field{'s' if len(differ) > 1 else ''}); this run uses backend {backend} "
                 f"with {devices} devices, whose shardings that baseline does not predict. Point --spmd-shardings-baseline "
                 f"at a baseline of this backend and device count (default: {BASELINE_DIR}/{backend}-{devices}.json), "
-                f"or write one: --spmd-update-shardings --spmd-shardings-baseline=NEW.json")
+                f"or write one: --spmd-update-shardings --spmd-shardings-baseline=NEW.json"
+            )
         return base
 
     @classmethod
@@ -116,8 +120,11 @@ class Baseline:
         if expected is None:
             return None
         seen = {name: canonical_text(spec) for name, spec in observed.items()}
-        changes = [Change(name, expected[name], seen.get(name)) for name in sorted(expected)
-                   if expected[name] != seen.get(name)]
+        changes = [
+            Change(name, expected[name], seen.get(name))
+            for name in sorted(expected)
+            if expected[name] != seen.get(name)
+        ]
         changes += [Change(name, None, seen[name]) for name in sorted(set(seen) - set(expected))]
         return changes
 
@@ -132,11 +139,18 @@ class Baseline:
             return CaseCheck([])
         shown = listing(changes)
         if is_drift(changes) and self.on_release_line(version):
-            return CaseCheck(changes, listing=shown, failure=(
-                f"sharding drift: {len(changes)} tensor(s) differ from {self.path.name} (taken on torch_xla "
-                f"{self.torch_xla}; this run: {version}):\n{shown}\nIf the change is intended, rewrite the "
-                f"entry: pytest '{nodeid}' --spmd-update-shardings"))
-        why = "new tensors" if not is_drift(changes) else f"torch_xla {version} is not on {self.torch_xla}'s release line"
+            return CaseCheck(
+                changes,
+                listing=shown,
+                failure=(
+                    f"sharding drift: {len(changes)} tensor(s) differ from {self.path.name} (taken on torch_xla "
+                    f"{self.torch_xla}; this run: {version}):\n{shown}\nIf the change is intended, rewrite the "
+                    f"entry: pytest '{nodeid}' --spmd-update-shardings"
+                ),
+            )
+        why = (
+            "new tensors" if not is_drift(changes) else f"torch_xla {version} is not on {self.torch_xla}'s release line"
+        )
         return CaseCheck(changes, heading=f"sharding changes (reported, not failed: {why})", listing=shown)
 
     def update(self, case: str, observed: Mapping[str, str], torch_xla: str | None) -> list[Change]:
@@ -151,8 +165,12 @@ class Baseline:
     def save(self) -> None:
         """Sorted, one tensor per line: a reviewable diff in a pull request."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"backend": self.backend, "devices": self.devices, "torch_xla": self.torch_xla,
-                "cases": {case: dict(sorted(t.items())) for case, t in sorted(self.cases.items())}}
+        data = {
+            "backend": self.backend,
+            "devices": self.devices,
+            "torch_xla": self.torch_xla,
+            "cases": {case: dict(sorted(t.items())) for case, t in sorted(self.cases.items())},
+        }
         self.path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
@@ -160,8 +178,9 @@ BASELINE_KEYS = ("backend", "devices", "torch_xla", "cases")
 REWRITE = "fix it, or delete it and write it again with --spmd-update-shardings"
 
 
-def checked_header(data: Any, where: str, error: type[HarnessError], rewrite: str,
-                   kind: str) -> tuple[str, int, str | None, Any]:
+def checked_header(
+    data: Any, where: str, error: type[HarnessError], rewrite: str, kind: str
+) -> tuple[str, int, str | None, Any]:
     """backend, devices, torch_xla and (unchecked) cases of a baseline file, each of the type
     save() writes. Shared by the sharding and the cost baseline (harness.costbaseline); `kind`
     names what the file predicts ("shardings", "costs")."""
@@ -185,7 +204,8 @@ def checked_header(data: Any, where: str, error: type[HarnessError], rewrite: st
             raise error(
                 f"{where}: torch_xla {version!r} is not a PEP 440 version, so no run could be placed on its "
                 f"release line and a change of {kind} would never fail a case; set it to the torch_xla the "
-                f'baseline was taken on (e.g. "2.9.0"), or {rewrite.removeprefix("fix it, or ")}') from None
+                f'baseline was taken on (e.g. "2.9.0"), or {rewrite.removeprefix("fix it, or ")}'
+            ) from None
     return backend, devices, version, cases
 
 
@@ -210,13 +230,21 @@ def _checked_fields(data: Any, where: str) -> tuple[str, int, str | None, dict[s
             raise BaselineError(f"{where}: case {case!r} must map tensor names to sharding text; got {shown(tensors)}")
         for name, spec in tensors.items():
             if not isinstance(spec, str):
-                raise BaselineError(f"{where}: case {case!r}, tensor {name!r}: {shown(spec)} is not sharding text "
-                                    f'(e.g. "{{replicated}}"); {REWRITE}')
+                raise BaselineError(
+                    f"{where}: case {case!r}, tensor {name!r}: {shown(spec)} is not sharding text "
+                    f'(e.g. "{{replicated}}"); {REWRITE}'
+                )
     return backend, devices, version, {case: dict(tensors) for case, tensors in cases.items()}
 
 
-def summarise(terminalreporter: Any, kind: str, path: Path, updated: Mapping[str, list[Any]] | None,
-              without_entry: list[str], update_flag: str) -> None:
+def summarise(
+    terminalreporter: Any,
+    kind: str,
+    path: Path,
+    updated: Mapping[str, list[Any]] | None,
+    without_entry: list[str],
+    update_flag: str,
+) -> None:
     """The end-of-run section of a baseline (sharding or cost): what a rewrite changed, or the
     cases that had no entry to be compared with."""
     if updated is not None:
@@ -242,8 +270,15 @@ def listing(changes: list[Change], indent: str = "  ") -> str:
     lines = []
     for change in changes:
         lines.append(f"{indent}{change}")
-        if change.before is not None and change.after is not None and (is_multi_axis(change.before) or is_multi_axis(change.after)):
-            lines += [f"{indent}    {row}" for row in grids_side_by_side(change.before, change.after, ("baseline", "this run"))]
+        if (
+            change.before is not None
+            and change.after is not None
+            and (is_multi_axis(change.before) or is_multi_axis(change.after))
+        ):
+            lines += [
+                f"{indent}    {row}"
+                for row in grids_side_by_side(change.before, change.after, ("baseline", "this run"))
+            ]
     return "\n".join(lines)
 
 

@@ -23,18 +23,21 @@ EXIT_USAGE = 2
 # argparse's messages (Python 3.10-3.13) and what they mean in plain words.
 _TYPE_WORDS = {"int": "a whole number", "float": "a number", "Path": "a path", "duration": "a duration"}
 _REWRITES: tuple[tuple[re.Pattern[str], Any], ...] = (
-    (re.compile(r"^the following arguments are required: (.*)$"),
-     lambda m: f"missing {m[1]}: {'it is' if ',' not in m[1] else 'they are'} required"),
-    (re.compile(r"^unrecognized arguments: (.*)$"),
-     lambda m: f"unknown argument(s): {m[1]}"),
-    (re.compile(r"^argument (\S+): invalid choice: (.*?) \(choose from (.*)\)$"),
-     lambda m: f"{m[1]}: {m[2]} is not one of {m[3]}"),
-    (re.compile(r"^argument (\S+): invalid (\w+) value: (.*)$"),
-     lambda m: f"{m[1]}: {m[3]} is not {_TYPE_WORDS.get(m[2], 'a valid ' + m[2])}"),
-    (re.compile(r"^argument (\S+): expected one argument$"),
-     lambda m: f"{m[1]} needs a value (write {m[1]} VALUE)"),
-    (re.compile(r"^argument (\S+): (.*)$"),
-     lambda m: f"{m[1]}: {m[2]}"),
+    (
+        re.compile(r"^the following arguments are required: (.*)$"),
+        lambda m: f"missing {m[1]}: {'it is' if ',' not in m[1] else 'they are'} required",
+    ),
+    (re.compile(r"^unrecognized arguments: (.*)$"), lambda m: f"unknown argument(s): {m[1]}"),
+    (
+        re.compile(r"^argument (\S+): invalid choice: (.*?) \(choose from (.*)\)$"),
+        lambda m: f"{m[1]}: {m[2]} is not one of {m[3]}",
+    ),
+    (
+        re.compile(r"^argument (\S+): invalid (\w+) value: (.*)$"),
+        lambda m: f"{m[1]}: {m[3]} is not {_TYPE_WORDS.get(m[2], 'a valid ' + m[2])}",
+    ),
+    (re.compile(r"^argument (\S+): expected one argument$"), lambda m: f"{m[1]} needs a value (write {m[1]} VALUE)"),
+    (re.compile(r"^argument (\S+): (.*)$"), lambda m: f"{m[1]}: {m[2]}"),
 )
 
 
@@ -71,8 +74,12 @@ def version_text(tool: str) -> str:
 
 
 def add_version(parser: argparse.ArgumentParser, tool: str) -> None:
-    parser.add_argument("--version", action="version", version=version_text(tool),
-                        help="print the harness version and the installed torch_xla, torch and jax, then exit")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=version_text(tool),
+        help="print the harness version and the installed torch_xla, torch and jax, then exit",
+    )
 
 
 def add_hidden_alias(parser: argparse.ArgumentParser, old: str, dest: str, **kwargs: Any) -> None:

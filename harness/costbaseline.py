@@ -64,7 +64,8 @@ class CostBaseline:
                 f"{where} was taken on backend {base.backend!r} with {base.devices} devices; this run uses "
                 f"backend {backend} with {devices} devices. Point --spmd-costs-baseline at a baseline of this backend "
                 f"and device count (default: {COST_BASELINE_DIR}/{backend}-{devices}.json), or write one: "
-                "--spmd-update-costs --spmd-costs-baseline=NEW.json")
+                "--spmd-update-costs --spmd-costs-baseline=NEW.json"
+            )
         return base
 
     @classmethod
@@ -90,7 +91,9 @@ class CostBaseline:
                 changes += costs.compare(expected[label], costs.comparable(observed[label]), label)
         return changes
 
-    def update(self, case: str, observed: Mapping[str, Mapping[str, Any]], torch_xla: str | None) -> list[costs.CostChange]:
+    def update(
+        self, case: str, observed: Mapping[str, Mapping[str, Any]], torch_xla: str | None
+    ) -> list[costs.CostChange]:
         before = self.cases.get(case, {})
         after = {label: costs.comparable(sig) for label, sig in observed.items()}
         self.cases[case] = after
@@ -108,15 +111,21 @@ class CostBaseline:
     def save(self) -> None:
         """Sorted: a reviewable diff in a pull request."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"backend": self.backend, "devices": self.devices, "torch_xla": self.torch_xla,
-                "cases": {case: dict(sorted(loops.items())) for case, loops in sorted(self.cases.items())}}
+        data = {
+            "backend": self.backend,
+            "devices": self.devices,
+            "torch_xla": self.torch_xla,
+            "cases": {case: dict(sorted(loops.items())) for case, loops in sorted(self.cases.items())},
+        }
         self.path.write_text(_compact(data) + "\n", encoding="utf-8")
 
 
 def _compact(value: Any, depth: int = 0) -> str:
     """JSON with each innermost object (a step, a collective, the memory) on one line."""
-    flat = all(not isinstance(v, (dict, list)) or (isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v))
-               for v in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()))
+    flat = all(
+        not isinstance(v, (dict, list)) or (isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v))
+        for v in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
+    )
     if not isinstance(value, (dict, list)) or flat:
         return json.dumps(value)
     pad, inner = " " * depth, " " * (depth + 1)

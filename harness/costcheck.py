@@ -27,8 +27,10 @@ SESSION_KEY = pytest.StashKey["CostSession"]()
 SIGNATURES_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
 DUMPS_KEY = pytest.StashKey[dict[str, str]]()
 CHANGES_KEY = pytest.StashKey[list[str]]()
-NO_COST_CHECK_MARKER = ("no_cost_check(reason): neither steady state nor the cost baseline judges this case "
-                        "(a self-test whose bodies record a cost regression on purpose)")
+NO_COST_CHECK_MARKER = (
+    "no_cost_check(reason): neither steady state nor the cost baseline judges this case "
+    "(a self-test whose bodies record a cost regression on purpose)"
+)
 
 
 class CostSession:
@@ -103,14 +105,22 @@ def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: st
         if body_passed and not hasattr(report, "wasxfail"):
             _fail(report, f"cost signature unreadable: {exc}")
         return
-    if (not signatures or not body_passed or hasattr(report, "wasxfail") or report.skipped
-            or item.get_closest_marker("no_cost_check")):
+    if (
+        not signatures
+        or not body_passed
+        or hasattr(report, "wasxfail")
+        or report.skipped
+        or item.get_closest_marker("no_cost_check")
+    ):
         return
     problems = [line for label, sig in sorted(signatures.items()) for line in costs.steady_state_problems(sig, label)]
     if problems:
         item.stash[CHANGES_KEY] = [f"steady state: {p}" for p in problems]
-        _fail(report, "steady state: a step after the warm-up compiled a new graph (every step pays a compilation):\n"
-              + "\n".join(f"  {p}" for p in problems))
+        _fail(
+            report,
+            "steady state: a step after the warm-up compiled a new graph (every step pays a compilation):\n"
+            + "\n".join(f"  {p}" for p in problems),
+        )
     if session.update:
         if not problems and report.passed:
             session.seen[item.nodeid] = (signatures, version)
@@ -128,12 +138,18 @@ def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: st
     item.stash[CHANGES_KEY] = item.stash.get(CHANGES_KEY, []) + lines
     listing = "\n".join(f"  {line}" for line in lines)
     if base.on_release_line(version) and report.passed:
-        _fail(report, f"cost drift: {len(lines)} item(s) differ from {base.path.name} (taken on torch_xla "
-                      f"{base.torch_xla}; this run: {version}):\n{listing}\nIf the change is intended, rewrite the "
-                      f"entry: pytest '{item.nodeid}' --spmd-update-costs")
+        _fail(
+            report,
+            f"cost drift: {len(lines)} item(s) differ from {base.path.name} (taken on torch_xla "
+            f"{base.torch_xla}; this run: {version}):\n{listing}\nIf the change is intended, rewrite the "
+            f"entry: pytest '{item.nodeid}' --spmd-update-costs",
+        )
     else:
-        why = (f"torch_xla {version} is not on {base.torch_xla}'s release line" if not base.on_release_line(version)
-               else "the case failed already")
+        why = (
+            f"torch_xla {version} is not on {base.torch_xla}'s release line"
+            if not base.on_release_line(version)
+            else "the case failed already"
+        )
         report.sections.append((f"cost changes (reported, not failed: {why})", listing))
 
 
@@ -149,8 +165,7 @@ def record_fields(item: pytest.Item) -> dict[str, Any]:
     """The record's `costs` (comparable signatures) and `cost_changes` (lines, failed or reported)."""
     signatures = item.stash.get(SIGNATURES_KEY, {})
     changes = item.stash.get(CHANGES_KEY, [])
-    return {"costs": {label: costs.comparable(sig) for label, sig in signatures.items()},
-            "cost_changes": list(changes)}
+    return {"costs": {label: costs.comparable(sig) for label, sig in signatures.items()}, "cost_changes": list(changes)}
 
 
 def keep_dumps(folder: Path, item: pytest.Item, failed: bool) -> None:
@@ -161,8 +176,9 @@ def keep_dumps(folder: Path, item: pytest.Item, failed: bool) -> None:
     target = folder / runfolder.COST_DUMPS_DIR
     target.mkdir(parents=True, exist_ok=True)
     for name, text in dumps.items():
-        (target / f"{results.safe_filename(item.nodeid)}__{results.safe_filename(name)}.after_optimizations.txt"
-         ).write_text(text, encoding="utf-8")
+        (
+            target / f"{results.safe_filename(item.nodeid)}__{results.safe_filename(name)}.after_optimizations.txt"
+        ).write_text(text, encoding="utf-8")
 
 
 def finish(config: pytest.Config) -> None:
@@ -170,8 +186,9 @@ def finish(config: pytest.Config) -> None:
     if session is None or not session.update or not session.seen:
         return
     base = session.baseline() or CostBaseline.empty(session.path, session.backend, session.devices)
-    session.updated = {case: base.update(case, signatures, version)
-                       for case, (signatures, version) in sorted(session.seen.items())}
+    session.updated = {
+        case: base.update(case, signatures, version) for case, (signatures, version) in sorted(session.seen.items())
+    }
     base.save()
 
 
@@ -179,5 +196,6 @@ def summarise(terminalreporter: Any, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
         return
-    baseline.summarise(terminalreporter, "cost", session.path, session.updated, session.cases_without_entry,
-                       "--spmd-update-costs")
+    baseline.summarise(
+        terminalreporter, "cost", session.path, session.updated, session.cases_without_entry, "--spmd-update-costs"
+    )

@@ -49,10 +49,35 @@ DEFAULT_WARMUP = 2
 
 # Bytes of one element per HLO element type. Sub-byte types count a byte: an upper bound.
 ELEMENT_BYTES = {
-    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f4e2m1fn": 1,
-    "f8e5m2": 1, "f8e4m3fn": 1, "f8e4m3b11fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3fnuz": 1, "f8e4m3": 1,
-    "f8e3m4": 1, "f8e8m0fnu": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-    "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "token": 0,
+    "pred": 1,
+    "s2": 1,
+    "u2": 1,
+    "s4": 1,
+    "u4": 1,
+    "s8": 1,
+    "u8": 1,
+    "f4e2m1fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3fn": 1,
+    "f8e4m3b11fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "f8e4m3fnuz": 1,
+    "f8e4m3": 1,
+    "f8e3m4": 1,
+    "f8e8m0fnu": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "token": 0,
 }
 MEMORY_FIELDS = ("parameters", "gradients", "optimizer_state")
 STEP_FIELDS = ("compiles", "cache_hits", "executions")
@@ -109,11 +134,12 @@ def replica_groups(text: str | None, devices: int, where: str = "") -> tuple[tup
             raise CostReadError(f"{where}: replica_groups={text}: {exc}") from None
         if len(ids) != groups * size:
             raise CostReadError(f"{where}: replica_groups={text} names {len(ids)} devices, not {groups}x{size}")
-        return tuple(tuple(ids[g * size:(g + 1) * size]) for g in range(groups))
+        return tuple(tuple(ids[g * size : (g + 1) * size]) for g in range(groups))
     if not re.fullmatch(r"\{\s*(\{[\d,\s]*\}\s*,?\s*)*\}", text):
         raise CostReadError(f"{where}: replica_groups={text} is neither {{{{0,1,...}},...}} nor an iota form")
-    return tuple(tuple(int(x) for x in group.split(",") if x.strip())
-                 for group in re.findall(r"\{([\d,\s]*)\}", text[1:-1]))
+    return tuple(
+        tuple(int(x) for x in group.split(",") if x.strip()) for group in re.findall(r"\{([\d,\s]*)\}", text[1:-1])
+    )
 
 
 def _groups_text(groups: tuple[tuple[int, ...], ...]) -> str:
@@ -166,8 +192,10 @@ def collectives(hlo: str | HloModule, devices: int, where: str = "the partitione
         entry = grouped.setdefault((kind, key), [0, 0])
         entry[0] += 1
         entry[1] += _moved_bytes(kind, shape_bytes(shape, at), size)
-    return [{"kind": kind, "replica_groups": groups, "count": count, "bytes_per_device": moved}
-            for (kind, groups), (count, moved) in sorted(grouped.items())]
+    return [
+        {"kind": kind, "replica_groups": groups, "count": count, "bytes_per_device": moved}
+        for (kind, groups), (count, moved) in sorted(grouped.items())
+    ]
 
 
 def entry_inputs(hlo: str | HloModule, where: str = "the step graph") -> list[str]:
@@ -175,8 +203,10 @@ def entry_inputs(hlo: str | HloModule, where: str = "the step graph") -> list[st
     in parameter order: what a new compilation's inputs differ in (layouts dropped)."""
     try:
         module = hlo if isinstance(hlo, HloModule) else parse_hlo(hlo)
-        return [f"{re.sub(r'{[^}]*}$', '', p.shape)} {format_sharding(p.sharding) or chr(39) * 2}"
-                for p in entry_parameters(module)]
+        return [
+            f"{re.sub(r'{[^}]*}$', '', p.shape)} {format_sharding(p.sharding) or chr(39) * 2}"
+            for p in entry_parameters(module)
+        ]
     except (HloParseError, ShardingParseError) as exc:
         raise CostReadError(f"{where}: {exc}") from None
 
@@ -190,8 +220,11 @@ def fingerprint(hlo: str | HloModule) -> str:
         positions = {i.name: n for n, i in enumerate(computation.instructions)}
         for instruction in computation.instructions:
             operands = ",".join(str(positions.get(name, "?")) for name in instruction.operand_names)
-            attributes = ",".join(f"{k}={v}" for k, v in instruction.attributes
-                                  if k not in ("metadata", "calls", "to_apply", "channel_id", "backend_config"))
+            attributes = ",".join(
+                f"{k}={v}"
+                for k, v in instruction.attributes
+                if k not in ("metadata", "calls", "to_apply", "channel_id", "backend_config")
+            )
             digest.update(f"{instruction.opcode}|{instruction.shape}|{operands}|{attributes}\n".encode())
     return digest.hexdigest()[:16]
 
@@ -269,11 +302,17 @@ def _check_graph(graph: Any, where: str) -> None:
     if not isinstance(listed, list):
         raise CostReadError(f"{where}: collectives is {shown(listed)}, not a list")
     for entry in listed:
-        if not (isinstance(entry, dict) and isinstance(entry.get("kind"), str)
-                and isinstance(entry.get("replica_groups"), str)
-                and _is_count(entry.get("count")) and _is_count(entry.get("bytes_per_device"))):
-            raise CostReadError(f"{where}: collective {shown(entry)} needs kind, replica_groups (text), "
-                                "count and bytes_per_device (whole numbers)")
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("kind"), str)
+            and isinstance(entry.get("replica_groups"), str)
+            and _is_count(entry.get("count"))
+            and _is_count(entry.get("bytes_per_device"))
+        ):
+            raise CostReadError(
+                f"{where}: collective {shown(entry)} needs kind, replica_groups (text), "
+                "count and bytes_per_device (whole numbers)"
+            )
 
 
 def comparable(signature: Mapping[str, Any]) -> dict[str, Any]:
@@ -281,9 +320,14 @@ def comparable(signature: Mapping[str, Any]) -> dict[str, Any]:
     (any change of any op moves them) nor the steady-state explanations."""
     return {
         "steps": [{k: step[k] for k in (*STEP_FIELDS, "graphs") if k in step} for step in signature.get("steps", [])],
-        "graphs": {name: ({"collectives": g["collectives"]} if g.get("collectives") is not None
-                          else {"collectives": None, "unread": g.get("unread", "")})
-                   for name, g in sorted(signature.get("graphs", {}).items())},
+        "graphs": {
+            name: (
+                {"collectives": g["collectives"]}
+                if g.get("collectives") is not None
+                else {"collectives": None, "unread": g.get("unread", "")}
+            )
+            for name, g in sorted(signature.get("graphs", {}).items())
+        },
         "memory": dict(sorted(signature.get("memory", {}).items())),
     }
 
@@ -301,8 +345,10 @@ def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LAB
         if index < warmup or not step.get("compiles"):
             continue
         why = "; ".join(step.get("differs") or ["what differs is unknown (no dump of the new graph)"])
-        problems.append(f"{_prefix(label)}step{index} compiled {step['compiles']} new graph(s) after the "
-                        f"{warmup}-step warm-up: {why}")
+        problems.append(
+            f"{_prefix(label)}step{index} compiled {step['compiles']} new graph(s) after the "
+            f"{warmup}-step warm-up: {why}"
+        )
     return problems
 
 
@@ -334,8 +380,11 @@ def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str
     before_steps, after_steps = expected.get("steps", []), observed.get("steps", [])
     for index in range(max(len(before_steps), len(after_steps))):
         if index >= len(before_steps) or index >= len(after_steps):
-            changes.append(CostChange(f"{prefix}step{index}", "not run in the baseline" if index >= len(before_steps)
-                                      else "no longer run"))
+            changes.append(
+                CostChange(
+                    f"{prefix}step{index}", "not run in the baseline" if index >= len(before_steps) else "no longer run"
+                )
+            )
             continue
         a, b = before_steps[index], after_steps[index]
         moved = [f"{k} {a.get(k)} -> {b.get(k)}" for k in STEP_FIELDS if k != "cache_hits" and a.get(k) != b.get(k)]
@@ -347,8 +396,11 @@ def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str
         if detail:
             changes.append(CostChange(f"{prefix}{name}", detail))
     mem_a, mem_b = expected.get("memory", {}), observed.get("memory", {})
-    moved = [f"{k.replace('_', ' ')} {kib(mem_a.get(k, 0))} -> {kib(mem_b.get(k, 0))}"
-             for k in MEMORY_FIELDS if mem_a.get(k) != mem_b.get(k) and (k in mem_a or k in mem_b)]
+    moved = [
+        f"{k.replace('_', ' ')} {kib(mem_a.get(k, 0))} -> {kib(mem_b.get(k, 0))}"
+        for k in MEMORY_FIELDS
+        if mem_a.get(k) != mem_b.get(k) and (k in mem_a or k in mem_b)
+    ]
     if moved:
         changes.append(CostChange(f"{prefix}memory per device", ", ".join(moved)))
     return changes
@@ -363,8 +415,11 @@ def _graph_change(before: Mapping[str, Any] | None, after: Mapping[str, Any] | N
     if listed_a is None or listed_b is None:
         if listed_a is None and listed_b is None:
             return None
-        return (f"collectives no longer read ({after.get('unread', '')})" if listed_b is None
-                else f"collectives read now: {_listing(listed_b)}")
+        return (
+            f"collectives no longer read ({after.get('unread', '')})"
+            if listed_b is None
+            else f"collectives read now: {_listing(listed_b)}"
+        )
     parts = []
     for kind in sorted({c["kind"] for c in listed_a} | {c["kind"] for c in listed_b}):
         a = [c for c in listed_a if c["kind"] == kind]
@@ -382,7 +437,9 @@ def _graph_change(before: Mapping[str, Any] | None, after: Mapping[str, Any] | N
 
 
 def _groups(entries: list[Mapping[str, Any]]) -> str:
-    return " + ".join(f"{e['replica_groups']} x{e['count']}" for e in sorted(entries, key=lambda e: e["replica_groups"]))
+    return " + ".join(
+        f"{e['replica_groups']} x{e['count']}" for e in sorted(entries, key=lambda e: e["replica_groups"])
+    )
 
 
 def _listing(listed: list[Mapping[str, Any]] | None) -> str:
@@ -399,8 +456,10 @@ def summary(signature: Mapping[str, Any]) -> str:
     graphs = signature.get("graphs", {})
     listed = "; ".join(f"{name}: {_listing(g.get('collectives'))}" for name, g in sorted(graphs.items()))
     memory = ", ".join(f"{k.replace('_', ' ')} {kib(v)}" for k, v in sorted(signature.get("memory", {}).items()))
-    return (f"{len(signature.get('steps', []))} steps, {sum(s.get('compiles', 0) for s in signature.get('steps', []))} "
-            f"compilation(s); {listed or 'no graph read'}; per device {memory or 'memory not measured'}")
+    return (
+        f"{len(signature.get('steps', []))} steps, {sum(s.get('compiles', 0) for s in signature.get('steps', []))} "
+        f"compilation(s); {listed or 'no graph read'}; per device {memory or 'memory not measured'}"
+    )
 
 
 def _prefix(label: str) -> str:

@@ -173,7 +173,6 @@ class HloModule:
         return tuple(i for c in self.computations for i in c.instructions)
 
 
-
 # --------------------------------------------------------------------------------------------
 # Reading the text
 # --------------------------------------------------------------------------------------------
@@ -383,9 +382,7 @@ def sharding_custom_calls(hlo: str | HloModule) -> list[HloInstruction]:
     Check `.has_sharding` on each: torch_xla's mark_sharding on a view (bug 2a) emits one without
     a `sharding=` attribute, which XLA then rejects.
     """
-    return [
-        i for i in _module(hlo).instructions if i.opcode == "custom-call" and i.custom_call_target == "Sharding"
-    ]
+    return [i for i in _module(hlo).instructions if i.opcode == "custom-call" and i.custom_call_target == "Sharding"]
 
 
 def assert_every_sharding_call_annotated(hlo: str | HloModule, min_calls: int = 1) -> None:

@@ -72,12 +72,15 @@ class Layout:
         return {"extra_data_axis": self.extra_data_axis} if self.extra_data_axis else {}
 
 
-LAYOUTS = {layout.name: layout for layout in (
-    Layout("fsdp", ("fsdp",), data_parallel=False),
-    Layout("data-fsdp", ("data", "fsdp"), data_parallel=True),
-    Layout("hybrid-data", ("data", "fsdp"), data_parallel=True, dcn_axis="data"),
-    Layout("hybrid-fsdp", ("data", "fsdp"), data_parallel=False, dcn_axis="fsdp"),
-)}
+LAYOUTS = {
+    layout.name: layout
+    for layout in (
+        Layout("fsdp", ("fsdp",), data_parallel=False),
+        Layout("data-fsdp", ("data", "fsdp"), data_parallel=True),
+        Layout("hybrid-data", ("data", "fsdp"), data_parallel=True, dcn_axis="data"),
+        Layout("hybrid-fsdp", ("data", "fsdp"), data_parallel=False, dcn_axis="fsdp"),
+    )
+}
 
 
 def get(name: str) -> Layout:
@@ -103,8 +106,15 @@ def build(layout: str | Layout, ctx: Any = None) -> Any:
         with describe_as_slices(SLICES):
             mesh = xs.HybridMesh(ici_mesh_shape=ici, dcn_mesh_shape=dcn, axis_names=layout.axes)
     if ctx is not None:
-        ctx.record("mesh", {"layout": layout.name, "shape": [int(s) for s in mesh.mesh_shape],
-                            "axes": list(mesh.axis_names), "device_ids": [int(d) for d in mesh.device_ids]})
+        ctx.record(
+            "mesh",
+            {
+                "layout": layout.name,
+                "shape": [int(s) for s in mesh.mesh_shape],
+                "axes": list(mesh.axis_names),
+                "device_ids": [int(d) for d in mesh.device_ids],
+            },
+        )
     return mesh
 
 
@@ -132,8 +142,9 @@ def slice_attributes(attributes: list[dict[str, Any]], slices: int) -> list[dict
     described = []
     for ordinal, attrs in enumerate(sorted(attributes, key=_ordinal)):
         local = ordinal % per_slice
-        described.append({**attrs, "slice_index": ordinal // per_slice,
-                          "coords": [local % 2, local // 2, 0], "core_on_chip": 0})
+        described.append(
+            {**attrs, "slice_index": ordinal // per_slice, "coords": [local % 2, local // 2, 0], "core_on_chip": 0}
+        )
     return described
 
 
@@ -156,8 +167,10 @@ def describe_as_slices(slices: int) -> Iterator[None]:
         return
     if not all(str(a.get("name", "")).startswith("CPU:") for a in real):
         # Real chips of one slice: describing them as two would invent their coordinates.
-        raise ValueError(f"the devices report no slice_index ({real[0].get('name')!r}, ...): this is a single-slice "
-                         "job, where a hybrid mesh across slices cannot be built; run it on a multi-slice job")
+        raise ValueError(
+            f"the devices report no slice_index ({real[0].get('name')!r}, ...): this is a single-slice "
+            "job, where a hybrid mesh across slices cannot be built; run it on a multi-slice job"
+        )
     real_attributes, real_hw = xr.global_runtime_device_attributes, xm.xla_device_hw
     described = slice_attributes(real, slices)
     xr.global_runtime_device_attributes = lambda: [dict(a) for a in described]

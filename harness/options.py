@@ -31,6 +31,7 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
         if text not in choices:
             raise HarnessUsageError(f"{text!r} is not one of {', '.join(choices)}")
         return text
+
     return parse
 
 
@@ -51,30 +52,66 @@ class Option:
 
 
 OPTIONS = (
-    Option("spmd_backend", "cpu", choices=BACKEND_NAMES, parse=_choice(BACKEND_NAMES),
-           help="where case bodies run: cpu (PJRT CPU, virtual devices), tpu (this host's TPUs), "
-                "fake (no torch_xla; for testing the harness). Default: cpu."),
-    Option("spmd_devices", 4, parse=argtypes.positive_int, metavar="N",
-           help="number of virtual devices for the cpu/fake backends (CPU_NUM_DEVICES). Default: 4."),
-    Option("spmd_case_timeout", 180.0, parse=argtypes.positive_seconds, metavar="SECONDS",
-           help="kill a child (its whole process group) whose case or start-up runs longer. Default: 180."),
-    Option("spmd_results_dir", "results", metavar="DIR",
-           help="each run writes its verdicts, child logs and HLO excerpts into DIR/run-<start>-p<pid>/ "
-                "and points DIR/latest at it; nothing else in DIR is touched. Default: results."),
-    Option("spmd_shardings_baseline", None, metavar="PATH",
-           help="the sharding baseline to compare passing cases with. "
-                "Default: baselines/shardings/<backend>-<devices>.json under the rootdir."),
-    Option("spmd_costs_baseline", None, metavar="PATH",
-           help="the cost baseline training steps are compared with (harness/costcheck.py). "
-                "Default: baselines/costs/<backend>-<devices>.json under the rootdir."),
-    Option("spmd_known_bugs", None, metavar="PATH",
-           help="the known-bug registry the known_bug markers name (a copy you own, e.g. after a fix "
-                "landed in your torch_xla). Default: the one shipped in harness/known_bugs.toml."),
-    Option("spmd_fork_server", None, choices=FORK_SERVER_CHOICES, parse=_choice(FORK_SERVER_CHOICES),
-           env=FORK_SERVER_ENV,
-           help="fork case children from a server that imported torch_xla once: auto (on for the cpu "
-                "backend; tpu children are always fresh processes), on, off. "
-                f"Default: ${FORK_SERVER_ENV} if set, else auto."),
+    Option(
+        "spmd_backend",
+        "cpu",
+        choices=BACKEND_NAMES,
+        parse=_choice(BACKEND_NAMES),
+        help="where case bodies run: cpu (PJRT CPU, virtual devices), tpu (this host's TPUs), "
+        "fake (no torch_xla; for testing the harness). Default: cpu.",
+    ),
+    Option(
+        "spmd_devices",
+        4,
+        parse=argtypes.positive_int,
+        metavar="N",
+        help="number of virtual devices for the cpu/fake backends (CPU_NUM_DEVICES). Default: 4.",
+    ),
+    Option(
+        "spmd_case_timeout",
+        180.0,
+        parse=argtypes.positive_seconds,
+        metavar="SECONDS",
+        help="kill a child (its whole process group) whose case or start-up runs longer. Default: 180.",
+    ),
+    Option(
+        "spmd_results_dir",
+        "results",
+        metavar="DIR",
+        help="each run writes its verdicts, child logs and HLO excerpts into DIR/run-<start>-p<pid>/ "
+        "and points DIR/latest at it; nothing else in DIR is touched. Default: results.",
+    ),
+    Option(
+        "spmd_shardings_baseline",
+        None,
+        metavar="PATH",
+        help="the sharding baseline to compare passing cases with. "
+        "Default: baselines/shardings/<backend>-<devices>.json under the rootdir.",
+    ),
+    Option(
+        "spmd_costs_baseline",
+        None,
+        metavar="PATH",
+        help="the cost baseline training steps are compared with (harness/costcheck.py). "
+        "Default: baselines/costs/<backend>-<devices>.json under the rootdir.",
+    ),
+    Option(
+        "spmd_known_bugs",
+        None,
+        metavar="PATH",
+        help="the known-bug registry the known_bug markers name (a copy you own, e.g. after a fix "
+        "landed in your torch_xla). Default: the one shipped in harness/known_bugs.toml.",
+    ),
+    Option(
+        "spmd_fork_server",
+        None,
+        choices=FORK_SERVER_CHOICES,
+        parse=_choice(FORK_SERVER_CHOICES),
+        env=FORK_SERVER_ENV,
+        help="fork case children from a server that imported torch_xla once: auto (on for the cpu "
+        "backend; tpu children are always fresh processes), on, off. "
+        f"Default: ${FORK_SERVER_ENV} if set, else auto.",
+    ),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 UPDATE_SHARDINGS = "spmd_update_shardings"
@@ -95,10 +132,18 @@ def add_options(parser: pytest.Parser) -> None:
         group.addoption(option.flag, **kwargs)
         if option.ini:
             parser.addini(option.name, help=option.help.split(". Default")[0], default="")
-    group.addoption("--spmd-update-shardings", action="store_true", dest=UPDATE_SHARDINGS,
-                    help="rewrite the baseline entries of the cases that ran and passed, and print what changed")
-    group.addoption("--spmd-update-costs", action="store_true", dest=UPDATE_COSTS,
-                    help="rewrite the cost baseline entries of the cases that ran and passed, and print what changed")
+    group.addoption(
+        "--spmd-update-shardings",
+        action="store_true",
+        dest=UPDATE_SHARDINGS,
+        help="rewrite the baseline entries of the cases that ran and passed, and print what changed",
+    )
+    group.addoption(
+        "--spmd-update-costs",
+        action="store_true",
+        dest=UPDATE_COSTS,
+        help="rewrite the cost baseline entries of the cases that ran and passed, and print what changed",
+    )
 
 
 def value(config: pytest.Config, name: str, namespace: Any = None) -> Any:

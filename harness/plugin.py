@@ -76,8 +76,9 @@ class HarnessSession:
     """Per-pytest-process state: one backend, one pool of warm children, one results folder."""
 
     def __init__(self, config: pytest.Config) -> None:
-        self.backend: Backend = make_backend(options.value(config, "spmd_backend"),
-                                             options.value(config, "spmd_devices"))
+        self.backend: Backend = make_backend(
+            options.value(config, "spmd_backend"), options.value(config, "spmd_devices")
+        )
         self.case_timeout: float = options.value(config, "spmd_case_timeout")
         workerinput = getattr(config, "workerinput", None)
         self.worker = _worker_name(config)
@@ -90,10 +91,14 @@ class HarnessSession:
             run_servers = config.stash.get(RUN_SERVERS_KEY, None)
             shared = run_servers.addresses() if run_servers else {}
         # Under xdist every core already runs a worker: spare children would only compete.
-        self.pool = ChildPool(self.results_dir / runfolder.LOGS_DIR / self.worker, startup_timeout=self.case_timeout,
-                              exclusive=self.backend.exclusive_device, spares=self.worker == "main",
-                              fork=_fork_server_wanted(options.value(config, "spmd_fork_server"), self.backend),
-                              servers=shared)
+        self.pool = ChildPool(
+            self.results_dir / runfolder.LOGS_DIR / self.worker,
+            startup_timeout=self.case_timeout,
+            exclusive=self.backend.exclusive_device,
+            spares=self.worker == "main",
+            fork=_fork_server_wanted(options.value(config, "spmd_fork_server"), self.backend),
+            servers=shared,
+        )
         self.registry_path = Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH).resolve()
         self.late_faults: list[LateFault] = []
         self.shardings_updated: dict[str, list[baseline.Change]] | None = None  # set by --spmd-update-shardings
@@ -119,8 +124,9 @@ class HarnessSession:
         if not self._baseline_loaded:
             self._baseline_loaded = True
             try:
-                self._baseline = baseline.Baseline.load(self.baseline_path, self.backend.name,
-                                                        self.backend.capabilities().devices)
+                self._baseline = baseline.Baseline.load(
+                    self.baseline_path, self.backend.name, self.backend.capabilities().devices
+                )
             except HarnessError as exc:
                 raise pytest.UsageError(str(exc)) from None
         return self._baseline
@@ -180,9 +186,14 @@ def _fork_server_wanted(option: str | None, backend: Backend) -> bool:
 
 
 def _summarise_baseline(terminalreporter: Any, harness: HarnessSession) -> None:
-    baseline.summarise(terminalreporter, "sharding", harness.baseline_path,
-                       harness.shardings_updated, harness.cases_without_entry,
-                       "--spmd-update-shardings")
+    baseline.summarise(
+        terminalreporter,
+        "sharding",
+        harness.baseline_path,
+        harness.shardings_updated,
+        harness.cases_without_entry,
+        "--spmd-update-shardings",
+    )
 
 
 def _bounded(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
@@ -202,6 +213,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     if _information_only(namespace):
         return
     try:
+
         def value(name: str) -> Any:
             return options.value(early_config, name, namespace)
 
@@ -211,8 +223,11 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     except (pytest.UsageError, HarnessError, AttributeError, ValueError, TypeError):
         return  # pytest_configure reports a bad option as a usage error
     early_config.stash[RUN_FOLDER_KEY] = run
-    if not (wanted and runservers.servers_can_start(backend) and runservers.selection_may_hold_spmd_cases(
-            namespace, early_config.rootpath, early_config.getini("testpaths"))):
+    if not (
+        wanted
+        and runservers.servers_can_start(backend)
+        and runservers.selection_may_hold_spmd_cases(namespace, early_config.rootpath, early_config.getini("testpaths"))
+    ):
         return
     try:
         _share_dump_root(run.claim())
@@ -231,8 +246,10 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         return None
     count = getattr(harness.backend, "devices", None)  # a TPU host's chips are probed at the first case
     devices = f"{count} devices" if count else "this host's chips"
-    return [f"spmd harness {versions.harness()}: backend {harness.backend.name}, {devices}; "
-            f"{versions.describe(versions.stack())}; results {harness.run.path}"]
+    return [
+        f"spmd harness {versions.harness()}: backend {harness.backend.name}, {devices}; "
+        f"{versions.describe(versions.stack())}; results {harness.run.path}"
+    ]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -251,8 +268,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = session
     if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
         _load_inputs(session)
-    costcheck.configure(config, session.backend, load=not getattr(config.option, "help", False)
-                        and (session.backend.name != "tpu" or bool(config.getoption("costs_baseline"))))
+    costcheck.configure(
+        config,
+        session.backend,
+        load=not getattr(config.option, "help", False)
+        and (session.backend.name != "tpu" or bool(config.getoption("costs_baseline"))),
+    )
     _stop_on_sigterm(config)
 
 
@@ -340,9 +361,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         harness.charge_late_fault(fault)
     if harness.update_shardings and harness.shardings_seen:
         base = harness.baseline() or baseline.Baseline.empty(
-            harness.baseline_path, harness.backend.name, harness.backend.capabilities().devices)
-        harness.shardings_updated = {case: base.update(case, observed, version)
-                                     for case, (observed, version) in sorted(harness.shardings_seen.items())}
+            harness.baseline_path, harness.backend.name, harness.backend.capabilities().devices
+        )
+        harness.shardings_updated = {
+            case: base.update(case, observed, version)
+            for case, (observed, version) in sorted(harness.shardings_seen.items())
+        }
         base.save()
     costcheck.finish(session.config)
     if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
@@ -355,17 +379,28 @@ def _close_run(session: pytest.Session, harness: HarnessSession) -> None:
     """The manifest says how the run ended and which tests pytest saw fail, so harness.report can
     tell a finished run from a killed one and find failures that have no case record."""
     stats = getattr(session.config.pluginmanager.get_plugin("terminalreporter"), "stats", {})
-    counts = {key: len(reports) for key, reports in stats.items()
-              if key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")}
-    failed_ids = list(dict.fromkeys(_case_id_of_report(r) for key in ("failed", "error") for r in stats.get(key, [])
-                                    if getattr(r, "nodeid", None)))
+    counts = {
+        key: len(reports)
+        for key, reports in stats.items()
+        if key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+    }
+    failed_ids = list(
+        dict.fromkeys(
+            _case_id_of_report(r)
+            for key in ("failed", "error")
+            for r in stats.get(key, [])
+            if getattr(r, "nodeid", None)
+        )
+    )
     xmlpath = getattr(session.config.option, "xmlpath", None)
     try:
-        harness.run.finish(int(session.exitstatus), counts, failed_ids,
-                           str(Path(xmlpath).absolute()) if xmlpath else None)
+        harness.run.finish(
+            int(session.exitstatus), counts, failed_ids, str(Path(xmlpath).absolute()) if xmlpath else None
+        )
     except (OSError, ValueError) as exc:
         session.config.get_terminal_writer().line(
-            f"spmd harness: could not close the run manifest in {harness.run.path}: {exc}", red=True)
+            f"spmd harness: could not close the run manifest in {harness.run.path}: {exc}", red=True
+        )
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -378,11 +413,19 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
         return
     worker = getattr(getattr(worker_node, "gateway", None), "id", "?")
     reason = f"xdist worker {worker} crashed while running this case (the worker process died; see the pytest output)"
-    record = results.CaseRecord(nodeid=crashitem, family=results.family_of(crashitem), outcome="failed",
-                                reason=reason, evidence=str(report.longrepr), backend=harness.backend.name,
-                                devices=harness.backend.capabilities().devices, **_stack_versions())
-    _write_results(harness, worker_node.config, lambda: results.write_record(
-        harness.claim_run_folder(), record, harness.worker))
+    record = results.CaseRecord(
+        nodeid=crashitem,
+        family=results.family_of(crashitem),
+        outcome="failed",
+        reason=reason,
+        evidence=str(report.longrepr),
+        backend=harness.backend.name,
+        devices=harness.backend.capabilities().devices,
+        **_stack_versions(),
+    )
+    _write_results(
+        harness, worker_node.config, lambda: results.write_record(harness.claim_run_folder(), record, harness.worker)
+    )
 
 
 def _write_results(harness: HarnessSession, config: pytest.Config, write: Any) -> None:
@@ -394,8 +437,10 @@ def _write_results(harness: HarnessSession, config: pytest.Config, write: Any) -
     except OSError as exc:
         if exc.errno not in RESULTS_WRITE_FATAL:
             raise
-        message = (f"the results folder {harness.results_dir} cannot be written ({exc.strerror}); "
-                   "the run stops here, records written so far are kept. Free space or use --spmd-results-dir")
+        message = (
+            f"the results folder {harness.results_dir} cannot be written ({exc.strerror}); "
+            "the run stops here, records written so far are kept. Free space or use --spmd-results-dir"
+        )
         config.get_terminal_writer().line(f"\nspmd harness: {message}", red=True)
         session = config.stash.get(PYTEST_SESSION_KEY, None)
         if session is not None:
@@ -474,15 +519,22 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
     """Runs case bodies in child processes; see harness.isolation.case.SpmdRunner.run."""
     harness = request.config.stash[SESSION_KEY]
     journal = harness.claim_run_folder() / runfolder.requests_name(harness.worker)
-    runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, _case_id(request.node), journal,
-                        late_faults=harness.charge_late_fault)
+    runner = SpmdRunner(
+        harness.pool,
+        harness.backend,
+        harness.case_timeout,
+        _case_id(request.node),
+        journal,
+        late_faults=harness.charge_late_fault,
+    )
     request.node.stash[RUNNER_KEY] = runner
     yield runner
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
-        item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     if call.when == "setup" and item.get_closest_marker("spmd") and _case_id(item) != item.nodeid:
         item.user_properties.append((CASE_ID_PROPERTY, _case_id(item)))  # before the report copies them
     report: pytest.TestReport = yield
@@ -521,8 +573,13 @@ class CaseOutcome:
         shardings: dict[str, str] = {}
         for result in results:
             shardings.update(result.shardings)
-        return cls(case_id=_case_id(item), runner=runner, entries=item.stash.get(ENTRIES_KEY, []),
-                   torch_xla=reported[-1] if reported else None, shardings=shardings)
+        return cls(
+            case_id=_case_id(item),
+            runner=runner,
+            entries=item.stash.get(ENTRIES_KEY, []),
+            torch_xla=reported[-1] if reported else None,
+            shardings=shardings,
+        )
 
     @property
     def results(self) -> list[CaseResult]:
@@ -548,8 +605,9 @@ def _evidence(call: pytest.CallInfo[None]) -> str | None:
     return call.excinfo.exconly()
 
 
-def _apply_registry(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport,
-                    case: CaseOutcome) -> None:
+def _apply_registry(
+    item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: CaseOutcome
+) -> None:
     if not case.entries or report.skipped:
         return
     judgement = case.judgement = judge(case.entries, case.torch_xla, _evidence(call))
@@ -586,8 +644,13 @@ def _compare_shardings(item: pytest.Item, report: pytest.TestReport, case: CaseO
     """After the registry: a passing case's shardings against its baseline entry, or kept for the
     rewrite (--spmd-update-shardings). Whether a change fails the case: harness.baseline."""
     harness = item.config.stash[SESSION_KEY]
-    if (report.outcome != "passed" or hasattr(report, "wasxfail") or case.runner is None
-            or item.get_closest_marker("no_sharding_baseline") or not case.shardings):
+    if (
+        report.outcome != "passed"
+        or hasattr(report, "wasxfail")
+        or case.runner is None
+        or item.get_closest_marker("no_sharding_baseline")
+        or not case.shardings
+    ):
         return
     if harness.update_shardings:
         harness.shardings_seen[case.case_id] = (case.shardings, case.torch_xla)
@@ -613,22 +676,28 @@ def _outcome_of(report: pytest.TestReport) -> str:
     return report.outcome
 
 
-def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport,
-                  case: CaseOutcome) -> None:
+def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: CaseOutcome) -> None:
     harness = item.config.stash[SESSION_KEY]
     judgement, entries = case.judgement, case.entries
     record = results.CaseRecord(
-        nodeid=case.case_id, family=results.family_of(case.case_id), outcome=_outcome_of(report),
+        nodeid=case.case_id,
+        family=results.family_of(case.case_id),
+        outcome=_outcome_of(report),
         reason=_reason(report, judgement),
         known_bug=(judgement.entry if judgement and judgement.entry else entries[0].id if entries else None),
         known_bugs=[e.id for e in entries],
         registry_verdict=judgement.kind.value if judgement else None,
         signature=judgement.signature if judgement else None,
-        evidence=_bounded(_evidence(call) or ""), torch_xla=case.torch_xla, backend=harness.backend.name,
-        devices=harness.backend.capabilities().devices, duration_s=round(report.duration, 3),
+        evidence=_bounded(_evidence(call) or ""),
+        torch_xla=case.torch_xla,
+        backend=harness.backend.name,
+        devices=harness.backend.capabilities().devices,
+        duration_s=round(report.duration, 3),
         body_s=round(sum(r.duration_s for r in case.results), 3) if case.runner else 0.0,
-        shardings=case.shardings, sharding_changes=case.sharding_changes,
-        sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None, **costcheck.record_fields(item),
+        shardings=case.shardings,
+        sharding_changes=case.sharding_changes,
+        sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None,
+        **costcheck.record_fields(item),
         **_stack_versions(),
     )
 

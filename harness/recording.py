@@ -37,8 +37,9 @@ def spec_of_any(tensor: Any) -> str:
     return xla.spec_of(getattr(tensor, "global_tensor", tensor))
 
 
-def record_parameters(ctx: Any, module: Any, *, prefix: str = "", suffix: str = "",
-                      placements: bool = False) -> dict[str, list[int]]:
+def record_parameters(
+    ctx: Any, module: Any, *, prefix: str = "", suffix: str = "", placements: bool = False
+) -> dict[str, list[int]]:
     """Every parameter's full sharding (tile shape and device assignment), recorded as
     `prefix + stable name + suffix` (`after_steps.fc1.weight`, `fc1.weight@after-steps`); with
     `placements`, also each DTensor parameter's placements under that name (record_placements).
@@ -125,7 +126,9 @@ def record_step_graph(ctx: Any, label: str, tensors: list[Any]) -> str:
     if root.opcode == "tuple" and not root.has_sharding:
         for index, name in enumerate(root.operand_names):
             operand = module.entry.find(name)
-            ctx.record_sharding(f"{label}:ROOT[{index}]", format_sharding(operand.sharding if operand else NoSharding()))
+            ctx.record_sharding(
+                f"{label}:ROOT[{index}]", format_sharding(operand.sharding if operand else NoSharding())
+            )
     else:
         ctx.record_sharding(f"{label}:ROOT", format_sharding(root.sharding))
     return text

@@ -90,30 +90,41 @@ def _entry_from_table(table: Any, number: int, path: Path) -> KnownBug:
     if table["status"] not in STATUSES:
         raise RegistryError(f"{where}: status must be 'fixed' or 'open', not {shown(table['status'])}")
     return KnownBug(
-        id=table["id"], title=table["title"], upstream_issue=table.get("upstream_issue", ""),
-        fix=table.get("fix", ""), status=table["status"], carried_by=_carried_by(table["carried_by"], where),
+        id=table["id"],
+        title=table["title"],
+        upstream_issue=table.get("upstream_issue", ""),
+        fix=table.get("fix", ""),
+        status=table["status"],
+        carried_by=_carried_by(table["carried_by"], where),
         signatures=_signatures(table["signatures"], where),
     )
 
 
 def _carried_by(value: Any, where: str) -> SpecifierSet:
     if not isinstance(value, str) or not value.strip():
-        raise RegistryError(f"{where}: carried_by must be a quoted PEP 440 specifier set over torch_xla versions, "
-                            f'e.g. carried_by = "<2.7" (or ">=2.4" for every release); got {shown(value)}')
+        raise RegistryError(
+            f"{where}: carried_by must be a quoted PEP 440 specifier set over torch_xla versions, "
+            f'e.g. carried_by = "<2.7" (or ">=2.4" for every release); got {shown(value)}'
+        )
     try:
         return SpecifierSet(value)
     except InvalidSpecifier:
-        raise RegistryError(f"{where}: carried_by {value!r} is not a PEP 440 specifier set; write e.g. "
-                            '">=2.6.0rc1,<2.7.0.dev20250313"') from None
+        raise RegistryError(
+            f'{where}: carried_by {value!r} is not a PEP 440 specifier set; write e.g. ">=2.6.0rc1,<2.7.0.dev20250313"'
+        ) from None
 
 
 def _signatures(value: Any, where: str) -> tuple[re.Pattern[str], ...]:
     if isinstance(value, str):
-        raise RegistryError(f"{where}: signatures must be a list of regular expressions, not a string (each "
-                            f"letter would be a signature); write signatures = [{json.dumps(value)}]")
+        raise RegistryError(
+            f"{where}: signatures must be a list of regular expressions, not a string (each "
+            f"letter would be a signature); write signatures = [{json.dumps(value)}]"
+        )
     if not isinstance(value, list) or not value:
-        raise RegistryError(f"{where}: signatures must be a non-empty list of regular expressions, e.g. "
-                            f'signatures = ["TypeError: unhashable type"]; got {shown(value)}')
+        raise RegistryError(
+            f"{where}: signatures must be a non-empty list of regular expressions, e.g. "
+            f'signatures = ["TypeError: unhashable type"]; got {shown(value)}'
+        )
     patterns = []
     for index, text in enumerate(value):
         if not isinstance(text, str) or not text:
@@ -122,8 +133,10 @@ def _signatures(value: Any, where: str) -> tuple[re.Pattern[str], ...]:
         try:
             patterns.append(re.compile(text))
         except re.error as exc:
-            raise RegistryError(f"{where}: signatures[{index}] {text!r} is not a regular expression ({exc}); "
-                                "escape what is meant literally (in the TOML file, \"\\\\(\" matches a literal \"(\")") from None
+            raise RegistryError(
+                f"{where}: signatures[{index}] {text!r} is not a regular expression ({exc}); "
+                'escape what is meant literally (in the TOML file, "\\\\(" matches a literal "(")'
+            ) from None
     return tuple(patterns)
 
 
@@ -147,8 +160,9 @@ def load_registry(path: Path = REGISTRY_PATH) -> dict[str, KnownBug]:
     for number, table in enumerate(tables, start=1):
         entry = _entry_from_table(table, number, path)
         if entry.id in by_id:
-            raise RegistryError(f"{path}: two entries have id {entry.id!r} (the second is [[bug]] #{number}); "
-                                "ids must be unique")
+            raise RegistryError(
+                f"{path}: two entries have id {entry.id!r} (the second is [[bug]] #{number}); ids must be unique"
+            )
         by_id[entry.id] = entry
     return by_id
 
@@ -182,7 +196,8 @@ def check_disjoint(entries: Sequence[KnownBug]) -> None:
         if len(claimants) > 1:
             raise RegistryError(
                 f"entries {' and '.join(claimants)} both claim torch_xla {probe}; one case can be judged "
-                f"against only one entry per release. Make their carried_by windows disjoint in {REGISTRY_PATH.name}.")
+                f"against only one entry per release. Make their carried_by windows disjoint in {REGISTRY_PATH.name}."
+            )
 
 
 def entry_for_release(entries: Sequence[KnownBug], version: str) -> KnownBug | None:
@@ -235,25 +250,46 @@ def judge(entries: KnownBug | Sequence[KnownBug], version: str | None, evidence:
     for entry in entries:
         signature = entry.matching_signature(evidence)
         if signature:
-            return Judgement(JudgementKind.REGRESSED, (
-                f"REGRESSION? {where} fails with the signature of known bug {entry.id} ({signature!r}), "
-                f"which the registry says is fixed there ({entry.fix}): {cause}"), signature, entry.id)
-    return Judgement(JudgementKind.FAILED, f"failed on {where}; not the signature of {names}: {cause}", entry=entries[0].id)
+            return Judgement(
+                JudgementKind.REGRESSED,
+                (
+                    f"REGRESSION? {where} fails with the signature of known bug {entry.id} ({signature!r}), "
+                    f"which the registry says is fixed there ({entry.fix}): {cause}"
+                ),
+                signature,
+                entry.id,
+            )
+    return Judgement(
+        JudgementKind.FAILED, f"failed on {where}; not the signature of {names}: {cause}", entry=entries[0].id
+    )
 
 
 def _judge_carried(entry: KnownBug, where: str, evidence: str | None) -> Judgement:
     if evidence is None:
-        return Judgement(JudgementKind.UNEXPECTED_PASS, (
-            f"known bug {entry.id} ({entry.upstream_issue}) did not reproduce on {where}, which the "
-            f"registry says carries it (carried_by {entry.carried_by}). If it was fixed, update "
-            f"carried_by in harness/known_bugs.toml; if not, the case no longer detects it."), entry=entry.id)
+        return Judgement(
+            JudgementKind.UNEXPECTED_PASS,
+            (
+                f"known bug {entry.id} ({entry.upstream_issue}) did not reproduce on {where}, which the "
+                f"registry says carries it (carried_by {entry.carried_by}). If it was fixed, update "
+                f"carried_by in harness/known_bugs.toml; if not, the case no longer detects it."
+            ),
+            entry=entry.id,
+        )
     signature = entry.matching_signature(evidence)
     cause = headline(evidence)
     if signature:
-        return Judgement(JudgementKind.REPRODUCED, f"known bug {entry.id} ({entry.upstream_issue}) on {where}: {cause} "
-                         f"(matched {signature!r})", signature, entry.id)
+        return Judgement(
+            JudgementKind.REPRODUCED,
+            f"known bug {entry.id} ({entry.upstream_issue}) on {where}: {cause} (matched {signature!r})",
+            signature,
+            entry.id,
+        )
     expected = " | ".join(p.pattern for p in entry.signatures)
-    return Judgement(JudgementKind.FAILED, (
-        f"{where} carries {entry.id}, but this failure matches none of its signatures ({expected}): "
-        f"a new failure: {cause}"), entry=entry.id)
-
+    return Judgement(
+        JudgementKind.FAILED,
+        (
+            f"{where} carries {entry.id}, but this failure matches none of its signatures ({expected}): "
+            f"a new failure: {cause}"
+        ),
+        entry=entry.id,
+    )

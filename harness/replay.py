@@ -82,7 +82,9 @@ def run_group_here(requests_file: Path) -> int:
     for number, entry in enumerate(json.loads(requests_file.read_text(encoding="utf-8")), start=1):
         answer = run_request(Request(id=number, case=entry["case"], body=entry["body"], kwargs=entry["kwargs"]))
         exc = answer.exception
-        status = "ok" if exc is None else f"{exc['type']}: {exc['message'].splitlines()[0][:200] if exc['message'] else ''}"
+        status = (
+            "ok" if exc is None else f"{exc['type']}: {exc['message'].splitlines()[0][:200] if exc['message'] else ''}"
+        )
         print(f"[replay] {answer.duration_s:7.2f}s {entry['case']}: {status}", flush=True)
         failures += exc is not None
     return 1 if failures else 0
@@ -104,16 +106,24 @@ def replay(results_dir: Path, case_filter: str, print_commands: bool) -> int:
                 continue
             started = time.monotonic()
             code = subprocess.run(argv, env=env).returncode
-            print(f"[replay] process {index + 1}/{len(groups)}: {len(requests)} case(s), "
-                  f"{time.monotonic() - started:.1f}s, exit {code}", flush=True)
+            print(
+                f"[replay] process {index + 1}/{len(groups)}: {len(requests)} case(s), "
+                f"{time.monotonic() - started:.1f}s, exit {code}",
+                flush=True,
+            )
             worst = worst or code
     return worst
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = cli.PlainParser(prog=cli.prog("harness.replay", "spmd-replay"), description=__doc__)
-    parser.add_argument("--results-dir", type=Path, default=Path("results"), metavar="DIR",
-                        help="a results folder (its latest run) or one run's folder (default: results)")
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=Path("results"),
+        metavar="DIR",
+        help="a results folder (its latest run) or one run's folder (default: results)",
+    )
     # pytest's spelling of the same folder, as the time-to-verdict benchmark passes it.
     cli.add_hidden_alias(parser, "--spmd-results-dir", dest="results_dir", type=Path)
     parser.add_argument("--case", default="", help="replay only requests whose case id contains this")

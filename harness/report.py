@@ -95,14 +95,16 @@ def cross_check_run(run: Path, results: Results) -> None:
     try:
         manifest = runfolder.read_manifest(run)
     except (OSError, ValueError) as exc:
-        results.problems.append(f"{run.name}/{runfolder.MANIFEST_NAME} is unreadable ({exc}); the run cannot be "
-                                "checked for lost records")
+        results.problems.append(
+            f"{run.name}/{runfolder.MANIFEST_NAME} is unreadable ({exc}); the run cannot be checked for lost records"
+        )
         return
     if manifest.status != "finished":
         results.problems.append(
             f"run {manifest.run_id} did not finish: pytest (pid {manifest.pid} on {manifest.host}, started "
             f"{manifest.started}) ended without closing it, so cases it started may have no record "
-            "(killed, out of memory, or still running)")
+            "(killed, out of memory, or still running)"
+        )
         return
     problem = suite_exit_problem(manifest.exitstatus)
     if problem:
@@ -111,16 +113,24 @@ def cross_check_run(run: Path, results: Results) -> None:
     for nodeid in manifest.failed_ids:
         record = by_id.get(nodeid)
         if record is None:
-            results.records.append(CaseRecord(
-                nodeid=nodeid, family=family_of(nodeid), outcome="failed",
-                reason="pytest reported this test failed, and the harness holds no record of it "
-                       "(not an SPMD case, or its record was lost); see the pytest output or junit.xml"))
+            results.records.append(
+                CaseRecord(
+                    nodeid=nodeid,
+                    family=family_of(nodeid),
+                    outcome="failed",
+                    reason="pytest reported this test failed, and the harness holds no record of it "
+                    "(not an SPMD case, or its record was lost); see the pytest output or junit.xml",
+                )
+            )
         elif not is_failure(record):
-            results.problems.append(f"pytest reported {nodeid} failed (in setup or teardown?) but its case "
-                                    f"record says {record.outcome}")
+            results.problems.append(
+                f"pytest reported {nodeid} failed (in setup or teardown?) but its case record says {record.outcome}"
+            )
     if manifest.exitstatus == 1 and not any(is_failure(r) for r in results.records) and not results.problems:
-        results.problems.append(f"run {manifest.run_id}: pytest exited 1 (tests failed) but no failing test "
-                                "was recorded; see the pytest output")
+        results.problems.append(
+            f"run {manifest.run_id}: pytest exited 1 (tests failed) but no failing test "
+            "was recorded; see the pytest output"
+        )
 
 
 def group_by_family(records: Iterable[CaseRecord]) -> dict[str, list[CaseRecord]]:
@@ -266,29 +276,45 @@ def failure_message(record: CaseRecord) -> str:
 
 def github_annotations(results: Results) -> list[str]:
     if not results.records:
-        return [workflow_command("error", "No SPMD case records were found: the run executed nothing.",
-                                 title="SPMD regression: empty run")]
-    problems = [workflow_command("error", problem, title="SPMD regression: incomplete run")
-                for problem in results.problems]
+        return [
+            workflow_command(
+                "error",
+                "No SPMD case records were found: the run executed nothing.",
+                title="SPMD regression: empty run",
+            )
+        ]
+    problems = [
+        workflow_command("error", problem, title="SPMD regression: incomplete run") for problem in results.problems
+    ]
     failures = [r for r in results.records if is_failure(r)]
     shown = failures if len(failures) <= MAX_ERROR_ANNOTATIONS else failures[: MAX_ERROR_ANNOTATIONS - 1]
-    commands = problems + [workflow_command("error", failure_message(r), title=f"SPMD regression: {r.nodeid}")
-                           for r in shown]
+    commands = problems + [
+        workflow_command("error", failure_message(r), title=f"SPMD regression: {r.nodeid}") for r in shown
+    ]
     if len(shown) < len(failures):
-        commands.append(workflow_command(
-            "error", f"{len(failures) - len(shown)} more failed case(s); see the job summary.",
-            title="SPMD regression: more failures"))
+        commands.append(
+            workflow_command(
+                "error",
+                f"{len(failures) - len(shown)} more failed case(s); see the job summary.",
+                title="SPMD regression: more failures",
+            )
+        )
     if results.unreadable:
-        commands.append(workflow_command(
-            "warning", "Unreadable record lines: " + ", ".join(results.unreadable[:10]),
-            title="SPMD regression: damaged results"))
+        commands.append(
+            workflow_command(
+                "warning",
+                "Unreadable record lines: " + ", ".join(results.unreadable[:10]),
+                title="SPMD regression: damaged results",
+            )
+        )
     return commands
 
 
 def plain_failure_lines(results: Results) -> list[str]:
     """What a laptop user sees instead of workflow commands."""
-    return ([f"RUN PROBLEM: {problem}" for problem in results.problems]
-            + [f"FAILED {r.nodeid}: {r.reason or r.outcome}" for r in results.records if is_failure(r)])
+    return [f"RUN PROBLEM: {problem}" for problem in results.problems] + [
+        f"FAILED {r.nodeid}: {r.reason or r.outcome}" for r in results.records if is_failure(r)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,16 +323,38 @@ def plain_failure_lines(results: Results) -> list[str]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = cli.PlainParser(prog=cli.prog("harness.report", "spmd-report"), description=__doc__)
-    parser.add_argument("results_dir", type=Path, metavar="RESULTS_DIR",
-                        help="a results folder (its latest run), one run's folder, or a GKE launch's folder")
-    parser.add_argument("--summary", type=Path, metavar="FILE", default=None,
-                        help="where to write the Markdown summary (default: the run's folder/summary.md)")
-    parser.add_argument("--step-summary", type=Path, metavar="FILE", default=os.environ.get("GITHUB_STEP_SUMMARY") or None,
-                        help="also append the summary here (default: $GITHUB_STEP_SUMMARY when set)")
-    parser.add_argument("--github-output", type=Path, metavar="FILE", default=os.environ.get("GITHUB_OUTPUT") or None,
-                        help="append the counts here as name=value lines (default: $GITHUB_OUTPUT when set)")
-    parser.add_argument("--annotate", action="store_true",
-                        help="print GitHub workflow commands (::error) for failures instead of a plain list")
+    parser.add_argument(
+        "results_dir",
+        type=Path,
+        metavar="RESULTS_DIR",
+        help="a results folder (its latest run), one run's folder, or a GKE launch's folder",
+    )
+    parser.add_argument(
+        "--summary",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="where to write the Markdown summary (default: the run's folder/summary.md)",
+    )
+    parser.add_argument(
+        "--step-summary",
+        type=Path,
+        metavar="FILE",
+        default=os.environ.get("GITHUB_STEP_SUMMARY") or None,
+        help="also append the summary here (default: $GITHUB_STEP_SUMMARY when set)",
+    )
+    parser.add_argument(
+        "--github-output",
+        type=Path,
+        metavar="FILE",
+        default=os.environ.get("GITHUB_OUTPUT") or None,
+        help="append the counts here as name=value lines (default: $GITHUB_OUTPUT when set)",
+    )
+    parser.add_argument(
+        "--annotate",
+        action="store_true",
+        help="print GitHub workflow commands (::error) for failures instead of a plain list",
+    )
     parser.add_argument("--title", default="SPMD regression results", help="heading of the summary")
     cli.add_version(parser, "spmd-report")
     return parser.parse_args(argv)
@@ -345,14 +393,20 @@ def write_summary(text: str, summary: Path, step_summary: Path | None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.results_dir.is_dir():
-        print(f"error: results folder {args.results_dir} does not exist; did pytest run with "
-              f"--spmd-results-dir={args.results_dir}?", file=sys.stderr)
+        print(
+            f"error: results folder {args.results_dir} does not exist; did pytest run with "
+            f"--spmd-results-dir={args.results_dir}?",
+            file=sys.stderr,
+        )
         return EXIT_NO_RECORDS
     results = load_results(args.results_dir)
     if results.unreadable:
-        print(f"warning: {len(results.unreadable)} damaged record line(s) under {args.results_dir}, not counted as "
-              f"cases (cut short by a crash, or not a case record): {', '.join(results.unreadable[:10])}"
-              f"{' ...' if len(results.unreadable) > 10 else ''}", file=sys.stderr)
+        print(
+            f"warning: {len(results.unreadable)} damaged record line(s) under {args.results_dir}, not counted as "
+            f"cases (cut short by a crash, or not a case record): {', '.join(results.unreadable[:10])}"
+            f"{' ...' if len(results.unreadable) > 10 else ''}",
+            file=sys.stderr,
+        )
     runs = runfolder.find_runs(args.results_dir)
     home = runs[0] if len(runs) == 1 else args.results_dir  # the run's own folder when there is one
     write_summary(render_summary(results, args.title), args.summary or home / runfolder.SUMMARY_NAME, args.step_summary)
@@ -362,14 +416,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line)
     print(f"harness.report {home}: {totals_line(results)}")
     if not results.records:
-        print(f"error: no case records ({runfolder.VERDICTS_GLOB}) under {args.results_dir}: the run executed "
-              "nothing. Check that cases were collected (-m spmd), that the harness plugin loaded, "
-              "and that --spmd-results-dir points here.", file=sys.stderr)
+        print(
+            f"error: no case records ({runfolder.VERDICTS_GLOB}) under {args.results_dir}: the run executed "
+            "nothing. Check that cases were collected (-m spmd), that the harness plugin loaded, "
+            "and that --spmd-results-dir points here.",
+            file=sys.stderr,
+        )
         return EXIT_NO_RECORDS
     if all(r.outcome == "skipped" for r in results.records):
-        print(f"error: all {len(results.records)} cases under {args.results_dir} were skipped "
-              f"(first reason: {results.records[0].reason}); a run that executed nothing is not a pass.",
-              file=sys.stderr)
+        print(
+            f"error: all {len(results.records)} cases under {args.results_dir} were skipped "
+            f"(first reason: {results.records[0].reason}); a run that executed nothing is not a pass.",
+            file=sys.stderr,
+        )
         return EXIT_NO_RECORDS
     if results.problems:
         return EXIT_RUN_PROBLEM

@@ -1,7 +1,7 @@
 """What a case needs from its backend, resolved at run time into a skip reason with numbers.
 
-    @pytest.mark.needs(devices=8, jax=True)          # on top of the implied xla=True for spmd cases
-    @pytest.mark.needs(backend="tpu", multislice=True)
+@pytest.mark.needs(devices=8, jax=True)          # on top of the implied xla=True for spmd cases
+@pytest.mark.needs(backend="tpu", multislice=True)
 """
 
 from __future__ import annotations

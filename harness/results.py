@@ -102,18 +102,29 @@ def _is_count(value: Any) -> bool:
 # What each field of a record read back must be (JSON gives str, int, float, bool, list, dict, None).
 _FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "nodeid": ("a non-empty string", lambda v: isinstance(v, str) and v != ""),
-    **{name: ("a string", lambda v: isinstance(v, str))
-       for name in ("family", "outcome", "reason", "evidence", "backend", "late_fault")},
-    **{name: ("a string or null", lambda v: v is None or isinstance(v, str))
-       for name in ("known_bug", "registry_verdict", "signature", "torch_xla", "torch", "jax", "harness")},
+    **{
+        name: ("a string", lambda v: isinstance(v, str))
+        for name in ("family", "outcome", "reason", "evidence", "backend", "late_fault")
+    },
+    **{
+        name: ("a string or null", lambda v: v is None or isinstance(v, str))
+        for name in ("known_bug", "registry_verdict", "signature", "torch_xla", "torch", "jax", "harness")
+    },
     "schema": ("a whole number", _is_count),
-    **{name: ("a whole number or null", lambda v: v is None or _is_count(v)) for name in ("devices", "slice_id", "host_id")},
+    **{
+        name: ("a whole number or null", lambda v: v is None or _is_count(v))
+        for name in ("devices", "slice_id", "host_id")
+    },
     **{name: ("a number", lambda v: _is_count(v) or isinstance(v, float)) for name in ("duration_s", "body_s")},
-    **{name: ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
-       for name in ("known_bugs", "sharding_changes", "cost_changes")},
+    **{
+        name: ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
+        for name in ("known_bugs", "sharding_changes", "cost_changes")
+    },
     "costs": ("a mapping of training loops to cost signatures", lambda v: _are_signatures(v)),
-    "shardings": ("a mapping of tensor names to sharding text",
-                  lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values())),
+    "shardings": (
+        "a mapping of tensor names to sharding text",
+        lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+    ),
     "sharding_baseline": ("true or false", lambda v: isinstance(v, bool)),
 }
 
@@ -176,7 +187,9 @@ def write_amendment(results_dir: Path, nodeid: str, late_fault: str, worker: str
     _append(results_dir / runfolder.verdicts_name(worker), json.dumps({"amends": nodeid, "late_fault": late_fault}))
 
 
-def read_records(results_dir: Path, unreadable: list[str] | None = None, recursive: bool = False) -> Iterator[CaseRecord]:
+def read_records(
+    results_dir: Path, unreadable: list[str] | None = None, recursive: bool = False
+) -> Iterator[CaseRecord]:
     """Every case's record, with later amendments (late faults) folded into it.
 
     results_dir may be a run folder or a results folder (its `latest` run is read; see
@@ -202,8 +215,13 @@ def read_records(results_dir: Path, unreadable: list[str] | None = None, recursi
                         records[record.nodeid] = record
                 except (ValueError, TypeError, KeyError, AttributeError) as exc:
                     if unreadable is None:
-                        why = (exc if isinstance(exc, DamagedRecord) else f"not JSON ({exc})"
-                               if isinstance(exc, json.JSONDecodeError) else f"not a case record ({exc!r})")
+                        why = (
+                            exc
+                            if isinstance(exc, DamagedRecord)
+                            else f"not JSON ({exc})"
+                            if isinstance(exc, json.JSONDecodeError)
+                            else f"not a case record ({exc!r})"
+                        )
                         raise DamagedRecord(f"{path}:{number}: {why}") from None
                     unreadable.append(f"{_shown(path, root)}:{number}")
         yield from records.values()
@@ -224,7 +242,9 @@ def apply_amendment(records: dict[str, CaseRecord], data: dict[str, Any]) -> Non
         return  # the case's own record was lost (a run killed mid-write): nothing to amend
     record.late_fault = data["late_fault"]
     if record.outcome in ("passed", "xfailed"):
-        record.reason = f"its child failed after the verdict ({record.outcome} before that): {data['late_fault'].splitlines()[0]}"
+        record.reason = (
+            f"its child failed after the verdict ({record.outcome} before that): {data['late_fault'].splitlines()[0]}"
+        )
         record.outcome = "failed"
 
 

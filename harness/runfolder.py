@@ -133,10 +133,12 @@ class Manifest:
             if kwargs.get(name) is not None and not isinstance(kwargs[name], kind):
                 raise ValueError(f"field {name!r} is not a {kind.__name__}")
         if not isinstance(kwargs.get("counts", {}), dict) or not all(
-                isinstance(v, int) for v in kwargs.get("counts", {}).values()):
+            isinstance(v, int) for v in kwargs.get("counts", {}).values()
+        ):
             raise ValueError("field 'counts' is not an object of integers")
         if not isinstance(kwargs.get("failed_ids", []), list) or not all(
-                isinstance(v, str) for v in kwargs.get("failed_ids", [])):
+            isinstance(v, str) for v in kwargs.get("failed_ids", [])
+        ):
             raise ValueError("field 'failed_ids' is not a list of strings")
         kwargs.setdefault("argv", [])
         return cls(**kwargs)
@@ -190,9 +192,15 @@ class RunFolder:
             if not self._is_ours_in_progress():
                 raise HarnessUsageError(
                     f"{self.path} already exists and is not this run's folder; remove it or choose "
-                    "another --spmd-results-dir") from None
-        manifest = Manifest(run_id=self.run_id, pid=self.controller_pid, host=socket.gethostname(),
-                            started=self.started, argv=list(sys.argv))
+                    "another --spmd-results-dir"
+                ) from None
+        manifest = Manifest(
+            run_id=self.run_id,
+            pid=self.controller_pid,
+            host=socket.gethostname(),
+            started=self.started,
+            argv=list(sys.argv),
+        )
         try:
             # O_EXCL: when several xdist workers claim at once, exactly one writes the manifest.
             fd = os.open(self.manifest_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

@@ -87,8 +87,7 @@ class ShardingParseError(ValueError):
         else:
             found = text[position : position + 12] or "end of text"
             message = (
-                f"{prefix}invalid HLO sharding {text!r}: expected {expected} "
-                f"at position {position}, found {found!r}"
+                f"{prefix}invalid HLO sharding {text!r}: expected {expected} at position {position}, found {found!r}"
             )
         super().__init__(message)
 
@@ -411,7 +410,9 @@ class _Parser:
             return self._parse_tiled_body()
         if self._accept_word("mesh"):
             self._fail_semantic("named (Shardy) shardings such as {mesh[...], [...]} are not HLO sharding syntax")
-        self._fail("one of 'replicated', 'manual', 'unknown', 'maximal device=N', 'devices=[...]' or a tuple '{{...}, ...}'")
+        self._fail(
+            "one of 'replicated', 'manual', 'unknown', 'maximal device=N', 'devices=[...]' or a tuple '{{...}, ...}'"
+        )
         raise AssertionError("unreachable")
 
     def _parse_tiled_body(self) -> Tiled:
@@ -426,7 +427,9 @@ class _Parser:
     def _parse_iota(self, tile_dims: tuple[int, ...]) -> tuple[int, ...]:
         reshape_dims = self._parse_int_list("[", "]", "'[' opening the iota reshape dimensions after '<='")
         if math.prod(tile_dims) > MAX_DEVICES:
-            self._fail_semantic(f"tile assignment {_brackets(tile_dims)} has more devices than the limit of {MAX_DEVICES}")
+            self._fail_semantic(
+                f"tile assignment {_brackets(tile_dims)} has more devices than the limit of {MAX_DEVICES}"
+            )
         perm = None
         self._skip_space()
         if self._accept("T"):
@@ -487,7 +490,9 @@ class _Parser:
                 return tuple(types)
             self._expect(",", "',' or '}' in last_tile_dims")
 
-    def _build_tiled(self, tile_dims: tuple[int, ...], devices: tuple[int, ...], subgroup_types: tuple[str, ...]) -> Tiled:
+    def _build_tiled(
+        self, tile_dims: tuple[int, ...], devices: tuple[int, ...], subgroup_types: tuple[str, ...]
+    ) -> Tiled:
         problem = _tiled_problem(tile_dims, devices, subgroup_types)
         if problem:
             self._fail_semantic(problem)
@@ -565,7 +570,9 @@ class _Parser:
     def _accept_word(self, word: str) -> bool:
         """Like `_accept`, but 'manualx' must not match 'manual'."""
         end = self.pos + len(word)
-        if self.text.startswith(word, self.pos) and not (end < len(self.text) and (self.text[end].isalnum() or self.text[end] == "_")):
+        if self.text.startswith(word, self.pos) and not (
+            end < len(self.text) and (self.text[end].isalnum() or self.text[end] == "_")
+        ):
             self.pos = end
             return True
         return False
@@ -663,9 +670,7 @@ def assert_sharding_equal(actual: str | Sharding, expected: str | Sharding, cont
     if actual_value != expected_value:
         subject = f" for {context}" if context else ""
         raise AssertionError(
-            f"sharding mismatch{subject}\n"
-            f"  expected: {_show(expected_value)}\n"
-            f"  actual:   {_show(actual_value)}"
+            f"sharding mismatch{subject}\n  expected: {_show(expected_value)}\n  actual:   {_show(actual_value)}"
         )
 
 
@@ -678,8 +683,7 @@ def assert_tiled_along(actual: str | Sharding, dim: int, num_devices: int, conte
     subject = f"{context} " if context else "the tensor "
     cut = "" if isinstance(value, TupleSharding) else f" (dimensions cut: {_describe_cuts(value)})"
     raise AssertionError(
-        f"expected {subject}to be tiled along dim {dim} over {num_devices} devices, "
-        f"got {_show(value)}{cut}"
+        f"expected {subject}to be tiled along dim {dim} over {num_devices} devices, got {_show(value)}{cut}"
     )
 
 

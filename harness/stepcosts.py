@@ -30,15 +30,23 @@ from harness.errors import HarnessUsageError
 
 # XLA's dump file names: module_0003.<module name>.<unique id>.<stage>.txt; stage
 # `before_optimizations`, or `after_optimizations` with the backend's prefix (`cpu_`, `tpu_`).
-_DUMP_FILE = re.compile(r"^module_(?P<number>\d+)\.(?P<name>.+)\.(?P<uid>\d+)\."
-                        r"(?P<stage>before_optimizations|(?:[a-z]+_)?after_optimizations)\.txt$")
+_DUMP_FILE = re.compile(
+    r"^module_(?P<number>\d+)\.(?P<name>.+)\.(?P<uid>\d+)\."
+    r"(?P<stage>before_optimizations|(?:[a-z]+_)?after_optimizations)\.txt$"
+)
 MAX_DUMP_BYTES = 64 << 20  # a partitioned module this large is not a training step of a case
 _meter_numbers = itertools.count()
 
 
 class StepMeter:
-    def __init__(self, ctx: Any, label: str = costs.DEFAULT_LABEL, warmup: int = costs.DEFAULT_WARMUP,
-                 parameters: Iterable[Any] = (), optimizer: Any = None) -> None:
+    def __init__(
+        self,
+        ctx: Any,
+        label: str = costs.DEFAULT_LABEL,
+        warmup: int = costs.DEFAULT_WARMUP,
+        parameters: Iterable[Any] = (),
+        optimizer: Any = None,
+    ) -> None:
         """label: the loop's name in the case's signatures; warmup: steps allowed to compile
         (the first step compiles the graph; the second may, once the optimizer state exists)."""
         if not re.fullmatch(r"[A-Za-z0-9_]+", label):
@@ -49,7 +57,8 @@ class StepMeter:
             # cases ran before in this child (serial and -n 2 would disagree).
             raise HarnessUsageError(
                 f"a cost-measured loop needs a child of its own, and this one ran {ctx.bodies_before} "
-                "body(ies) before: pass fresh=True to spmd.run for this body")
+                "body(ies) before: pass fresh=True to spmd.run for this body"
+            )
         self.ctx = ctx
         self.label = label
         self.parameters = list(parameters)
@@ -130,7 +139,8 @@ class StepMeter:
             graph["fingerprint"] = costs.fingerprint(module_before)
             if self.last_inputs is not None:
                 differs = costs.input_differences(self.last_inputs, inputs) or [
-                    f"inputs identical, graph fingerprint {self.last_fingerprint} -> {graph['fingerprint']}"]
+                    f"inputs identical, graph fingerprint {self.last_fingerprint} -> {graph['fingerprint']}"
+                ]
                 entry.setdefault("differs", []).extend(differs)
             self.last_inputs, self.last_fingerprint = inputs, graph["fingerprint"]
         return graph
@@ -154,8 +164,11 @@ class StepMeter:
 
 def _counters() -> dict[str, int]:
     xla.wait_device_ops()  # an execution still queued would be counted in whichever step reads next
-    return {"compiles": xla.counter("UncachedCompile"), "cache_hits": xla.counter("CachedCompile"),
-            "executions": xla.counter("ExecuteReplicated") + xla.counter("ExecuteComputation")}
+    return {
+        "compiles": xla.counter("UncachedCompile"),
+        "cache_hits": xla.counter("CachedCompile"),
+        "executions": xla.counter("ExecuteReplicated") + xla.counter("ExecuteComputation"),
+    }
 
 
 def _read_text(path: Path) -> str:

@@ -37,12 +37,13 @@ def tile_holders(value: str | Sharding) -> Holders | None:
     per_tile = math.prod(value.subgroup_dims)
     holders: Holders = {}
     for position, tile in enumerate(itertools.product(*(range(d) for d in data_dims))):
-        holders[tile] = tuple(sorted(value.devices[position * per_tile:(position + 1) * per_tile]))
+        holders[tile] = tuple(sorted(value.devices[position * per_tile : (position + 1) * per_tile]))
     return holders
 
 
-def holders_from_mesh(mesh_shape: Sequence[int], device_ids: Sequence[int], axis_names: Sequence[str],
-                      spec: Sequence[AxisSpec]) -> Holders:
+def holders_from_mesh(
+    mesh_shape: Sequence[int], device_ids: Sequence[int], axis_names: Sequence[str], spec: Sequence[AxisSpec]
+) -> Holders:
     """What `spec` over the mesh means: {tile: devices}, one entry per tile of the tensor.
 
     `device_ids` is the mesh's devices in row-major order of `mesh_shape`. Tensor dimension i is
@@ -122,7 +123,9 @@ def device_grid(value: str | Sharding) -> list[str]:
         cells.append((f"[{r}]" if r is not None else "", row))
     width = max(len(x) for x in header + [cell for _, row in cells for cell in row])
     label = f"dim {','.join(map(str, col_dims))} ->"
-    lead = max(len(label), *(len(r) + len(f"dim {rows_dim} ") for r, _ in cells)) if rows_dim is not None else len(label)
+    lead = (
+        max(len(label), *(len(r) + len(f"dim {rows_dim} ") for r, _ in cells)) if rows_dim is not None else len(label)
+    )
     lines = [label.ljust(lead) + "  " + "  ".join(h.ljust(width) for h in header)]
     for row_label, row in cells:
         name = f"dim {rows_dim} {row_label}" if row_label else ""

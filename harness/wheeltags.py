@@ -36,13 +36,16 @@ def python_of_wheels(folder: Path) -> str:
             # A compressed tag set (cp312.cp313-...) comes back as one Tag per combination.
             tags = parse_wheel_filename(wheel.name)[3]
         except InvalidWheelFilename as exc:
-            raise HarnessUsageError(f"{wheel.name} is not a wheel filename (name-version-python-abi-platform.whl): "
-                                    f"{exc}") from None
+            raise HarnessUsageError(
+                f"{wheel.name} is not a wheel filename (name-version-python-abi-platform.whl): {exc}"
+            ) from None
         found = {f"{m[1]}.{m[2]}" for m in (_CPYTHON.match(tag.interpreter) for tag in tags) if m}
         if found:
             versions[wheel.name] = found
     if not versions:
-        raise HarnessUsageError(f"{folder}: no CPython-specific wheel (cpXY) there; give the folder with the torch_xla wheel")
+        raise HarnessUsageError(
+            f"{folder}: no CPython-specific wheel (cpXY) there; give the folder with the torch_xla wheel"
+        )
     common = set.intersection(*versions.values())
     if not common:
         listing = ", ".join(f"{name} ({'/'.join(sorted(v))})" for name, v in versions.items())
@@ -57,7 +60,8 @@ def check_interpreter(folder: Path, version: tuple[int, int] = sys.version_info[
         raise HarnessUsageError(
             f"the wheels in {folder} are for Python {needed} (cp{needed.replace('.', '')}), but this job's Python "
             f"is {have}: on the runner (container: ''), leave the workflow input python-version empty to follow "
-            f"the wheels or set it to '{needed}'; in a container, use an image with Python {needed}")
+            f"the wheels or set it to '{needed}'; in a container, use an image with Python {needed}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ from harness.baseline import Baseline, CaseCheck, Change, is_drift
 
 pytestmark = pytest.mark.selftest
 
-CASES = '''
+CASES = """
 import os
 import pytest
 
@@ -41,7 +41,7 @@ def test_block(spmd):
 @pytest.mark.known_bug("mark-sharding-list-spec")  # open: carried by every release
 def test_known_bug(spmd):
     spmd.run(body_fails)
-'''
+"""
 TILED = "{devices=[4,1]0,1,2,3}"
 
 
@@ -57,8 +57,16 @@ def suite(pytester, monkeypatch):
     def run(shardings: dict[str, str], *args: str, version: str = "2.9.0") -> pytest.RunResult:
         monkeypatch.setenv("CASE_SHARDINGS", json.dumps(shardings))
         monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", version)
-        return pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider",
-                                             "--spmd-shardings-baseline=baseline.json", "-rA", *args, timeout=120)
+        return pytester.runpytest_subprocess(
+            "--spmd-backend=fake",
+            "-p",
+            "no:cacheprovider",
+            "--spmd-shardings-baseline=baseline.json",
+            "-rA",
+            *args,
+            timeout=120,
+        )
+
     return run
 
 
@@ -68,8 +76,12 @@ def baseline_file(pytester) -> dict:
 
 def test_update_writes_the_cases_that_ran_and_passed_then_a_run_agrees(suite, pytester):
     result = suite({"blocks.0.fc1.weight": TILED, "out": "{replicated}"}, "--spmd-update-shardings")
-    result.stdout.fnmatch_lines(["*sharding baseline*baseline.json rewritten for 1 case(s)*",
-                                 "*" + lit("blocks.0.fc1.weight: new, {devices=[4,1]0,1,2,3} (not in the baseline)")])
+    result.stdout.fnmatch_lines(
+        [
+            "*sharding baseline*baseline.json rewritten for 1 case(s)*",
+            "*" + lit("blocks.0.fc1.weight: new, {devices=[4,1]0,1,2,3} (not in the baseline)"),
+        ]
+    )
     data = baseline_file(pytester)
     assert data["torch_xla"] == "2.9.0" and data["backend"] == "fake" and data["devices"] == 4
     assert data["cases"] == {"test_cases.py::test_block": {"blocks.0.fc1.weight": TILED, "out": "{replicated}"}}
@@ -80,11 +92,13 @@ def test_a_silent_change_fails_on_the_baselines_release_line_naming_tensor_and_b
     suite({"blocks.0.fc1.weight": TILED}, "--spmd-update-shardings")
     result = suite({"blocks.0.fc1.weight": "{replicated}"}, version="2.9.0+git1a2b3c4")
     result.assert_outcomes(failed=1, xfailed=1)
-    result.stdout.fnmatch_lines([
-        "*sharding drift: 1 tensor(s) differ from baseline.json (taken on torch_xla 2.9.0; this run: 2.9.0+git1a2b3c4)*",
-        "*" + lit("blocks.0.fc1.weight: {devices=[4,1]0,1,2,3} -> {replicated}"),
-        "*--spmd-update-shardings*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*sharding drift: 1 tensor(s) differ from baseline.json (taken on torch_xla 2.9.0; this run: 2.9.0+git1a2b3c4)*",
+            "*" + lit("blocks.0.fc1.weight: {devices=[4,1]0,1,2,3} -> {replicated}"),
+            "*--spmd-update-shardings*",
+        ]
+    )
     record = json.loads((pytester.path / "results" / "latest" / "verdicts-main.jsonl").read_text().splitlines()[0])
     assert record["sharding_changes"] == ["blocks.0.fc1.weight: {devices=[4,1]0,1,2,3} -> {replicated}"]
 
@@ -93,8 +107,12 @@ def test_on_another_release_line_the_change_is_reported_not_failed(suite):
     suite({"w": TILED}, "--spmd-update-shardings")
     result = suite({"w": "{devices=[1,4]0,1,2,3}"}, version="2.8.0")
     result.assert_outcomes(passed=1, xfailed=1)
-    result.stdout.fnmatch_lines(["*sharding changes (reported, not failed: torch_xla 2.8.0 is not on 2.9.0's release line)*",
-                                 "*" + lit("w: {devices=[4,1]0,1,2,3} -> {devices=[1,4]0,1,2,3}")])
+    result.stdout.fnmatch_lines(
+        [
+            "*sharding changes (reported, not failed: torch_xla 2.8.0 is not on 2.9.0's release line)*",
+            "*" + lit("w: {devices=[4,1]0,1,2,3} -> {devices=[1,4]0,1,2,3}"),
+        ]
+    )
 
 
 def test_new_tensors_are_reported_and_a_case_without_an_entry_is_listed(suite, pytester):
@@ -137,40 +155,52 @@ def test_the_policy_fails_drift_on_the_release_line_and_reports_the_rest():
     drift = base.check("c", {"w": "{replicated}"}, "2.9.1", "t.py::c")
     assert drift is not None and drift.changes == [Change("w", TILED, "{replicated}")]
     assert drift.failure is not None and drift.failure.startswith(
-        "sharding drift: 1 tensor(s) differ from cpu-4.json (taken on torch_xla 2.9.0; this run: 2.9.1):")
+        "sharding drift: 1 tensor(s) differ from cpu-4.json (taken on torch_xla 2.9.0; this run: 2.9.1):"
+    )
     assert "pytest 't.py::c' --spmd-update-shardings" in drift.failure
     elsewhere = base.check("c", {"w": "{replicated}"}, "2.8.0", "t.py::c")
     assert elsewhere is not None and elsewhere.failure is None
-    assert elsewhere.heading == "sharding changes (reported, not failed: torch_xla 2.8.0 is not on 2.9.0's release line)"
+    assert (
+        elsewhere.heading == "sharding changes (reported, not failed: torch_xla 2.8.0 is not on 2.9.0's release line)"
+    )
     new = base.check("c", {"w": TILED, "b": TILED}, "2.9.0", "t.py::c")
     assert new is not None and new.failure is None and new.changes == [Change("b", None, TILED)]
     assert new.heading == "sharding changes (reported, not failed: new tensors)"
 
 
-@pytest.mark.parametrize("changes, drift", [
-    ([], False),
-    ([Change("w", None, TILED)], False),  # a new tensor is reported, not failed
-    ([Change("w", TILED, "{replicated}")], True),
-    ([Change("w", TILED, None)], True),  # a tensor no longer recorded
-])
+@pytest.mark.parametrize(
+    "changes, drift",
+    [
+        ([], False),
+        ([Change("w", None, TILED)], False),  # a new tensor is reported, not failed
+        ([Change("w", TILED, "{replicated}")], True),
+        ([Change("w", TILED, None)], True),  # a tensor no longer recorded
+    ],
+)
 def test_what_counts_as_drift(changes, drift):
     assert is_drift(changes) is drift
 
 
 def test_release_line_and_canonical_form():
     base = Baseline(None, "cpu", 4, "2.9.0", {"c": {"w": "{devices=[2,2]0,1,2,3}"}})  # type: ignore[arg-type]  # no file: never read or written
-    assert base.on_release_line("2.9.1") and base.on_release_line("2.9.0.dev20250601") and base.on_release_line("2.9.0+gitabc")
+    assert (
+        base.on_release_line("2.9.1")
+        and base.on_release_line("2.9.0.dev20250601")
+        and base.on_release_line("2.9.0+gitabc")
+    )
     assert not base.on_release_line("2.8.0") and not base.on_release_line(None)
     # Compared in canonical form (its rules: tests/test_sharding.py, test_canonical_text).
     assert base.compare("c", {"w": "{devices=[2,2]<=[4]}"}) == []
-    assert base.compare("c", {"w": "{devices=[2,2]0,2,1,3}"}) == [Change("w", "{devices=[2,2]0,1,2,3}", "{devices=[2,2]0,2,1,3}")]
+    assert base.compare("c", {"w": "{devices=[2,2]0,2,1,3}"}) == [
+        Change("w", "{devices=[2,2]0,1,2,3}", "{devices=[2,2]0,2,1,3}")
+    ]
 
 
 # --------------------------------------------------------------------------------------------
 # End to end with torch_xla: a sharding change no case asserts
 # --------------------------------------------------------------------------------------------
 
-FSDPV2_CASE = '''
+FSDPV2_CASE = """
 import os
 import pytest
 
@@ -201,7 +231,7 @@ def body_fsdpv2_linear(ctx, shard_last_dim):
 
 def test_fsdpv2_linear(spmd):
     spmd.run(body_fsdpv2_linear, fresh=True, shard_last_dim=os.environ.get("SHARD_LAST_DIM") == "1")
-'''
+"""
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla is not installed here")
@@ -210,14 +240,20 @@ def test_a_sharding_no_case_asserts_passes_without_the_baseline_and_fails_with_i
 
     def run(shard_last_dim: bool, *args: str) -> pytest.RunResult:
         monkeypatch.setenv("SHARD_LAST_DIM", "1" if shard_last_dim else "0")
-        return pytester.runpytest_subprocess("--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider", *args, timeout=300)
+        return pytester.runpytest_subprocess(
+            "--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider", *args, timeout=300
+        )
 
     run(False, "--spmd-shardings-baseline=baseline.json", "--spmd-update-shardings").assert_outcomes(passed=1)
     run(True, "--spmd-shardings-baseline=absent.json").assert_outcomes(passed=1)  # nothing asserts the dim
     changed = run(True, "--spmd-shardings-baseline=baseline.json")
     changed.assert_outcomes(failed=1)
-    changed.stdout.fnmatch_lines(["*sharding drift: 1 tensor(s) differ from baseline.json*",
-                                  "*" + lit("_orig_module.weight: {devices=[4,1]0,1,2,3} -> {devices=[1,4]0,1,2,3}")])
+    changed.stdout.fnmatch_lines(
+        [
+            "*sharding drift: 1 tensor(s) differ from baseline.json*",
+            "*" + lit("_orig_module.weight: {devices=[4,1]0,1,2,3} -> {devices=[1,4]0,1,2,3}"),
+        ]
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,7 +262,7 @@ def test_a_sharding_no_case_asserts_passes_without_the_baseline_and_fails_with_i
 
 REPO = Path(__file__).resolve().parents[1]
 VIT_CASE_ID = "cases/test_functionalization.py::test_fsdpv2_vit_train_steps_match_cpu[func-on]"
-VIT_WITH_PATCHED_OUTPUTS = '''
+VIT_WITH_PATCHED_OUTPUTS = """
 import os
 import pytest
 
@@ -253,7 +289,7 @@ def body_vit(ctx, repo, outputs_along_last_dim):
 
 def test_vit(spmd):
     spmd.run(body_vit, fresh=True, repo=os.environ["REPO"], outputs_along_last_dim=os.environ["PATCH"] == "1")
-'''
+"""
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla is not installed here")
@@ -274,12 +310,22 @@ def test_the_real_vit_case_passes_a_silent_output_change_without_the_baseline_an
 
     def run(patch: bool, baseline: str) -> pytest.RunResult:
         monkeypatch.setenv("PATCH", "1" if patch else "0")
-        return pytester.runpytest_subprocess("--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider",
-                                             f"--spmd-shardings-baseline={baseline}", timeout=300)
+        return pytester.runpytest_subprocess(
+            "--spmd-backend=cpu",
+            "--spmd-devices=4",
+            "-p",
+            "no:cacheprovider",
+            f"--spmd-shardings-baseline={baseline}",
+            timeout=300,
+        )
 
     run(False, "baseline.json").assert_outcomes(passed=1)  # unpatched: the committed entry holds
     run(True, "absent.json").assert_outcomes(passed=1)  # nothing in the case asserts output shardings
     changed = run(True, "baseline.json")
     changed.assert_outcomes(failed=1)
-    changed.stdout.fnmatch_lines(["*sharding drift: * tensor(s) differ from baseline.json*",
-                                  "*" + lit("blocks.0:output: {devices=[4,1,1]0,1,2,3} -> {devices=[1,1,4]0,1,2,3}")])
+    changed.stdout.fnmatch_lines(
+        [
+            "*sharding drift: * tensor(s) differ from baseline.json*",
+            "*" + lit("blocks.0:output: {devices=[4,1,1]0,1,2,3} -> {devices=[1,1,4]0,1,2,3}"),
+        ]
+    )

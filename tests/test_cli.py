@@ -17,8 +17,12 @@ pytestmark = pytest.mark.selftest
 
 REPO = Path(__file__).resolve().parents[1]
 # console script -> the module `python -m` runs
-TOOLS = {"spmd-report": "harness.report", "spmd-matrix": "harness.matrix", "spmd-gke": "harness.gke",
-         "spmd-replay": "harness.replay"}
+TOOLS = {
+    "spmd-report": "harness.report",
+    "spmd-matrix": "harness.matrix",
+    "spmd-gke": "harness.gke",
+    "spmd-replay": "harness.replay",
+}
 
 
 def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -55,9 +59,19 @@ def _installed(name: str) -> str | None:
         return None
 
 
-@pytest.mark.parametrize("args", [["harness.report"], ["harness.matrix"], ["harness.matrix", "compare"],
-                                  ["harness.gke"], ["harness.gke", "run"], ["harness.gke", "worker"],
-                                  ["harness.replay"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["harness.report"],
+        ["harness.matrix"],
+        ["harness.matrix", "compare"],
+        ["harness.gke"],
+        ["harness.gke", "run"],
+        ["harness.gke", "worker"],
+        ["harness.replay"],
+    ],
+    ids=" ".join,
+)
 def test_help_lists_the_exit_codes_as_written(args: list[str]):
     proc = run_module(*args, "--help")
     assert proc.returncode == 0, proc.stderr
@@ -71,15 +85,23 @@ def test_the_matrix_help_shows_compare():
     assert "python -m harness.matrix compare --good DIR --bad DIR" in out and "compare --help" in out
 
 
-@pytest.mark.parametrize("args, said", [
-    (["harness.gke", "run", "--accelerator", "v4", "--topology", "2x2x2", "--slices", "two"],
-     "--slices: 'two' is not a whole number (see python -m harness.gke run --help)"),
-    (["harness.gke", "launch"], "COMMAND: 'launch' is not one of 'run', 'worker'"),
-    (["harness.gke", "run", "--topology", "2x2x2"], "missing --accelerator: it is required"),
-    (["harness.report", "results", "--anotate"], "unknown argument(s): --anotate (see python -m harness.report --help)"),
-    (["harness.matrix", "compare", "--good"], "--good needs a value"),
-    (["harness.replay", "--case"], "--case needs a value"),
-])
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (
+            ["harness.gke", "run", "--accelerator", "v4", "--topology", "2x2x2", "--slices", "two"],
+            "--slices: 'two' is not a whole number (see python -m harness.gke run --help)",
+        ),
+        (["harness.gke", "launch"], "COMMAND: 'launch' is not one of 'run', 'worker'"),
+        (["harness.gke", "run", "--topology", "2x2x2"], "missing --accelerator: it is required"),
+        (
+            ["harness.report", "results", "--anotate"],
+            "unknown argument(s): --anotate (see python -m harness.report --help)",
+        ),
+        (["harness.matrix", "compare", "--good"], "--good needs a value"),
+        (["harness.replay", "--case"], "--case needs a value"),
+    ],
+)
 def test_usage_errors_are_plain_words_and_exit_2(args: list[str], said: str):
     proc = run_module(*args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -87,13 +109,19 @@ def test_usage_errors_are_plain_words_and_exit_2(args: list[str], said: str):
     assert "invalid" not in proc.stderr and "unrecognized" not in proc.stderr
 
 
-@pytest.mark.parametrize("message, plain", [
-    ("argument --slices: invalid int value: 'x'", "--slices: 'x' is not a whole number"),
-    ("argument --backend: invalid choice: 'gpu' (choose from 'tpu', 'cpu')", "--backend: 'gpu' is not one of 'tpu', 'cpu'"),
-    ("the following arguments are required: --good, --bad", "missing --good, --bad: they are required"),
-    ("argument --good: expected one argument", "--good needs a value (write --good VALUE)"),
-    ("something argparse may say one day", "something argparse may say one day"),
-])
+@pytest.mark.parametrize(
+    "message, plain",
+    [
+        ("argument --slices: invalid int value: 'x'", "--slices: 'x' is not a whole number"),
+        (
+            "argument --backend: invalid choice: 'gpu' (choose from 'tpu', 'cpu')",
+            "--backend: 'gpu' is not one of 'tpu', 'cpu'",
+        ),
+        ("the following arguments are required: --good, --bad", "missing --good, --bad: they are required"),
+        ("argument --good: expected one argument", "--good needs a value (write --good VALUE)"),
+        ("something argparse may say one day", "something argparse may say one day"),
+    ],
+)
 def test_argparse_messages_in_plain_words(message: str, plain: str):
     assert cli.plain(message) == plain
 
@@ -127,10 +155,31 @@ def test_replay_takes_pytests_spelling_of_the_results_folder(tmp_path: Path):
 def test_the_matrix_table_names_no_local_folder():
     from harness.matrix.__main__ import shown_arguments
 
-    argv = ["--releases", "2.8.0,2.9.0", "--env", "2.9.0=/home/me/.venv", "--out", "/tmp/mx", "--cache=/scratch",
-            "--table", "docs/release-matrix.md", "--", "--results-dir", "kept"]
-    assert shown_arguments(argv) == ["--releases", "2.8.0,2.9.0", "--env", "2.9.0=VENV",
-                                     "--table", "docs/release-matrix.md", "--", "--results-dir", "kept"]
+    argv = [
+        "--releases",
+        "2.8.0,2.9.0",
+        "--env",
+        "2.9.0=/home/me/.venv",
+        "--out",
+        "/tmp/mx",
+        "--cache=/scratch",
+        "--table",
+        "docs/release-matrix.md",
+        "--",
+        "--results-dir",
+        "kept",
+    ]
+    assert shown_arguments(argv) == [
+        "--releases",
+        "2.8.0,2.9.0",
+        "--env",
+        "2.9.0=VENV",
+        "--table",
+        "docs/release-matrix.md",
+        "--",
+        "--results-dir",
+        "kept",
+    ]
 
 
 def test_the_tools_default_output_folders_are_ignored_by_git():

@@ -15,7 +15,7 @@ from tests.test_costs import signature
 
 pytestmark = pytest.mark.selftest
 
-CASES = '''
+CASES = """
 import json
 import os
 import pytest
@@ -28,7 +28,7 @@ def body_trains(ctx, signature):
 
 def test_train(spmd):
     spmd.run(body_trains, signature=json.loads(os.environ["CASE_SIGNATURE"]))
-'''
+"""
 
 
 @pytest.fixture
@@ -38,8 +38,16 @@ def suite(pytester, monkeypatch):
     def run(recorded: dict, *args: str, version: str = "2.9.0") -> pytest.RunResult:
         monkeypatch.setenv("CASE_SIGNATURE", json.dumps(recorded))
         monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", version)
-        return pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider",
-                                             "--spmd-costs-baseline=costs.json", "-rA", *args, timeout=120)
+        return pytester.runpytest_subprocess(
+            "--spmd-backend=fake",
+            "-p",
+            "no:cacheprovider",
+            "--spmd-costs-baseline=costs.json",
+            "-rA",
+            *args,
+            timeout=120,
+        )
+
     return run
 
 
@@ -61,8 +69,13 @@ def test_more_collectives_fail_on_the_release_line_one_line_per_item_and_the_dum
     suite(signature(), "--spmd-update-costs")
     result = suite(signature(all_gather=5), version="2.9.1")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*cost drift: 1 item(s) differ from costs.json (taken on torch_xla 2.9.0; this run: 2.9.1)*",
-                                 "*step0: all-gather 3 -> 5 (+64 KiB per device)*", "*--spmd-update-costs*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*cost drift: 1 item(s) differ from costs.json (taken on torch_xla 2.9.0; this run: 2.9.1)*",
+            "*step0: all-gather 3 -> 5 (+64 KiB per device)*",
+            "*--spmd-update-costs*",
+        ]
+    )
     assert record_of(pytester)["cost_changes"] == ["step0: all-gather 3 -> 5 (+64 KiB per device)"]
     kept = list((pytester.path / "results" / "latest" / "costs").iterdir())
     assert [p.name for p in kept] == ["test_cases.py_test_train__train_step0.after_optimizations.txt"]
@@ -72,8 +85,12 @@ def test_on_another_release_line_the_change_is_reported(suite):
     suite(signature(), "--spmd-update-costs")
     result = suite(signature(all_reduce=3), version="2.8.0")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*cost changes (reported, not failed: torch_xla 2.8.0 is not on 2.9.0's release line)*",
-                                 "*step0: all-reduce 2 -> 3 (+100 B per device)*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*cost changes (reported, not failed: torch_xla 2.8.0 is not on 2.9.0's release line)*",
+            "*step0: all-reduce 2 -> 3 (+100 B per device)*",
+        ]
+    )
 
 
 def test_a_step_that_compiles_after_the_warmup_fails_whatever_the_baseline(suite, pytester):
@@ -81,18 +98,30 @@ def test_a_step_that_compiles_after_the_warmup_fails_whatever_the_baseline(suite
     late["steps"][2]["differs"] = ["parameter(3): f32[8] '' -> f32[8] {replicated}"]
     result = suite(late)  # no baseline at all
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*steady state*", "*" + lit("step2 compiled 1 new graph(s) after the 2-step warm-up: "
-                                                             "parameter(3): f32[8] '' -> f32[8] {replicated}")])
+    result.stdout.fnmatch_lines(
+        [
+            "*steady state*",
+            "*"
+            + lit(
+                "step2 compiled 1 new graph(s) after the 2-step warm-up: parameter(3): f32[8] '' -> f32[8] {replicated}"
+            ),
+        ]
+    )
     suite(signature(), "--spmd-update-costs")
     suite(late, version="2.8.0").assert_outcomes(failed=1)  # another release line: still failed
 
 
-@pytest.mark.parametrize("content, named", [
-    ("{not json", "is not valid JSON"),
-    (json.dumps({"backend": "cpu", "devices": 4, "cases": {}}), "was taken on backend 'cpu' with 4 devices"),
-    (json.dumps({"backend": "fake", "devices": 4, "cases": {"x": {"train": {"steps": 3}}}}),
-     "case 'x', loop 'train': steps is the number 3"),
-])
+@pytest.mark.parametrize(
+    "content, named",
+    [
+        ("{not json", "is not valid JSON"),
+        (json.dumps({"backend": "cpu", "devices": 4, "cases": {}}), "was taken on backend 'cpu' with 4 devices"),
+        (
+            json.dumps({"backend": "fake", "devices": 4, "cases": {"x": {"train": {"steps": 3}}}}),
+            "case 'x', loop 'train': steps is the number 3",
+        ),
+    ],
+)
 def test_a_damaged_baseline_is_a_usage_error_naming_it(suite, pytester, content, named):
     (pytester.path / "costs.json").write_text(content)
     result = suite(signature())

@@ -77,27 +77,46 @@ def test_inputs_and_fingerprint_ignore_names_but_see_shardings():
     assert costs.fingerprint(resharded) != costs.fingerprint(PARTITIONED)
     before, after = costs.entry_inputs(PARTITIONED), costs.entry_inputs(resharded)
     assert costs.input_differences(before, after) == [
-        "parameter(1): f32[8,8] {devices=[4,1]0,1,2,3} -> f32[8,8] {replicated}"]
+        "parameter(1): f32[8,8] {devices=[4,1]0,1,2,3} -> f32[8,8] {replicated}"
+    ]
 
 
 def signature(all_gather=3, all_reduce=2, steps=((1, 0), (0, 1), (0, 1)), parameters=1024):
     return {
         "warmup": 2,
-        "steps": [{"compiles": c, "cache_hits": h, "executions": 1, "graphs": ["step0"] if c else []} for c, h in steps],
-        "graphs": {"step0": {"collectives": [
-            {"kind": "all-gather", "replica_groups": "{{0,1,2,3}}", "count": all_gather, "bytes_per_device": 32768 * all_gather},
-            {"kind": "all-reduce", "replica_groups": "{{0,1,2,3}}", "count": all_reduce, "bytes_per_device": 100 * all_reduce},
-        ]}},
+        "steps": [
+            {"compiles": c, "cache_hits": h, "executions": 1, "graphs": ["step0"] if c else []} for c, h in steps
+        ],
+        "graphs": {
+            "step0": {
+                "collectives": [
+                    {
+                        "kind": "all-gather",
+                        "replica_groups": "{{0,1,2,3}}",
+                        "count": all_gather,
+                        "bytes_per_device": 32768 * all_gather,
+                    },
+                    {
+                        "kind": "all-reduce",
+                        "replica_groups": "{{0,1,2,3}}",
+                        "count": all_reduce,
+                        "bytes_per_device": 100 * all_reduce,
+                    },
+                ]
+            }
+        },
         "memory": {"parameters": parameters, "gradients": parameters, "optimizer_state": 0},
     }
 
 
 def test_one_line_per_item_naming_the_collective_and_the_bytes():
     assert [str(c) for c in costs.compare(signature(), signature(all_gather=5))] == [
-        "step0: all-gather 3 -> 5 (+64 KiB per device)"]
+        "step0: all-gather 3 -> 5 (+64 KiB per device)"
+    ]
     assert [str(c) for c in costs.compare(signature(), signature(all_reduce=3, parameters=4096))] == [
         "step0: all-reduce 2 -> 3 (+100 B per device)",
-        "memory per device: parameters 1 KiB -> 4 KiB, gradients 1 KiB -> 4 KiB"]
+        "memory per device: parameters 1 KiB -> 4 KiB, gradients 1 KiB -> 4 KiB",
+    ]
     assert costs.compare(signature(), copy.deepcopy(signature())) == []
 
 
@@ -108,7 +127,8 @@ def test_a_kind_that_vanishes_and_regrouped_collectives():
     regrouped = signature()
     regrouped["graphs"]["step0"]["collectives"][1]["replica_groups"] = "{{0,1},{2,3}}"
     assert [str(c) for c in costs.compare(signature(), regrouped)] == [
-        "step0: all-reduce over {{0,1,2,3}} x2 -> {{0,1},{2,3}} x2"]
+        "step0: all-reduce over {{0,1,2,3}} x2 -> {{0,1},{2,3}} x2"
+    ]
 
 
 def test_a_step_that_compiles_again_is_a_steady_state_problem_after_the_warmup_only():
@@ -116,18 +136,22 @@ def test_a_step_that_compiles_again_is_a_steady_state_problem_after_the_warmup_o
     late = signature(steps=((1, 0), (0, 1), (1, 0)))
     late["steps"][2]["differs"] = ["parameter(3): f32[8] '' -> f32[8] {replicated}"]
     assert costs.steady_state_problems(late) == [
-        "step2 compiled 1 new graph(s) after the 2-step warm-up: parameter(3): f32[8] '' -> f32[8] {replicated}"]
+        "step2 compiled 1 new graph(s) after the 2-step warm-up: parameter(3): f32[8] '' -> f32[8] {replicated}"
+    ]
     assert [str(c) for c in costs.compare(signature(), late)] == ["step2: compiles 0 -> 1"]
 
 
-@pytest.mark.parametrize("damage, named", [
-    (lambda s: s.update(steps="3"), "steps is the string '3'"),
-    (lambda s: s["steps"][1].update(compiles=-1), "step1: compiles is the number -1"),
-    (lambda s: s["graphs"]["step0"]["collectives"][0].pop("count"), "needs kind, replica_groups"),
-    (lambda s: s["graphs"]["step0"].update(collectives=None), "without an 'unread' reason"),
-    (lambda s: s["memory"].update(parameters=True), "memory must map"),
-    (lambda s: s.update(stpes=[]), "unknown key 'stpes'"),
-])
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (lambda s: s.update(steps="3"), "steps is the string '3'"),
+        (lambda s: s["steps"][1].update(compiles=-1), "step1: compiles is the number -1"),
+        (lambda s: s["graphs"]["step0"]["collectives"][0].pop("count"), "needs kind, replica_groups"),
+        (lambda s: s["graphs"]["step0"].update(collectives=None), "without an 'unread' reason"),
+        (lambda s: s["memory"].update(parameters=True), "memory must map"),
+        (lambda s: s.update(stpes=[]), "unknown key 'stpes'"),
+    ],
+)
 def test_a_damaged_signature_is_named(damage, named):
     damaged = signature()
     damage(damaged)

@@ -55,14 +55,23 @@ def test_the_drawn_error_tree_is_the_class_tree():
     defined = _harness_errors()
     assert sorted(set(defined) - set(drawn)) == [], "defined but not drawn in harness/errors.py"
     assert sorted(set(drawn) - set(defined)) == [], "drawn but not defined"
-    wrong = [f"{name} under {parent}" for name, parent in drawn.items()
-             if parent is not None and name in defined and defined[parent] not in defined[name].__bases__]
+    wrong = [
+        f"{name} under {parent}"
+        for name, parent in drawn.items()
+        if parent is not None and name in defined and defined[parent] not in defined[name].__bases__
+    ]
     assert wrong == [], "drawn under a class that is not its base"
 
 
-@pytest.mark.parametrize("error, outcome", [
-    (CaseError, "error"), (CaseFailed, "error"), (CaseCrashed, "crashed"), (CaseTimedOut, "timeout"),
-    (CaseProtocolError, "protocol"),
-])
+@pytest.mark.parametrize(
+    "error, outcome",
+    [
+        (CaseError, "error"),
+        (CaseFailed, "error"),
+        (CaseCrashed, "crashed"),
+        (CaseTimedOut, "timeout"),
+        (CaseProtocolError, "protocol"),
+    ],
+)
 def test_each_case_error_carries_its_outcome(error, outcome):
     assert error("x", evidence="e").outcome == outcome

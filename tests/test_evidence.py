@@ -37,8 +37,10 @@ def test_a_real_sigabrt_log_gives_the_signal_and_the_check_line_first():
 
 def test_the_cause_survives_a_flood_of_thread_dumps_and_output(tmp_path):
     log = tmp_path / "child.log"
-    dump = "".join(f"Thread 0x{i:016x} (most recent call first):\n  File \"/x/subproc_pool.py\", line 47 in _recv_msg\n\n"
-                   for i in range(500))
+    dump = "".join(
+        f'Thread 0x{i:016x} (most recent call first):\n  File "/x/subproc_pool.py", line 47 in _recv_msg\n\n'
+        for i in range(500)
+    )
     log.write_text(SIGABRT_LOG.read_text() + "y" * 2_000_000 + "\n" + dump + "Extension modules: numpy (total: 1)\n")
     evidence, tail = crash_evidence("SIGABRT", log)
     assert headline(evidence).endswith(HAS_SHARDING)
@@ -48,8 +50,7 @@ def test_the_cause_survives_a_flood_of_thread_dumps_and_output(tmp_path):
 
 def test_a_real_exception_verdict_gives_its_exception_line_as_evidence():
     saved = json.loads(EXCEPTION_VERDICT.read_text())
-    answer = ChildAnswer(id=1, case="c", outcome="error", exception=saved["exception"],
-                         observations={}, duration_s=0.1)
+    answer = ChildAnswer(id=1, case="c", outcome="error", exception=saved["exception"], observations={}, duration_s=0.1)
     failure = failure_from_answer("c", answer, "log tail")
     assert failure.evidence.startswith("RuntimeError: !at::functionalization::impl::isFunctionalTensor(t)")
     assert str(failure).splitlines()[0] == failure.evidence  # the failure's first line is the cause
@@ -57,19 +58,33 @@ def test_a_real_exception_verdict_gives_its_exception_line_as_evidence():
     assert judgement.kind is JudgementKind.REPRODUCED
 
 
-@pytest.mark.parametrize("lines, expected", [
-    # A glog FATAL beats an earlier glog ERROR.
-    pytest.param(["E0101 00:00:00.0 1 a.cc:1] noise", "F0101 00:00:00.0 1 b.cc:2] Check failed: x"],
-                 "F0101 00:00:00.0 1 b.cc:2] Check failed: x", id="fatal-over-error"),
-    # XLA's RET_CHECK raised inside an exception message printed to the log.
-    pytest.param(["RuntimeError: Bad StatusOr access: INTERNAL: RET_CHECK failure (x.cc:1) has_sharding()"],
-                 "RuntimeError: Bad StatusOr access: INTERNAL: RET_CHECK failure (x.cc:1) has_sharding()", id="ret-check"),
-    # Only faulthandler's own header: that is the best there is.
-    pytest.param(["some output", "Fatal Python error: Segmentation fault"], "Fatal Python error: Segmentation fault",
-                 id="python-fatal"),
-    pytest.param(["E0101 00:00:00.0 1 a.cc:1] only an error"], "E0101 00:00:00.0 1 a.cc:1] only an error", id="error-only"),
-    pytest.param(["nothing", "fatal here"], None, id="none"),
-])
+@pytest.mark.parametrize(
+    "lines, expected",
+    [
+        # A glog FATAL beats an earlier glog ERROR.
+        pytest.param(
+            ["E0101 00:00:00.0 1 a.cc:1] noise", "F0101 00:00:00.0 1 b.cc:2] Check failed: x"],
+            "F0101 00:00:00.0 1 b.cc:2] Check failed: x",
+            id="fatal-over-error",
+        ),
+        # XLA's RET_CHECK raised inside an exception message printed to the log.
+        pytest.param(
+            ["RuntimeError: Bad StatusOr access: INTERNAL: RET_CHECK failure (x.cc:1) has_sharding()"],
+            "RuntimeError: Bad StatusOr access: INTERNAL: RET_CHECK failure (x.cc:1) has_sharding()",
+            id="ret-check",
+        ),
+        # Only faulthandler's own header: that is the best there is.
+        pytest.param(
+            ["some output", "Fatal Python error: Segmentation fault"],
+            "Fatal Python error: Segmentation fault",
+            id="python-fatal",
+        ),
+        pytest.param(
+            ["E0101 00:00:00.0 1 a.cc:1] only an error"], "E0101 00:00:00.0 1 a.cc:1] only an error", id="error-only"
+        ),
+        pytest.param(["nothing", "fatal here"], None, id="none"),
+    ],
+)
 def test_first_fatal_line_ranks_the_causes(lines, expected):
     assert first_fatal_line(lines) == expected
 
@@ -96,7 +111,7 @@ def test_log_tail_reads_only_the_end_of_a_big_log(tmp_path):
 
 def test_a_tail_starts_at_since_and_folds_only_when_asked(tmp_path):
     log = tmp_path / "child.log"
-    dump = "Thread 0x01 (most recent call first):\n  File \"a.py\", line 1 in idle\n"
+    dump = 'Thread 0x01 (most recent call first):\n  File "a.py", line 1 in idle\n'
     log.write_text("the previous case\n" + dump + "this case's last line\n")
     since = len("the previous case\n")
     assert tail_file(log, since) == dump + "this case's last line"
@@ -105,16 +120,26 @@ def test_a_tail_starts_at_since_and_folds_only_when_asked(tmp_path):
 
 
 def test_folding_keeps_the_current_thread_top_frames():
-    dump = ("Thread 0x01 (most recent call first):\n  File \"a.py\", line 1 in idle\n\n"
-            "Current thread 0x02 (most recent call first):\n" + "".join(f"  File \"b.py\", line {i} in f{i}\n" for i in range(10)))
+    dump = (
+        'Thread 0x01 (most recent call first):\n  File "a.py", line 1 in idle\n\n'
+        "Current thread 0x02 (most recent call first):\n"
+        + "".join(f'  File "b.py", line {i} in f{i}\n' for i in range(10))
+    )
     folded = fold_thread_dumps(dump)
     assert "idle" not in folded and "f0" in folded and "f5" in folded and "f9" not in folded
     assert "4 outer frames folded" in folded
 
 
-@pytest.mark.parametrize("returncode, words", [
-    (-6, "SIGABRT"), (-11, "SIGSEGV"), (7, "exit code 7"), (134, "exit code 134 (SIGABRT)"), (None, "still running"),
-])
+@pytest.mark.parametrize(
+    "returncode, words",
+    [
+        (-6, "SIGABRT"),
+        (-11, "SIGSEGV"),
+        (7, "exit code 7"),
+        (134, "exit code 134 (SIGABRT)"),
+        (None, "still running"),
+    ],
+)
 def test_exits_are_described(returncode, words):
     assert describe_exit(returncode) == words
 

@@ -46,8 +46,9 @@ def write(pytester: pytest.Pytester, tests: str) -> None:
 
 
 def run(pytester: pytest.Pytester, *args: str, timeout: float = 120) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "--junitxml=junit.xml",
-                                         *args, timeout=timeout)
+    return pytester.runpytest_subprocess(
+        "--spmd-backend=fake", "-p", "no:cacheprovider", "--junitxml=junit.xml", *args, timeout=timeout
+    )
 
 
 def records(pytester: pytest.Pytester) -> dict[str, dict]:
@@ -99,7 +100,9 @@ def assert_nothing_left(folder: Path, within_s: float = 5.0) -> None:
 
 
 def test_helpers_a_body_starts_do_not_outlive_the_run(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 def body_starts_helpers(ctx):
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     if os.fork() == 0:
@@ -111,14 +114,17 @@ def test_helpers(spmd):
 
 def test_after(spmd):
     healthy(spmd)
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(passed=2)
     assert_nothing_left(pytester.path)
 
 
 def test_a_body_that_forks_then_aborts_is_a_sigabrt_at_once_not_a_timeout(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 def body_forks_then_aborts(ctx):
     if os.fork() == 0:  # the copy keeps the result pipe open
         time.sleep(600)
@@ -131,7 +137,8 @@ def test_forks_then_aborts(spmd):
 
 def test_after(spmd):
     healthy(spmd)
-''')
+""",
+    )
     started = time.monotonic()
     result = run(pytester, "--spmd-case-timeout=60")
     assert time.monotonic() - started < 40, "the crash waited for the case timeout"
@@ -145,7 +152,7 @@ def test_after(spmd):
 # 2. Stopping pytest
 # ------------------------------------------------------------------------------------------
 
-STOPPABLE = '''
+STOPPABLE = """
 def body_busy(ctx, marker):
     with open(marker, "w") as fh:
         fh.write(str(os.getpid()))
@@ -157,7 +164,7 @@ def test_a_finishes(spmd):
 
 def test_b_busy(spmd):
     spmd.run(body_busy, marker=os.path.abspath("busy.pid"))
-'''
+"""
 
 
 # How the run is set up: children exec'd by pytest itself, or forked by the run's shared fork
@@ -170,8 +177,21 @@ STOP_MODES = {"fresh": [], "forked-xdist": ["--spmd-fork-server=on", "-m", "spmd
 def test_stopping_pytest_ends_the_busy_child(pytester, sig, mode):
     write(pytester, STOPPABLE)
     pytest_proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "--spmd-backend=fake", "-p", "no:cacheprovider", "--junitxml=junit.xml",
-         *STOP_MODES[mode], "test_faults_cases.py"], cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--spmd-backend=fake",
+            "-p",
+            "no:cacheprovider",
+            "--junitxml=junit.xml",
+            *STOP_MODES[mode],
+            "test_faults_cases.py",
+        ],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     marker = pytester.path / "busy.pid"
     deadline = time.monotonic() + 60
     while not marker.exists() or not marker.read_text():
@@ -193,7 +213,7 @@ def test_stopping_pytest_ends_the_busy_child(pytester, sig, mode):
 # 3. Answers matched to requests; deaths after a verdict charged to the case that caused them
 # ------------------------------------------------------------------------------------------
 
-SEND_EXTRA = '''
+SEND_EXTRA = """
 def send(line: bytes):
     os.write(int(os.environ["HARNESS_RESULT_FD"]), line)
 
@@ -205,12 +225,15 @@ def body_forked_copy_answers(ctx):
     if os.fork() == 0:
         return  # the copy finishes the request too and sends its own verdict
     time.sleep(0.5)
-'''
+"""
 
 
 @pytest.mark.parametrize("body", ["body_answers_twice", "body_forked_copy_answers"])
 def test_an_extra_answer_fails_its_own_case_and_the_next_case_runs_in_a_new_child(pytester, body):
-    write(pytester, SEND_EXTRA + f'''
+    write(
+        pytester,
+        SEND_EXTRA
+        + f"""
 PIDS = []
 
 def test_faulty(spmd):
@@ -220,7 +243,8 @@ def test_faulty(spmd):
 def test_after(spmd):
     time.sleep(2.5)  # well past the fault, also on a loaded machine
     assert healthy(spmd) not in PIDS
-''')
+""",
+    )
     result = run(pytester)
     # The wrong id is seen in flight; a forked copy's duplicate may come after the verdict, and is
     # then charged to the same case when the next one starts: either way the faulty case fails.
@@ -233,7 +257,9 @@ def test_after(spmd):
 
 
 def test_a_crash_after_the_verdict_is_charged_to_the_case_that_caused_it(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 def body_crashes_in_the_background(ctx):
     def later():
         time.sleep(0.3)
@@ -247,13 +273,16 @@ def test_faulty(spmd):
 def test_after(spmd):
     time.sleep(2.5)  # the crash happens while the child is idle, also on a loaded machine
     healthy(spmd)
-''')
+""",
+    )
     result = run(pytester)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines([
-        "*faults after a case's verdict (charged to that case)*",
-        "FAULT test_faults_cases.py::test_faulty: SIGABRT after the verdict of this case*Check failed: async work*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*faults after a case's verdict (charged to that case)*",
+            "FAULT test_faults_cases.py::test_faulty: SIGABRT after the verdict of this case*Check failed: async work*",
+        ]
+    )
     recs = records(pytester)
     assert recs["test_faulty"]["outcome"] == "failed"
     assert recs["test_faulty"]["late_fault"].startswith("SIGABRT after the verdict of this case")
@@ -261,7 +290,9 @@ def test_after(spmd):
 
 
 def test_a_crash_after_the_last_verdict_is_found_at_the_end_of_the_session(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 def body_crashes_in_the_background(ctx):
     def later():
         time.sleep(0.3)
@@ -271,14 +302,17 @@ def body_crashes_in_the_background(ctx):
 def test_last(spmd):
     spmd.run(body_crashes_in_the_background)
     time.sleep(2.5)  # well past the fault, also on a loaded machine
-''')
+""",
+    )
     result = run(pytester)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert records(pytester)["test_last"]["late_fault"].startswith("SIGABRT")
 
 
 def test_a_body_that_closes_stdio_costs_the_next_case_nothing(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 PIDS = []
 
 def body_closes_stdio(ctx):
@@ -291,7 +325,8 @@ def test_closes(spmd):
 
 def test_after(spmd):
     assert healthy(spmd) not in PIDS
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(passed=2)
 
@@ -302,7 +337,9 @@ def test_after(spmd):
 
 
 def test_garbage_on_the_result_pipe_is_a_protocol_failure_of_its_case(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 PIDS = []
 
 def body_garbles(ctx):
@@ -316,14 +353,17 @@ def test_garbles(spmd):
 
 def test_after(spmd):
     assert healthy(spmd) not in PIDS
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines([
-        "*CaseProtocolError: protocol failure: the child sent undecodable line*",
-        "*(case test_faults_cases.py::test_garbles; the child was discarded)*",
-        "*about to write garbage*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*CaseProtocolError: protocol failure: the child sent undecodable line*",
+            "*(case test_faults_cases.py::test_garbles; the child was discarded)*",
+            "*about to write garbage*",
+        ]
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -332,7 +372,9 @@ def test_after(spmd):
 
 
 def test_a_50_mb_log_line_is_cut_in_the_failure_and_the_junit(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 def body_floods(ctx):
     sys.stderr.write("x" * 50_000_000 + "\\n")
     sys.stderr.flush()
@@ -341,7 +383,8 @@ def body_floods(ctx):
 
 def test_floods(spmd):
     spmd.run(body_floods)
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(failed=1)
     assert (pytester.path / "junit.xml").stat().st_size < 200_000
@@ -350,31 +393,39 @@ def test_floods(spmd):
 
 
 def test_a_30_mb_observation_arrives_whole(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 def body_big(ctx):
     ctx.record_hlo("big", "y" * 30_000_000)
 
 def test_big(spmd):
     assert len(spmd.run(body_big).hlo["big"]) == 30_000_000
-''')
+""",
+    )
     run(pytester).assert_outcomes(passed=1)
 
 
 def test_an_80_mb_verdict_arrives_well_within_the_case_timeout(pytester):
     """Reading a verdict is linear: 80 MB once took 33 s after the body ended, past this timeout;
     it takes under a second now (benchmarks/verdict_transfer.py has the numbers)."""
-    write(pytester, '''
+    write(
+        pytester,
+        """
 def body_big(ctx):
     ctx.record_hlo("big", "y" * 80_000_000)
 
 def test_big(spmd):
     assert len(spmd.run(body_big).hlo["big"]) == 80_000_000
-''')
+""",
+    )
     run(pytester, "--spmd-case-timeout=20").assert_outcomes(passed=1)
 
 
 def test_observations_over_the_limit_are_a_clear_error(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 from harness.isolation.protocol import MAX_MESSAGE_BYTES
 
 def body_too_big(ctx):
@@ -385,7 +436,8 @@ def test_too_big(spmd):
 
 def test_after(spmd):
     healthy(spmd)
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*ObservationsTooLarge*over the harness's limit of 134 MB*hlo?'huge'?*"])
@@ -397,27 +449,35 @@ def test_after(spmd):
 
 
 def test_an_unknown_known_bug_id_is_a_usage_error_naming_the_closest(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 def body_marks(ctx):
     open("body-ran", "w").close()
 
 @pytest.mark.known_bug("fsdpv2-scalar-param-specs")
 def test_typo(spmd):
     spmd.run(body_marks)
-''')
+""",
+    )
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*no known-bug entry 'fsdpv2-scalar-param-specs'*did you mean fsdpv2-scalar-param-spec*"])
+    result.stderr.fnmatch_lines(
+        ["*no known-bug entry 'fsdpv2-scalar-param-specs'*did you mean fsdpv2-scalar-param-spec*"]
+    )
     assert not (pytester.path / "body-ran").exists()
 
 
 def test_overlapping_entries_on_one_case_are_a_usage_error(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 @pytest.mark.known_bug("fsdpv2-scalar-param-spec")
 @pytest.mark.known_bug("fsdpv2-scalar-output-spec")
 def test_both(spmd):
     spmd.run(body_ok)
-''')
+""",
+    )
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*both claim torch_xla*"])
@@ -446,7 +506,9 @@ def test_timeouts_must_be_positive_and_finite(pytester, value):
 
 
 def test_a_memory_error_under_a_lowered_limit_does_not_reach_the_next_case(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 FIRST = {}
 
 def body_limits_itself(ctx):
@@ -464,12 +526,15 @@ def test_after(spmd):
     values = spmd.run(body_ok).values
     assert values["pid"] != FIRST["pid"]
     assert values["rlimit_as"] == FIRST["rlimit_as"]
-''')
+""",
+    )
     run(pytester).assert_outcomes(passed=2)
 
 
 def test_bodies_and_arguments_that_cannot_travel_are_usage_errors_naming_them(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 body_lambda = lambda ctx: None
 
 def test_lambda(spmd):
@@ -480,18 +545,23 @@ def test_set_argument(spmd):
 
 def test_nan_argument(spmd):
     spmd.run(body_ok, scale=float("nan"))
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(failed=3)
-    result.stdout.fnmatch_lines([
-        "*HarnessUsageError: case body <lambda> must be a module-level function (def, not a lambda*",
-        "*HarnessUsageError: argument shapes={1, 2} of case body body_ok is not strict JSON*",
-        "*HarnessUsageError: argument scale=nan of case body body_ok is not strict JSON*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*HarnessUsageError: case body <lambda> must be a module-level function (def, not a lambda*",
+            "*HarnessUsageError: argument shapes={1, 2} of case body body_ok is not strict JSON*",
+            "*HarnessUsageError: argument scale=nan of case body body_ok is not strict JSON*",
+        ]
+    )
 
 
 def test_observations_that_are_not_json_fail_naming_the_key_and_verdicts_stay_valid_json(pytester):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 def body_records_a_set(ctx):
     ctx.record("devices", {1, 2})
 
@@ -509,14 +579,17 @@ def test_infinity(spmd):
 
 def test_appended(spmd):
     spmd.run(body_appends_infinity_later)
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(failed=3)
-    result.stdout.fnmatch_lines([
-        "*ctx.record('devices', ...): the value is not strict JSON*",
-        "*ctx.record('loss', ...): the value is not strict JSON*",
-        "*ctx values 'losses' is not strict JSON*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*ctx.record('devices', ...): the value is not strict JSON*",
+            "*ctx.record('loss', ...): the value is not strict JSON*",
+            "*ctx values 'losses' is not strict JSON*",
+        ]
+    )
     assert len(raw_record_lines(pytester)) == 3
 
 
@@ -526,7 +599,10 @@ def test_appended(spmd):
 
 
 def test_one_run_of_every_fault_leaves_one_record_per_case_and_nothing_running(pytester):
-    write(pytester, SEND_EXTRA + '''
+    write(
+        pytester,
+        SEND_EXTRA
+        + """
 def body_forks_then_aborts(ctx):
     if os.fork() == 0:
         time.sleep(600)
@@ -564,12 +640,15 @@ def test_5_answers_twice(spmd):
 def test_6_healthy(spmd):
     time.sleep(2.5)  # well past the fault, also on a loaded machine
     healthy(spmd)
-''')
+""",
+    )
     result = run(pytester, "--spmd-case-timeout=3")
     recs = records(pytester)
     assert len([line for line in raw_record_lines(pytester) if "amends" not in line]) == 6
-    causes = {name: (rec["outcome"], (rec["late_fault"] or rec["evidence"] or "-").splitlines()[0])
-              for name, rec in recs.items()}
+    causes = {
+        name: (rec["outcome"], (rec["late_fault"] or rec["evidence"] or "-").splitlines()[0])
+        for name, rec in recs.items()
+    }
     assert causes["test_1_forks_then_aborts"][1].startswith("SIGABRT"), causes
     assert causes["test_2_hangs"][1].startswith("timeout after 3s"), causes
     assert causes["test_3_crashes_later"][1].startswith("SIGSEGV after the verdict of this case"), causes
@@ -601,7 +680,9 @@ def kill_recorded(folder: Path) -> None:
 
 @pytest.mark.parametrize("mode", list(CHILD_MODES))
 def test_a_body_that_stops_its_keeper_does_not_hang_the_run(pytester, mode):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 def body_stops_keeper(ctx):
     os.kill(os.getppid(), signal.SIGSTOP)
 
@@ -610,7 +691,8 @@ def test_stops(spmd):
 
 def test_after(spmd):
     healthy(spmd)
-''')
+""",
+    )
     started = time.monotonic()
     result = run(pytester, *CHILD_MODES[mode], timeout=90)
     result.assert_outcomes(passed=2)
@@ -620,7 +702,9 @@ def test_after(spmd):
 
 @pytest.mark.parametrize("mode", list(CHILD_MODES))
 def test_a_keeper_killed_before_its_child_aborts_leaves_the_childs_sigabrt(pytester, mode):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 def body_kills_keeper_then_aborts(ctx):
     keeper = os.getppid()
     os.kill(keeper, signal.SIGKILL)
@@ -635,7 +719,8 @@ def test_kills_keeper(spmd):
 
 def test_after(spmd):
     healthy(spmd)
-''')
+""",
+    )
     result = run(pytester, *CHILD_MODES[mode], timeout=90)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: after the keeper died"])
@@ -643,7 +728,7 @@ def test_after(spmd):
     assert_nothing_left(pytester.path)
 
 
-ESCAPING_HELPERS = '''
+ESCAPING_HELPERS = """
 SLEEPER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
 
 def sleeper(name):
@@ -662,12 +747,15 @@ def body_escapes(ctx):
     while len([p for p in os.listdir() if p.startswith("helper-") and open(p).read()]) < 2:
         assert time.monotonic() < deadline, "the helpers did not start"
         time.sleep(0.05)
-'''
+"""
 
 
 @pytest.mark.parametrize("mode", list(CHILD_MODES))
 def test_helpers_that_leave_the_session_do_not_outlive_their_child(pytester, mode):
-    write(pytester, ESCAPING_HELPERS + '''
+    write(
+        pytester,
+        ESCAPING_HELPERS
+        + """
 PIDS = []
 
 def test_escapes(spmd):
@@ -675,7 +763,8 @@ def test_escapes(spmd):
 
 def test_after(spmd):
     assert healthy(spmd) not in PIDS, "a child that left helpers running was reused"
-''')
+""",
+    )
     try:
         result = run(pytester, *CHILD_MODES[mode], timeout=90)
         result.assert_outcomes(passed=2)
@@ -689,7 +778,9 @@ def test_after(spmd):
 
 @pytest.mark.parametrize("mode", list(CHILD_MODES))
 def test_a_thread_left_running_is_charged_to_its_case_not_the_next(pytester, mode):
-    write(pytester, '''
+    write(
+        pytester,
+        """
 PIDS = []
 
 def body_leaves_a_thread(ctx, go):
@@ -711,7 +802,8 @@ def test_leaves_thread(spmd):
 
 def test_next(spmd):
     assert spmd.run(body_next, go=os.path.abspath("go")).values["pid"] not in PIDS
-''')
+""",
+    )
     result = run(pytester, *CHILD_MODES[mode], timeout=90)
     result.assert_outcomes(passed=2)
     recs = records(pytester)
@@ -723,7 +815,9 @@ def test_next(spmd):
 def test_pending_device_work_is_waited_for_before_the_verdict(pytester):
     """The child waits for torch_xla's device work before it answers (here a stand-in module whose
     wait fails like asynchronous XLA work), so a failure there is charged to the case that queued it."""
-    write(pytester, '''
+    write(
+        pytester,
+        """
 import types
 
 def body_queues_failing_work(ctx):
@@ -739,7 +833,8 @@ def test_queues(spmd):
 
 def test_after(spmd):
     healthy(spmd)
-''')
+""",
+    )
     result = run(pytester, timeout=90)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: queued device work"])

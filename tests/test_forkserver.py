@@ -21,8 +21,10 @@ from harness.isolation.pool import ChildPool
 
 pytestmark = pytest.mark.selftest
 
-needs_torch_xla = pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None,
-                                     reason="torch_xla is not installed here (the fork equivalence needs it)")
+needs_torch_xla = pytest.mark.skipif(
+    importlib.util.find_spec("torch_xla") is None,
+    reason="torch_xla is not installed here (the fork equivalence needs it)",
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -46,8 +48,10 @@ def body_identity(ctx) -> None:
     ctx.record("functionalization_env", os.environ.get("XLA_DISABLE_FUNCTIONALIZATION"))
     ctx.record("devices_env", os.environ.get("HARNESS_DEVICES"))
     ctx.record("random", random.random())
-    ctx.record("stdin_is_a_pipe", os.path.realpath("/proc/self/fd/0").startswith("pipe:")
-               or "pipe:" in os.readlink("/proc/self/fd/0"))
+    ctx.record(
+        "stdin_is_a_pipe",
+        os.path.realpath("/proc/self/fd/0").startswith("pipe:") or "pipe:" in os.readlink("/proc/self/fd/0"),
+    )
     ctx.record("modules_before_body", sorted(m for m in ("torch", "torch_xla") if m in sys.modules))
 
 
@@ -141,7 +145,8 @@ def test_a_shared_server_that_is_gone_is_replaced_by_one_of_the_pools_own(runner
 
 def test_faults_are_charged_and_named_as_for_fresh_children(pytester, monkeypatch):
     monkeypatch.setenv("HARNESS_FORK_SERVER", "on")
-    pytester.makepyfile(test_cases='''
+    pytester.makepyfile(
+        test_cases="""
 import os, sys, threading, time
 import pytest
 
@@ -166,15 +171,22 @@ def test_b_late(spmd):
 def test_c_ok(spmd):
     time.sleep(2.5)  # well past the fault, also on a loaded machine
     assert spmd.run(body_ok).values["sid"]
-''')
+"""
+    )
     result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: forked",
-                                 "FAULT test_cases.py::test_b_late: SIGABRT after the verdict of this case*"])
-    assert list((pytester.path / "results" / "latest" / "logs" / "main").glob("forkserver-*.log")), "children were not forked"
+    result.stdout.fnmatch_lines(
+        [
+            "*CaseCrashed: SIGABRT: F0101 *Check failed: forked",
+            "FAULT test_cases.py::test_b_late: SIGABRT after the verdict of this case*",
+        ]
+    )
+    assert list((pytester.path / "results" / "latest" / "logs" / "main").glob("forkserver-*.log")), (
+        "children were not forked"
+    )
 
 
-SHARED_CASES = '''
+SHARED_CASES = """
 import os, sys
 from pathlib import Path
 import pytest
@@ -196,14 +208,15 @@ def test_server(spmd, i):
 
 def test_abort(spmd):
     spmd.run(body_abort)
-'''
+"""
 
 
 def test_xdist_workers_share_the_runs_server_and_crashes_keep_their_signal(pytester, monkeypatch):
     monkeypatch.setenv("HARNESS_FORK_SERVER", "on")
     pytester.makepyfile(test_shared=SHARED_CASES)
-    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-m", "spmd", "-n", "2",
-                                           "--dist=load", timeout=120)
+    result = pytester.runpytest_subprocess(
+        "--spmd-backend=fake", "-p", "no:cacheprovider", "-m", "spmd", "-n", "2", "--dist=load", timeout=120
+    )
     result.assert_outcomes(passed=6, failed=1)
     # The exit status travels from the child's keeper: a signal is named as for a child of our own.
     result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: in a worker"])
@@ -217,15 +230,17 @@ def test_xdist_workers_share_the_runs_server_and_crashes_keep_their_signal(pytes
 
 def test_the_runs_server_starts_before_conftests_load_when_the_selection_holds_spmd_cases(pytester, monkeypatch):
     monkeypatch.setenv("HARNESS_FORK_SERVER", "on")
-    pytester.makeconftest('''
+    pytester.makeconftest("""
 import os
 from pathlib import Path
 # This run's folder carries this process's pid (harness.runfolder.new_run_id).
 logs = Path("results").glob(f"run-*-p{os.getpid()}/logs/main/forkserver-*.log")
 Path("servers-at-conftest.txt").write_text(str(len(list(logs))))
-''')
+""")
     pytester.makepyfile(test_shared=SHARED_CASES)
-    pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-m", "spmd", "-k", "server", timeout=120)
+    pytester.runpytest_subprocess(
+        "--spmd-backend=fake", "-p", "no:cacheprovider", "-m", "spmd", "-k", "server", timeout=120
+    )
     assert (pytester.path / "servers-at-conftest.txt").read_text() != "0"
     # Selecting no SPMD case starts nothing early (the first SPMD case collected would).
     pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-m", "not spmd", timeout=120)
@@ -263,18 +278,21 @@ def test_forked_torch_xla_children_do_not_share_random_state(runner_for):
     assert values[0]["torch_initial_seed"] != values[1]["torch_initial_seed"]
 
 
-@pytest.mark.parametrize(("options", "expected"), [
-    ({"markexpr": "spmd"}, True),  # the main job
-    ({"markexpr": "spmd and not slow"}, True),
-    ({"markexpr": "selftest"}, False),  # the harness's own tests: no torch_xla import wanted
-    ({"markexpr": "not spmd"}, False),
-    ({}, True),  # no paths: testpaths, which hold cases/
-    ({"file_or_dir": ["cases/test_smoke.py::test_x"]}, True),
-    ({"file_or_dir": ["tests/test_hlo.py"]}, False),
-    ({"file_or_dir": ["."]}, True),  # an ancestor of cases/
-    ({"markexpr": "spmd", "collectonly": True}, False),
-    ({"help": True}, False),
-])
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"markexpr": "spmd"}, True),  # the main job
+        ({"markexpr": "spmd and not slow"}, True),
+        ({"markexpr": "selftest"}, False),  # the harness's own tests: no torch_xla import wanted
+        ({"markexpr": "not spmd"}, False),
+        ({}, True),  # no paths: testpaths, which hold cases/
+        ({"file_or_dir": ["cases/test_smoke.py::test_x"]}, True),
+        ({"file_or_dir": ["tests/test_hlo.py"]}, False),
+        ({"file_or_dir": ["."]}, True),  # an ancestor of cases/
+        ({"markexpr": "spmd", "collectonly": True}, False),
+        ({"help": True}, False),
+    ],
+)
 def test_which_selections_start_the_runs_server_early(tmp_path, options, expected):
     import argparse
 

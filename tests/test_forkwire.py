@@ -32,21 +32,27 @@ def test_every_message_survives_a_round_trip(message):
     assert forkwire.decode(packet, type(message)) == message
 
 
-@pytest.mark.parametrize("packet, says", [
-    (b"\xff\xfe", "undecodable"),
-    (b'{"kind": "spawned", "pid": 1', "undecodable"),
-    (b'{"kind": "ready", "pid": 1, "imported": [], "threads": 1, "startup_s": NaN, "containment": ""}', "undecodable"),
-    (b"[1, 2]", "not a fork-server message"),
-    (b'{"pid": 1, "keeper": 2}', "not a fork-server message"),
-    (b'{"kind": "fork", "pid": 1}', "not a fork-server message"),
-    (b'{"kind": "spawned", "pid": 1}', "missing keeper"),
-    (b'{"kind": "spawned", "pid": 1, "keeper": 2, "extra": 3}', "unknown extra"),
-    (b'{"kind": "spawned", "pid": "1", "keeper": 2}', "wrong type of pid"),
-    (b'{"kind": "spawned", "pid": true, "keeper": 2}', "wrong type of pid"),
-    (b'{"kind": "spawn", "env": {"A": 1}, "fds": [], "argv": null}', "wrong type of env"),
-    (b'{"kind": "spawn", "env": {}, "fds": [3, "4"], "argv": null}', "wrong type of fds"),
-    (b'{"kind": "spawn", "env": {}, "fds": []}', "missing argv"),
-])
+@pytest.mark.parametrize(
+    "packet, says",
+    [
+        (b"\xff\xfe", "undecodable"),
+        (b'{"kind": "spawned", "pid": 1', "undecodable"),
+        (
+            b'{"kind": "ready", "pid": 1, "imported": [], "threads": 1, "startup_s": NaN, "containment": ""}',
+            "undecodable",
+        ),
+        (b"[1, 2]", "not a fork-server message"),
+        (b'{"pid": 1, "keeper": 2}', "not a fork-server message"),
+        (b'{"kind": "fork", "pid": 1}', "not a fork-server message"),
+        (b'{"kind": "spawned", "pid": 1}', "missing keeper"),
+        (b'{"kind": "spawned", "pid": 1, "keeper": 2, "extra": 3}', "unknown extra"),
+        (b'{"kind": "spawned", "pid": "1", "keeper": 2}', "wrong type of pid"),
+        (b'{"kind": "spawned", "pid": true, "keeper": 2}', "wrong type of pid"),
+        (b'{"kind": "spawn", "env": {"A": 1}, "fds": [], "argv": null}', "wrong type of env"),
+        (b'{"kind": "spawn", "env": {}, "fds": [3, "4"], "argv": null}', "wrong type of fds"),
+        (b'{"kind": "spawn", "env": {}, "fds": []}', "missing argv"),
+    ],
+)
 def test_a_malformed_message_is_refused_saying_what_is_wrong(packet, says):
     with pytest.raises(ForkWireError, match=says):
         forkwire.decode(packet)
@@ -77,8 +83,13 @@ def test_a_garbled_exit_status_is_refused():
 
 
 def test_post_fork_variables_are_the_protocols_names():
-    assert {protocol.BACKEND_ENV, protocol.DEVICES_ENV, protocol.PRELOAD_ENV, protocol.RESULT_FD_ENV,
-            protocol.LIFELINE_FD_ENV} <= forkwire.POST_FORK_VARIABLES
+    assert {
+        protocol.BACKEND_ENV,
+        protocol.DEVICES_ENV,
+        protocol.PRELOAD_ENV,
+        protocol.RESULT_FD_ENV,
+        protocol.LIFELINE_FD_ENV,
+    } <= forkwire.POST_FORK_VARIABLES
     assert protocol.KEEPER_PID_ENV not in forkwire.POST_FORK_VARIABLES  # the server sets it
 
 

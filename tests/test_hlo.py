@@ -178,7 +178,9 @@ def test_assert_every_sharding_call_annotated_names_the_offending_line() -> None
     with pytest.raises(AssertionError) as caught:
         assert_every_sharding_call_annotated(VIEW_BUG_HLO)
     message = str(caught.value)
-    assert message.startswith('Sharding custom-call without a sharding: 1 of 2 custom-call(s) with custom_call_target="Sharding" have no sharding= attribute')
+    assert message.startswith(
+        'Sharding custom-call without a sharding: 1 of 2 custom-call(s) with custom_call_target="Sharding" have no sharding= attribute'
+    )
     assert "line 9: %custom-call.6 = f32[4,32]{1,0} custom-call(" in message
     assert "%custom-call.7" not in message  # the healthy call is not blamed
 
@@ -281,7 +283,9 @@ def test_answers_do_not_depend_on_ssa_names(hlo: str, offset: int) -> None:
     assert parameter_shardings(renamed) == parameter_shardings(hlo)
     assert output_sharding(renamed) == output_sharding(hlo)
     assert count_collectives(renamed) == count_collectives(hlo)
-    assert [c.has_sharding for c in sharding_custom_calls(renamed)] == [c.has_sharding for c in sharding_custom_calls(hlo)]
+    assert [c.has_sharding for c in sharding_custom_calls(renamed)] == [
+        c.has_sharding for c in sharding_custom_calls(hlo)
+    ]
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,14 +15,14 @@ import pytest
 
 pytestmark = pytest.mark.selftest
 
-HEADER = '''
+HEADER = """
 import os, sys, time, signal
 import pytest
 
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
-'''
+"""
 
-BODIES = '''
+BODIES = """
 def body_ok(ctx):
     ctx.record("pid", os.getpid())
     ctx.record_sharding("t", "{replicated}")
@@ -45,7 +45,7 @@ def body_hang(ctx):
 
 def body_exit(ctx):
     os._exit(7)
-'''
+"""
 
 
 def write_cases(pytester: pytest.Pytester, tests: str) -> None:
@@ -66,20 +66,25 @@ def records(pytester: pytest.Pytester) -> dict[str, dict]:
 
 
 def test_abort_is_one_failure_naming_sigabrt_with_the_check_line_and_the_run_goes_on(pytester):
-    write_cases(pytester, '''
+    write_cases(
+        pytester,
+        """
 def test_aborts(spmd):
     spmd.run(body_abort)
 
 def test_after(spmd):
     spmd.run(body_ok)
-''')
+""",
+    )
     result = run(pytester, "--junitxml=junit.xml")
     result.assert_outcomes(passed=1, failed=1)
     # The failure leads with the signal and the fatal line, then says which case's child it was.
-    result.stdout.fnmatch_lines([
-        "*CaseCrashed: SIGABRT: F1122 12:00:00.000 hlo_instruction.h:1234] Check failed: has_sharding()",
-        "*(the child died while running case test_cases.py::test_aborts)*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*CaseCrashed: SIGABRT: F1122 12:00:00.000 hlo_instruction.h:1234] Check failed: has_sharding()",
+            "*(the child died while running case test_cases.py::test_aborts)*",
+        ]
+    )
     junit = ET.parse(pytester.path / "junit.xml").getroot()
     failures = [tc.get("name") for tc in junit.iter("testcase") if tc.find("failure") is not None]
     assert failures == ["test_aborts"]
@@ -87,39 +92,49 @@ def test_after(spmd):
 
 
 def test_segfault_and_exit_are_named(pytester):
-    write_cases(pytester, '''
+    write_cases(
+        pytester,
+        """
 def test_segv(spmd):
     spmd.run(body_segfault)
 
 def test_exit(spmd):
     spmd.run(body_exit)
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*CaseCrashed: SIGSEGV*", "*about to dereference NULL*", "*CaseCrashed: exit code 7*"])
 
 
 def test_hang_is_killed_after_the_timeout_with_the_log_tail_and_the_run_goes_on(pytester):
-    write_cases(pytester, '''
+    write_cases(
+        pytester,
+        """
 def test_hangs(spmd):
     spmd.run(body_hang)
 
 def test_after(spmd):
     spmd.run(body_ok)
-''')
+""",
+    )
     result = run(pytester, "--spmd-case-timeout", "2")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines([
-        "*CaseTimedOut: timeout after 2s*",
-        "*case test_cases.py::test_hangs ran too long; the child's process group got SIGTERM, then SIGKILL*",
-        "*entering a loop that never ends*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*CaseTimedOut: timeout after 2s*",
+            "*case test_cases.py::test_hangs ran too long; the child's process group got SIGTERM, then SIGKILL*",
+            "*entering a loop that never ends*",
+        ]
+    )
     # faulthandler dumps the hung child's Python stack on SIGTERM: the user sees where it hung.
     result.stdout.fnmatch_lines(["*body_hang*"])
 
 
 def test_exception_in_body_shows_the_child_traceback(pytester):
-    write_cases(pytester, '''
+    write_cases(
+        pytester,
+        """
 def test_raises(spmd):
     spmd.run(body_raise)
 
@@ -127,14 +142,19 @@ def test_check_false_returns_the_result(spmd):
     result = spmd.run(body_raise, check=False)
     assert result.outcome == "error"
     assert result.exception.line == "ValueError: the body said no"
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["*CaseFailed*", "*raise ValueError(\"the body said no\")*", "*ValueError: the body said no*"])
+    result.stdout.fnmatch_lines(
+        ["*CaseFailed*", '*raise ValueError("the body said no")*', "*ValueError: the body said no*"]
+    )
 
 
 def test_warm_child_is_reused_and_a_crash_gets_a_fresh_one_for_the_next_case(pytester):
-    write_cases(pytester, '''
+    write_cases(
+        pytester,
+        """
 PIDS = []
 
 def test_a(spmd):
@@ -158,13 +178,16 @@ def test_e_fresh(spmd):
 def test_f_other_env(spmd):
     pid = spmd.run(body_ok, functionalization=False).values["pid"]
     assert pid not in PIDS
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(passed=5, failed=1)
 
 
 def test_crash_log_tail_holds_only_the_crashing_case_output(pytester):
-    write_cases(pytester, '''
+    write_cases(
+        pytester,
+        """
 def body_noisy(ctx):
     print("OUTPUT OF THE FIRST CASE", file=sys.stderr, flush=True)
 
@@ -173,7 +196,8 @@ def test_first(spmd):
 
 def test_second(spmd):
     spmd.run(body_abort)
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(passed=1, failed=1)
     failure = "\n".join(line for line in result.outlines if "OUTPUT OF THE FIRST CASE" in line)
@@ -187,10 +211,13 @@ def test_bad_backend_is_a_usage_error_naming_the_backends(pytester):
     result.stderr.fnmatch_lines(["*--spmd-backend: invalid choice: 'nosuch' (choose from *cpu*tpu*fake*)*"])
 
 
-@pytest.mark.parametrize("option, value", [
-    pytest.param("--spmd-devices", "0", id="zero-devices"),
-    pytest.param("--spmd-case-timeout", "-1", id="negative-timeout"),
-])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        pytest.param("--spmd-devices", "0", id="zero-devices"),
+        pytest.param("--spmd-case-timeout", "-1", id="negative-timeout"),
+    ],
+)
 def test_bad_numbers_are_usage_errors(pytester, option, value):
     pytester.makepyfile(test_x="def test_x(): pass")
     result = pytester.runpytest_subprocess(option, value)
@@ -199,7 +226,9 @@ def test_bad_numbers_are_usage_errors(pytester, option, value):
 
 
 def test_unmet_needs_skip_with_numbers(pytester):
-    write_cases(pytester, '''
+    write_cases(
+        pytester,
+        """
 @pytest.mark.needs(devices=8)
 def test_eight(spmd):
     spmd.run(body_ok)
@@ -211,25 +240,31 @@ def test_tpu(spmd):
 @pytest.mark.needs(xla=True)
 def test_xla(spmd):
     spmd.run(body_ok)
-''')
+""",
+    )
     result = run(pytester, "-rs", "--spmd-devices", "4")
     result.assert_outcomes(skipped=3)
-    result.stdout.fnmatch_lines([
-        "*needs 8 devices; backend fake has 4*",
-        "*needs backend tpu; this run uses backend fake*",
-        "*needs torch_xla; backend fake runs without it*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*needs 8 devices; backend fake has 4*",
+            "*needs backend tpu; this run uses backend fake*",
+            "*needs torch_xla; backend fake runs without it*",
+        ]
+    )
     assert records(pytester)["test_eight"]["outcome"] == "skipped"
 
 
 def test_results_folder_has_one_record_per_case(pytester):
-    write_cases(pytester, '''
+    write_cases(
+        pytester,
+        """
 def test_ok(spmd):
     spmd.run(body_ok)
 
 def test_raises(spmd):
     spmd.run(body_raise)
-''')
+""",
+    )
     run(pytester)
     recs = records(pytester)
     assert recs["test_ok"]["outcome"] == "passed"
@@ -240,38 +275,54 @@ def test_raises(spmd):
 
 
 def test_xdist_workers_each_write_their_own_records(pytester):
-    write_cases(pytester, "\n".join(f'''
+    write_cases(
+        pytester,
+        "\n".join(
+            f"""
 def test_{i}(spmd):
     spmd.run(body_ok)
-''' for i in range(4)))
+"""
+            for i in range(4)
+        ),
+    )
     result = run(pytester, "-n", "2")
     result.assert_outcomes(passed=4)
     assert sorted(p.name for p in (pytester.path / "results" / "latest").glob("verdicts-*.jsonl")) == [
-        "verdicts-gw0.jsonl", "verdicts-gw1.jsonl"]
+        "verdicts-gw0.jsonl",
+        "verdicts-gw1.jsonl",
+    ]
     assert len(records(pytester)) == 4
 
 
 def test_a_local_function_is_refused_with_a_clear_error(pytester):
-    write_cases(pytester, '''
+    write_cases(
+        pytester,
+        """
 def test_local(spmd):
     def body(ctx):
         pass
     spmd.run(body)
-''')
+""",
+    )
     result = run(pytester)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*must be a module-level function*"])
 
 
 def test_replay_reruns_the_journalled_bodies_in_bare_processes(pytester):
-    write_cases(pytester, '''
+    write_cases(
+        pytester,
+        """
 def test_ok(spmd):
     spmd.run(body_ok)
 
 def test_raises(spmd):
     spmd.run(body_raise)
-''')
+""",
+    )
     run(pytester)
     replay = pytester.run(sys.executable, "-m", "harness.replay", "--results-dir", str(pytester.path / "results"))
     assert replay.ret == 1  # one body raises
-    replay.stdout.fnmatch_lines(["*test_cases.py::test_ok: ok*", "*test_cases.py::test_raises: ValueError: the body said no*"])
+    replay.stdout.fnmatch_lines(
+        ["*test_cases.py::test_ok: ok*", "*test_cases.py::test_raises: ValueError: the body said no*"]
+    )

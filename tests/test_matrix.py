@@ -25,7 +25,7 @@ from harness.results import CaseRecord, read_records, write_record
 
 pytestmark = pytest.mark.selftest
 
-REGISTRY_TOML = '''
+REGISTRY_TOML = """
 [[bug]]
 id = "fixed-in-2.7"
 title = "fixed by 2.7.0"
@@ -49,7 +49,7 @@ upstream_issue = "x#3"
 status = "open"
 carried_by = ">=2.4"
 signatures = ["never"]
-'''
+"""
 
 
 @pytest.fixture
@@ -70,41 +70,75 @@ def rec(name: str, outcome: str, bug: str | None, version: str | None = "2.6.0",
     verdict = {"xfailed": "reproduced", "passed": "passed"}.get(outcome)
     if outcome == "failed":
         verdict = "unexpected-pass" if not evidence else "regressed" if "TypeError: boom" in evidence else "failed"
-    return CaseRecord(nodeid=f"cases/test_x.py::{name}", family="x", outcome=outcome, known_bug=bug,
-                      known_bugs=[bug] if bug else [], registry_verdict=verdict if bug else None,
-                      evidence=evidence, torch_xla=version, reason=f"{outcome} reason")
+    return CaseRecord(
+        nodeid=f"cases/test_x.py::{name}",
+        family="x",
+        outcome=outcome,
+        known_bug=bug,
+        known_bugs=[bug] if bug else [],
+        registry_verdict=verdict if bug else None,
+        evidence=evidence,
+        torch_xla=version,
+        reason=f"{outcome} reason",
+    )
 
 
-def column(name: str, records: Sequence[CaseRecord], exit_code: int | None = 1, declared: str | None = None) -> ColumnResult:
+def column(
+    name: str, records: Sequence[CaseRecord], exit_code: int | None = 1, declared: str | None = None
+) -> ColumnResult:
     return ColumnResult(name, "release", SuiteRun(Path(f"/r/{name}"), list(records), exit_code), declared or name)
 
 
 def healthy(version: str) -> list[CaseRecord]:
     """What a correct release reports: fixed-in-2.7 reproduced before 2.7.0, open reproduced everywhere."""
     carried = version < "2.7.0"
-    return [rec("scalar", "xfailed" if carried else "passed", "fixed-in-2.7", version),
-            rec("open_a", "xfailed", "open", version), rec("open_b", "xfailed", "open", version)]
+    return [
+        rec("scalar", "xfailed" if carried else "passed", "fixed-in-2.7", version),
+        rec("open_a", "xfailed", "open", version),
+        rec("open_b", "xfailed", "open", version),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
 # Table logic
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("records, state, detail, agrees", [
-    # Every case xfailed on a carrying release: the bug is there, as predicted.
-    pytest.param([rec("a", "xfailed", "fixed-in-2.7")], State.REPRODUCED, "1 xfailed", True, id="reproduced"),
-    # The plugin fails a case that passed on a carrying release, with no evidence: an unexpected pass.
-    pytest.param([rec("a", "failed", "fixed-in-2.7")], State.UNEXPECTED, "1 unexpected pass", False, id="unexpected-pass"),
-    # A carrying release fails some other way: a new failure, not the known bug.
-    pytest.param([rec("a", "failed", "fixed-in-2.7", evidence="ValueError: new")], State.UNEXPECTED, "1 failed", False,
-                 id="new-failure"),
-    # One case reproduces, another fails: mixed, and the counts say so.
-    pytest.param([rec("a", "xfailed", "fixed-in-2.7"), rec("b", "failed", "fixed-in-2.7", evidence="ValueError: x")],
-                 State.UNEXPECTED, "mixed: 1 failed, 1 xfailed", False, id="mixed"),
-    # A skipped case is set aside when another case for the entry ran (a TPU-only case on CPU).
-    pytest.param([rec("a", "xfailed", "fixed-in-2.7"), rec("b", "skipped", "fixed-in-2.7")], State.REPRODUCED,
-                 "1 xfailed, +1 skipped", True, id="partly-skipped"),
-])
+
+@pytest.mark.parametrize(
+    "records, state, detail, agrees",
+    [
+        # Every case xfailed on a carrying release: the bug is there, as predicted.
+        pytest.param([rec("a", "xfailed", "fixed-in-2.7")], State.REPRODUCED, "1 xfailed", True, id="reproduced"),
+        # The plugin fails a case that passed on a carrying release, with no evidence: an unexpected pass.
+        pytest.param(
+            [rec("a", "failed", "fixed-in-2.7")], State.UNEXPECTED, "1 unexpected pass", False, id="unexpected-pass"
+        ),
+        # A carrying release fails some other way: a new failure, not the known bug.
+        pytest.param(
+            [rec("a", "failed", "fixed-in-2.7", evidence="ValueError: new")],
+            State.UNEXPECTED,
+            "1 failed",
+            False,
+            id="new-failure",
+        ),
+        # One case reproduces, another fails: mixed, and the counts say so.
+        pytest.param(
+            [rec("a", "xfailed", "fixed-in-2.7"), rec("b", "failed", "fixed-in-2.7", evidence="ValueError: x")],
+            State.UNEXPECTED,
+            "mixed: 1 failed, 1 xfailed",
+            False,
+            id="mixed",
+        ),
+        # A skipped case is set aside when another case for the entry ran (a TPU-only case on CPU).
+        pytest.param(
+            [rec("a", "xfailed", "fixed-in-2.7"), rec("b", "skipped", "fixed-in-2.7")],
+            State.REPRODUCED,
+            "1 xfailed, +1 skipped",
+            True,
+            id="partly-skipped",
+        ),
+    ],
+)
 def test_cell_on_a_carrying_release(registry, records, state, detail, agrees):
     matrix = build_matrix(registry, [column("2.6.0", records)])
     cell = matrix.cell("fixed-in-2.7", "2.6.0")
@@ -135,8 +169,11 @@ def test_fixed_release_passing_agrees_and_reproducing_there_is_a_regression(regi
 
 def test_healthy_releases_agree_everywhere_but_the_untested_entry(registry):
     matrix = build_matrix(registry, [column(v, healthy(v)) for v in ("2.6.0", "2.7.0", "2.9.0")])
-    assert [matrix.cell("fixed-in-2.7", v).observed.state for v in ("2.6.0", "2.7.0", "2.9.0")] == \
-        [State.REPRODUCED, State.FIXED, State.FIXED]
+    assert [matrix.cell("fixed-in-2.7", v).observed.state for v in ("2.6.0", "2.7.0", "2.9.0")] == [
+        State.REPRODUCED,
+        State.FIXED,
+        State.FIXED,
+    ]
     assert all(matrix.cell("open", v).agrees for v in ("2.6.0", "2.7.0", "2.9.0"))
     # The registry claims "untested" and nothing tests it: a disagreement in every column.
     assert {(d.entry, d.column) for d in matrix.disagreements} == {("untested", v) for v in ("2.6.0", "2.7.0", "2.9.0")}
@@ -172,13 +209,16 @@ def test_expected_follows_the_version_the_children_ran(registry):
 # Rendering
 # ---------------------------------------------------------------------------------------------
 
+
 def test_markdown_has_one_row_per_entry_one_column_per_release_and_flags_disagreements(registry):
     records = healthy("2.6.0")
     records[0] = rec("scalar", "failed", "fixed-in-2.7")  # unexpected pass on 2.6.0
     matrix = build_matrix(registry, [column("2.6.0", records), column("2.9.0", healthy("2.9.0"))])
     text = render.to_markdown(matrix, "python -m harness.matrix --releases 2.6.0,2.9.0")
     assert "| registry entry | carried_by | 2.6.0 | 2.9.0 |" in text
-    assert "| `fixed-in-2.7` | `<2.7.0` | ⚠ **unexpected** (1 unexpected pass), expected reproduced | fixed (1) |" in text
+    assert (
+        "| `fixed-in-2.7` | `<2.7.0` | ⚠ **unexpected** (1 unexpected pass), expected reproduced | fixed (1) |" in text
+    )
     assert "| `open` | `>=2.4` | reproduced (2) | reproduced (2) |" in text
     assert "| `untested` | `>=2.4` | ⚠ **no case**, expected reproduced |" in text
     assert "## ⚠ Disagreements with the registry (3)" in text
@@ -209,6 +249,7 @@ def test_json_carries_cells_cases_and_disagreements(registry):
 # Compare
 # ---------------------------------------------------------------------------------------------
 
+
 def test_compare_names_only_entries_whose_verdict_changed(registry):
     good = column("2.7.0", healthy("2.7.0"))
     bad_records = healthy("2.7.0")
@@ -227,8 +268,11 @@ def test_compare_names_only_entries_whose_verdict_changed(registry):
 # Disk check and the environment cache (fake installer)
 # ---------------------------------------------------------------------------------------------
 
+
 def test_disk_check_raises_with_the_numbers(tmp_path: Path):
-    with pytest.raises(NotEnoughDiskError, match=r"2 environment\(s\) needs about 16.0 GB under .*only 5.0 GB is free") as info:
+    with pytest.raises(
+        NotEnoughDiskError, match=r"2 environment\(s\) needs about 16.0 GB under .*only 5.0 GB is free"
+    ) as info:
         envs.check_disk(tmp_path / "not" / "yet", 2, free_bytes=lambda p: 5 * 10**9)
     assert (info.value.needed_gb, info.value.free_gb) == (16.0, 5.0)
     envs.check_disk(tmp_path, 2, free_bytes=lambda p: 17 * 10**9)  # enough
@@ -272,16 +316,23 @@ class FakeInstaller:
 
 
 def _request(version: str = "2.7.0") -> EnvRequest:
-    return EnvRequest(key=f"torch_xla-{version}", label=version,
-                      requirements=(f"torch=={version}", f"torch_xla[pallas]=={version}", "pytest"), torch_xla=version)
+    return EnvRequest(
+        key=f"torch_xla-{version}",
+        label=version,
+        requirements=(f"torch=={version}", f"torch_xla[pallas]=={version}", "pytest"),
+        torch_xla=version,
+    )
 
 
 def test_env_is_built_once_then_reused(tmp_path: Path):
     installer, said = FakeInstaller(), []
     cache = EnvCache(tmp_path, installer, Path("/repo"), said.append)
     env = cache.ensure(_request())
-    assert installer.calls == [("venv", "torch_xla-2.7.0"), ("pip", "torch==2.7.0", "torch_xla[pallas]==2.7.0", "pytest"),
-                               ("pip", "--no-deps", "-e", "/repo")]
+    assert installer.calls == [
+        ("venv", "torch_xla-2.7.0"),
+        ("pip", "torch==2.7.0", "torch_xla[pallas]==2.7.0", "pytest"),
+        ("pip", "--no-deps", "-e", "/repo"),
+    ]
     marker = json.loads((env / envs.MARKER).read_text())
     assert marker["versions"]["torch_xla"] == "2.7.0"
     installer.calls.clear()
@@ -311,7 +362,9 @@ def test_half_built_env_without_marker_is_deleted_first(tmp_path: Path):
 def test_changed_requirements_rebuild_the_env(tmp_path: Path):
     cache = EnvCache(tmp_path, FakeInstaller(), Path("/repo"), lambda s: None)
     cache.ensure(_request())
-    changed = EnvRequest(**{**_request().__dict__, "requirements": ("torch==2.7.0", "torch_xla[pallas]==2.7.0", "pytest>=9")})
+    changed = EnvRequest(
+        **{**_request().__dict__, "requirements": ("torch==2.7.0", "torch_xla[pallas]==2.7.0", "pytest>=9")}
+    )
     assert not cache.is_complete(changed)
 
 
@@ -332,6 +385,7 @@ def test_release_request_installs_the_pallas_extra_and_the_harness_deps():
 # CLI end to end (fake installer, fake suite)
 # ---------------------------------------------------------------------------------------------
 
+
 class FakeSuite:
     """Writes the records a release would produce, from a table keyed by torch_xla version."""
 
@@ -351,22 +405,41 @@ class FakeSuite:
         return SuiteRun(results_dir, records, exit_code=1 if any(r.outcome == "failed" for r in records) else 0)
 
 
-def run_cli(argv: list[str], tmp_path: Path, by_version: dict[str, list[CaseRecord]] | None = None,
-            installer: FakeInstaller | None = None, free_gb: float = 1000) -> tuple[int, str, str, FakeInstaller]:
+def run_cli(
+    argv: list[str],
+    tmp_path: Path,
+    by_version: dict[str, list[CaseRecord]] | None = None,
+    installer: FakeInstaller | None = None,
+    free_gb: float = 1000,
+) -> tuple[int, str, str, FakeInstaller]:
     installer = installer or FakeInstaller()
     by_version = by_version if by_version is not None else {v: healthy(v) for v in ("2.6.0", "2.7.0", "2.9.0")}
     out, err = io.StringIO(), io.StringIO()
     FakeSuite.runs, FakeSuite.results_dirs = [], []
-    deps = Deps(stdout=out, stderr=err, installer=lambda say: installer,
-                suite=lambda repo, say, **kw: FakeSuite(by_version, installer), free_bytes=lambda p: int(free_gb * 1e9))
+    deps = Deps(
+        stdout=out,
+        stderr=err,
+        installer=lambda say: installer,
+        suite=lambda repo, say, **kw: FakeSuite(by_version, installer),
+        free_bytes=lambda p: int(free_gb * 1e9),
+    )
     code = main([*argv, "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out")], deps)
     return code, out.getvalue(), err.getvalue(), installer
 
 
 def test_cli_agreement_exits_0_and_writes_markdown_and_json(tmp_path: Path, registry_path: Path):
-    registry_path.write_text(REGISTRY_TOML.split("[[bug]]\nid = \"untested\"")[0])
-    code, out, err, _ = run_cli(["--releases", "2.6.0,2.7.0,2.9.0", "--registry", str(registry_path),
-                                 "--table", str(tmp_path / "docs" / "m.md")], tmp_path)
+    registry_path.write_text(REGISTRY_TOML.split('[[bug]]\nid = "untested"')[0])
+    code, out, err, _ = run_cli(
+        [
+            "--releases",
+            "2.6.0,2.7.0,2.9.0",
+            "--registry",
+            str(registry_path),
+            "--table",
+            str(tmp_path / "docs" / "m.md"),
+        ],
+        tmp_path,
+    )
     assert code == 0, err
     assert "| `fixed-in-2.7` | `<2.7.0` | reproduced (1) | fixed (1) | fixed (1) |" in out
     assert "build 3 environment(s)" in err and "about 2-5 min and 7 GB each" in err
@@ -388,8 +461,11 @@ def test_cli_existing_venv_replaces_the_build(tmp_path: Path, registry_path: Pat
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text("")
     installer = FakeInstaller(versions={str(venv / "bin" / "python"): {"torch_xla": "2.6.0", "torch": "2.6.0"}})
-    code, _, err, installer = run_cli(["--releases", "2.6.0", "--env", f"2.6.0={venv}", "--registry", str(registry_path)],
-                                      tmp_path, installer=installer)
+    code, _, err, installer = run_cli(
+        ["--releases", "2.6.0", "--env", f"2.6.0={venv}", "--registry", str(registry_path)],
+        tmp_path,
+        installer=installer,
+    )
     assert "use existing venv for 2.6.0" in err and installer.calls == [] and FakeSuite.runs == ["2.6.0"]
     installer = FakeInstaller(versions={str(venv / "bin" / "python"): {"torch_xla": "2.9.0"}})
     code, _, err, _ = run_cli(["--releases", "2.6.0", "--env", f"2.6.0={venv}"], tmp_path, installer=installer)
@@ -401,9 +477,15 @@ def test_cli_wheel_folder_is_a_column_named_after_its_torch_xla(tmp_path: Path, 
     wheels.mkdir()
     (wheels / "torch-2.10.0-cp311-cp311-linux_x86_64.whl").write_bytes(b"t")
     (wheels / "torch_xla-2.10.0.dev20250301-cp311-cp311-linux_x86_64.whl").write_bytes(b"x")
-    by_version = {"2.10.0.dev20250301": [rec("s", "passed", "fixed-in-2.7", "2.10.0.dev20250301"),
-                                         rec("o", "xfailed", "open", "2.10.0.dev20250301")]}
-    code, out, err, installer = run_cli(["--wheels", str(wheels), "--registry", str(registry_path)], tmp_path, by_version)
+    by_version = {
+        "2.10.0.dev20250301": [
+            rec("s", "passed", "fixed-in-2.7", "2.10.0.dev20250301"),
+            rec("o", "xfailed", "open", "2.10.0.dev20250301"),
+        ]
+    }
+    code, out, err, installer = run_cli(
+        ["--wheels", str(wheels), "--registry", str(registry_path)], tmp_path, by_version
+    )
     assert "| registry entry | carried_by | 2.10.0.dev20250301 |" in out
     pip_args = installer.calls[1]
     assert any(a.startswith("torch_xla[pallas] @ file://") for a in pip_args), pip_args
@@ -430,30 +512,41 @@ def test_cli_not_enough_disk_exits_3_before_building(tmp_path: Path):
     assert installer.calls == []
 
 
-@pytest.mark.parametrize("argv, message", [
-    # Not a version at all.
-    pytest.param(["--releases", "2.x"], "'2.x' is not a version", id="bad-release"),
-    # --env must name a listed release.
-    pytest.param(["--releases", "2.9.0", "--env", "2.6.0=/x"], "--env names 2.6.0, which --releases does not list", id="env-unlisted"),
-    # --env needs NAME=PATH.
-    pytest.param(["--releases", "2.9.0", "--env", "/x"], "expected NAME=PATH", id="env-no-equals"),
-    # --env pointing at something that is not a venv.
-    pytest.param(["--releases", "2.9.0", "--env", "2.9.0=/nonexistent"], "no /nonexistent/bin/python", id="env-not-venv"),
-    # Nothing to do.
-    pytest.param([], "nothing to measure", id="no-columns"),
-    # Twice the same release.
-    pytest.param(["--releases", "2.6.0,2.6.0"], "names 2.6.0 twice", id="duplicate"),
-    # xdist workers must be positive.
-    pytest.param(["--releases", "2.6.0", "--jobs-per-env", "0"], "not a positive whole number", id="jobs-zero"),
-    # A wheel folder without a torch_xla wheel.
-    pytest.param(["--wheels", "EMPTY"], "needs exactly one torch_xla wheel", id="wheels-no-xla"),
-    # An unknown option.
-    pytest.param(["--release", "2.6.0"], "unknown argument(s): --release", id="unknown-option"),
-    # compare needs both folders.
-    pytest.param(["compare", "--good", "/tmp"], "--bad", id="compare-missing-bad"),
-    # compare with a folder that is neither wheels nor results.
-    pytest.param(["compare", "--good", "EMPTY", "--bad", "EMPTY"], "no verdicts-*.jsonl there", id="compare-empty-dir"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        # Not a version at all.
+        pytest.param(["--releases", "2.x"], "'2.x' is not a version", id="bad-release"),
+        # --env must name a listed release.
+        pytest.param(
+            ["--releases", "2.9.0", "--env", "2.6.0=/x"],
+            "--env names 2.6.0, which --releases does not list",
+            id="env-unlisted",
+        ),
+        # --env needs NAME=PATH.
+        pytest.param(["--releases", "2.9.0", "--env", "/x"], "expected NAME=PATH", id="env-no-equals"),
+        # --env pointing at something that is not a venv.
+        pytest.param(
+            ["--releases", "2.9.0", "--env", "2.9.0=/nonexistent"], "no /nonexistent/bin/python", id="env-not-venv"
+        ),
+        # Nothing to do.
+        pytest.param([], "nothing to measure", id="no-columns"),
+        # Twice the same release.
+        pytest.param(["--releases", "2.6.0,2.6.0"], "names 2.6.0 twice", id="duplicate"),
+        # xdist workers must be positive.
+        pytest.param(["--releases", "2.6.0", "--jobs-per-env", "0"], "not a positive whole number", id="jobs-zero"),
+        # A wheel folder without a torch_xla wheel.
+        pytest.param(["--wheels", "EMPTY"], "needs exactly one torch_xla wheel", id="wheels-no-xla"),
+        # An unknown option.
+        pytest.param(["--release", "2.6.0"], "unknown argument(s): --release", id="unknown-option"),
+        # compare needs both folders.
+        pytest.param(["compare", "--good", "/tmp"], "--bad", id="compare-missing-bad"),
+        # compare with a folder that is neither wheels nor results.
+        pytest.param(
+            ["compare", "--good", "EMPTY", "--bad", "EMPTY"], "no verdicts-*.jsonl there", id="compare-empty-dir"
+        ),
+    ],
+)
 def test_usage_errors_exit_2_with_a_message(tmp_path: Path, argv, message):
     (tmp_path / "empty").mkdir()
     argv = [str(tmp_path / "empty") if a == "EMPTY" else a for a in argv]
@@ -473,9 +566,17 @@ def test_compare_cli_on_results_folders_names_the_changed_entry(tmp_path: Path, 
         write_record(good, record)
     for record in healthy("2.7.0")[1:] + [rec("scalar", "failed", "fixed-in-2.7", "2.7.0", "TypeError: boom")]:
         write_record(bad, record)
-    code, out, _, _ = run_cli(["compare", "--good", str(good), "--bad", str(bad), "--registry", str(registry_path)], tmp_path)
-    assert code == 1 and "1 entry changed verdict" in out and "fixed-in-2.7: fixed (1 passed) -> unexpected (1 regressed)" in out
-    code, out, _, _ = run_cli(["compare", "--good", str(good), "--bad", str(good), "--registry", str(registry_path)], tmp_path)
+    code, out, _, _ = run_cli(
+        ["compare", "--good", str(good), "--bad", str(bad), "--registry", str(registry_path)], tmp_path
+    )
+    assert (
+        code == 1
+        and "1 entry changed verdict" in out
+        and "fixed-in-2.7: fixed (1 passed) -> unexpected (1 regressed)" in out
+    )
+    code, out, _, _ = run_cli(
+        ["compare", "--good", str(good), "--bad", str(good), "--registry", str(registry_path)], tmp_path
+    )
     assert code == 0 and "No registry entry changed verdict" in out
 
 
@@ -487,8 +588,17 @@ def test_compare_points_at_nested_results_of_a_matrix_run(tmp_path: Path):
 
 def test_results_of_an_earlier_run_re_render_without_running(tmp_path: Path, registry_path: Path):
     run_cli(["--releases", "2.6.0", "--registry", str(registry_path)], tmp_path)
-    code, out, err, installer = run_cli(["--results", f"2.6.0={tmp_path / 'out' / '2.6.0'}", "--registry", str(registry_path),
-                                         "--table", str(tmp_path / "again.md")], tmp_path)
+    code, out, err, installer = run_cli(
+        [
+            "--results",
+            f"2.6.0={tmp_path / 'out' / '2.6.0'}",
+            "--registry",
+            str(registry_path),
+            "--table",
+            str(tmp_path / "again.md"),
+        ],
+        tmp_path,
+    )
     assert code == 1 and FakeSuite.runs == [] and installer.calls == []
     assert "| `fixed-in-2.7` | `<2.7.0` | reproduced (1) |" in out
     assert "| 2.6.0 | results | 2.6.0 | t | j | built in 0 s |" in out  # kept from the run's matrix-column.json
@@ -499,10 +609,15 @@ def test_compare_cli_on_wheel_folders_builds_and_runs_each(tmp_path: Path, regis
     for role, version in versions.items():
         (tmp_path / role).mkdir()
         (tmp_path / role / f"torch_xla-{version}-cp311-cp311-linux_x86_64.whl").write_bytes(role.encode())
-    by_version = {versions["good"]: [rec("o", "xfailed", "open", versions["good"])],
-                  versions["bad"]: [rec("o", "failed", "open", versions["bad"], "ValueError: other")]}
-    code, out, err, installer = run_cli(["compare", "--good", str(tmp_path / "good"), "--bad", str(tmp_path / "bad"),
-                                         "--registry", str(registry_path)], tmp_path, by_version)
+    by_version = {
+        versions["good"]: [rec("o", "xfailed", "open", versions["good"])],
+        versions["bad"]: [rec("o", "failed", "open", versions["bad"], "ValueError: other")],
+    }
+    code, out, err, installer = run_cli(
+        ["compare", "--good", str(tmp_path / "good"), "--bad", str(tmp_path / "bad"), "--registry", str(registry_path)],
+        tmp_path,
+        by_version,
+    )
     assert code == 1 and FakeSuite.runs == [versions["good"], versions["bad"]]
     assert "- open: reproduced (1 xfailed) -> unexpected (1 failed)" in out
     assert "build 2 environment(s)" in err
@@ -512,14 +627,31 @@ def test_compare_cli_on_wheel_folders_builds_and_runs_each(tmp_path: Path, regis
 # The suite command and the logged-process helper
 # ---------------------------------------------------------------------------------------------
 
+
 def test_suite_command_runs_the_spmd_cases_with_xdist_only_when_asked(monkeypatch):
     from harness.matrix.suite import PytestSuite, _isolated_environ
 
     python = Path("/envs/e/bin/python")
     plain = PytestSuite(Path("/repo"), lambda s: None).command(python, Path("/out/2.7.0"))
-    assert plain == [str(python), "-m", "pytest", "-c", "/repo/pyproject.toml", "--rootdir", "/repo", "-m", "spmd", "cases",
-                     "--spmd-results-dir", "/out/2.7.0", "-p", "no:cacheprovider"]
-    parallel = PytestSuite(Path("/repo"), lambda s: None, jobs=2, extra_args=["-k", "scalar"]).command(python, Path("/o"))
+    assert plain == [
+        str(python),
+        "-m",
+        "pytest",
+        "-c",
+        "/repo/pyproject.toml",
+        "--rootdir",
+        "/repo",
+        "-m",
+        "spmd",
+        "cases",
+        "--spmd-results-dir",
+        "/out/2.7.0",
+        "-p",
+        "no:cacheprovider",
+    ]
+    parallel = PytestSuite(Path("/repo"), lambda s: None, jobs=2, extra_args=["-k", "scalar"]).command(
+        python, Path("/o")
+    )
     assert parallel[-4:] == ["-n", "2", "-k", "scalar"]
     monkeypatch.setenv("PYTHONPATH", "/elsewhere/site-packages")
     env = _isolated_environ(python)
@@ -532,8 +664,13 @@ def test_run_logged_keeps_output_in_the_log_and_beats(tmp_path: Path):
     from harness.matrix.procs import run_logged
 
     beats, said = [], []
-    code = run_logged([sys.executable, "-c", "import time; print('hello'); time.sleep(0.5)"], tmp_path / "l.log",
-                      heartbeat=lambda t: beats.append(t) or "beat", every_s=0.1, say=said.append)
+    code = run_logged(
+        [sys.executable, "-c", "import time; print('hello'); time.sleep(0.5)"],
+        tmp_path / "l.log",
+        heartbeat=lambda t: beats.append(t) or "beat",
+        every_s=0.1,
+        say=said.append,
+    )
     assert code == 0 and "hello" in (tmp_path / "l.log").read_text() and said and said[0] == "beat"
 
 
@@ -544,7 +681,9 @@ def test_run_logged_stops_a_command_past_its_timeout(tmp_path: Path):
     from harness.matrix.procs import run_logged
 
     with pytest.raises(CommandTimedOut) as raised:
-        run_logged([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "l.log", timeout_s=0.3, every_s=0.1)
+        run_logged(
+            [sys.executable, "-c", "import time; time.sleep(30)"], tmp_path / "l.log", timeout_s=0.3, every_s=0.1
+        )
     assert isinstance(raised.value, MatrixError), "a timeout belongs to the matrix's error tree"
 
 
@@ -552,8 +691,13 @@ def test_relative_out_reaches_the_suite_as_an_absolute_path(tmp_path: Path, regi
     # pytest runs from the repo root; a relative --out would land its verdicts somewhere else.
     monkeypatch.chdir(tmp_path)
     installer = FakeInstaller()
-    deps = Deps(stdout=io.StringIO(), stderr=io.StringIO(), installer=lambda say: installer,
-                suite=lambda repo, say, **kw: FakeSuite({"2.6.0": healthy("2.6.0")}, installer), free_bytes=lambda p: 10**13)
+    deps = Deps(
+        stdout=io.StringIO(),
+        stderr=io.StringIO(),
+        installer=lambda say: installer,
+        suite=lambda repo, say, **kw: FakeSuite({"2.6.0": healthy("2.6.0")}, installer),
+        free_bytes=lambda p: 10**13,
+    )
     FakeSuite.runs, FakeSuite.results_dirs = [], []
     main(["--releases", "2.6.0", "--out", "rel", "--cache", "cache", "--registry", str(registry_path)], deps)
     assert FakeSuite.results_dirs == [tmp_path / "rel" / "2.6.0"]
@@ -567,14 +711,25 @@ def test_a_row_that_names_two_entries_counts_for_the_one_that_judged_it():
     names = ["megascale-preset-dropped-by-trace-pallas", "megascale-no-guard"]
 
     def row(version: str, judged_by: str) -> CaseRecord:
-        return CaseRecord(nodeid="cases/test_multislice.py::test_preset[via-trace-pallas]", family="multislice",
-                          outcome="xfailed", known_bug=judged_by, known_bugs=names, registry_verdict="reproduced",
-                          torch_xla=version)
+        return CaseRecord(
+            nodeid="cases/test_multislice.py::test_preset[via-trace-pallas]",
+            family="multislice",
+            outcome="xfailed",
+            known_bug=judged_by,
+            known_bugs=names,
+            registry_verdict="reproduced",
+            torch_xla=version,
+        )
 
-    matrix = build_matrix(load_registry(), [column("2.5.1", [row("2.5.1", names[1])]),
-                                            column("2.6.0", [row("2.6.0", names[0])])])
-    for entry, version, state in [(names[1], "2.5.1", State.REPRODUCED), (names[0], "2.5.1", State.ELSEWHERE),
-                                  (names[0], "2.6.0", State.REPRODUCED), (names[1], "2.6.0", State.ELSEWHERE)]:
+    matrix = build_matrix(
+        load_registry(), [column("2.5.1", [row("2.5.1", names[1])]), column("2.6.0", [row("2.6.0", names[0])])]
+    )
+    for entry, version, state in [
+        (names[1], "2.5.1", State.REPRODUCED),
+        (names[0], "2.5.1", State.ELSEWHERE),
+        (names[0], "2.6.0", State.REPRODUCED),
+        (names[1], "2.6.0", State.ELSEWHERE),
+    ]:
         cell = matrix.cell(entry, version)
         assert cell.observed.state is state and cell.agrees, (entry, version, cell)
     assert matrix.cell(names[0], "2.5.1").observed.detail == f"judged as {names[1]}"
@@ -616,13 +771,24 @@ def test_sharding_changes_between_consecutive_columns_list_moved_tensors_only():
     def rec_with(name: str, shardings: dict[str, str]) -> CaseRecord:
         return CaseRecord(nodeid=f"cases/test_x.py::{name}", family="x", outcome="passed", shardings=shardings)
 
-    old = column("2.6.0", [rec_with("a", {"w": "{devices=[4,1]0,1,2,3}", "out": "{replicated}"}),
-                           rec_with("b", {"w": "{devices=[4,1]<=[4]}"})])
-    new = column("2.7.0", [rec_with("a", {"w": "{devices=[1,4]0,1,2,3}", "out": "{replicated}", "extra": ""}),
-                           rec_with("b", {"w": "{devices=[4,1]0,1,2,3}"})])
+    old = column(
+        "2.6.0",
+        [
+            rec_with("a", {"w": "{devices=[4,1]0,1,2,3}", "out": "{replicated}"}),
+            rec_with("b", {"w": "{devices=[4,1]<=[4]}"}),
+        ],
+    )
+    new = column(
+        "2.7.0",
+        [
+            rec_with("a", {"w": "{devices=[1,4]0,1,2,3}", "out": "{replicated}", "extra": ""}),
+            rec_with("b", {"w": "{devices=[4,1]0,1,2,3}"}),
+        ],
+    )
     (step,) = consecutive_changes([old, new])
     assert [(m.case.split("::")[1], m.tensor, m.before, m.after) for m in step.moved] == [
-        ("a", "w", "{devices=[4,1]0,1,2,3}", "{devices=[1,4]0,1,2,3}")]  # b's iota form is the same sharding
+        ("a", "w", "{devices=[4,1]0,1,2,3}", "{devices=[1,4]0,1,2,3}")
+    ]  # b's iota form is the same sharding
     assert step.one_sided == 1
 
 
@@ -632,8 +798,12 @@ def test_cost_changes_between_consecutive_columns_list_changed_items_and_skip_co
     from tests.test_costs import signature
 
     def rec_with(name: str, all_gather: int, family: str = "x") -> CaseRecord:
-        return CaseRecord(nodeid=f"cases/test_{family}.py::{name}", family=family, outcome="passed",
-                          costs={"train": costs.comparable(signature(all_gather=all_gather))})
+        return CaseRecord(
+            nodeid=f"cases/test_{family}.py::{name}",
+            family=family,
+            outcome="passed",
+            costs={"train": costs.comparable(signature(all_gather=all_gather))},
+        )
 
     stopped = rec_with("c", 3)
     stopped.outcome, stopped.costs = "xfailed", {"train": {"steps": [], "graphs": {}, "memory": {}}}
@@ -641,7 +811,8 @@ def test_cost_changes_between_consecutive_columns_list_changed_items_and_skip_co
     new = column("2.7.0", [rec_with("a", 5), rec_with("b", 3), rec_with("self", 9, family="costs"), rec_with("c", 3)])
     (step,) = consecutive_changes([old, new])
     assert [(m.case.split("::")[1], m.item, m.detail) for m in step.moved] == [
-        ("a", "step0", "all-gather 3 -> 5 (+64 KiB per device)")]
+        ("a", "step0", "all-gather 3 -> 5 (+64 KiB per device)")
+    ]
     assert step.compared == 2
     text = "\n".join(to_markdown([old, new]))
     assert "### 2.6.0 -> 2.7.0: 1 item(s) changed in 2 loop(s) measured in both" in text

@@ -29,12 +29,15 @@ def pool(tmp_path):
         p.close()
 
 
-@pytest.mark.parametrize("exclusive, first_alive", [
-    # CPU: both configurations stay warm side by side.
-    pytest.param(False, True, id="shared-device"),
-    # TPU: one process holds the chips, so the idle child is closed before another starts.
-    pytest.param(True, False, id="exclusive-device"),
-])
+@pytest.mark.parametrize(
+    "exclusive, first_alive",
+    [
+        # CPU: both configurations stay warm side by side.
+        pytest.param(False, True, id="shared-device"),
+        # TPU: one process holds the chips, so the idle child is closed before another starts.
+        pytest.param(True, False, id="exclusive-device"),
+    ],
+)
 def test_starting_another_configuration(pool, exclusive, first_alive):
     children = pool(exclusive)
     first = children.acquire(spec(True), fresh=False)

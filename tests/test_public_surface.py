@@ -48,23 +48,30 @@ def _harness_imports(path: Path) -> list[tuple[int, str]]:
 
 
 def test_cases_import_only_the_public_surface():
-    outside = [f"{path.relative_to(REPO)}:{line}: harness.{name}"
-               for path in sorted((REPO / "cases").glob("*.py"))
-               for line, name in _harness_imports(path) if name not in harness.__all__]
+    outside = [
+        f"{path.relative_to(REPO)}:{line}: harness.{name}"
+        for path in sorted((REPO / "cases").glob("*.py"))
+        for line, name in _harness_imports(path)
+        if name not in harness.__all__
+    ]
     assert not outside, "cases import harness modules outside harness.__all__:\n" + "\n".join(outside)
 
 
 def test_the_checker_sees_every_import_form(tmp_path):
     case = tmp_path / "test_x.py"
-    case.write_text("import harness.plugin\nfrom harness import xla, results\ndef f():\n"
-                    "    from harness.isolation.case import SpmdRunner\n")
+    case.write_text(
+        "import harness.plugin\nfrom harness import xla, results\ndef f():\n"
+        "    from harness.isolation.case import SpmdRunner\n"
+    )
     assert _harness_imports(case) == [(1, "plugin"), (2, "xla"), (2, "results"), (4, "isolation")]
 
 
 def test_importing_harness_is_lazy():
-    code = ("import sys, harness\n"
-            "assert not [m for m in sys.modules if m.startswith('harness.')], sorted(sys.modules)\n"
-            "assert harness.sharding.parse_sharding  # a listed module loads on first use\n"
-            "print(sorted(m for m in ('torch', 'torch_xla', 'jax') if m in sys.modules))\n")
+    code = (
+        "import sys, harness\n"
+        "assert not [m for m in sys.modules if m.startswith('harness.')], sorted(sys.modules)\n"
+        "assert harness.sharding.parse_sharding  # a listed module loads on first use\n"
+        "print(sorted(m for m in ('torch', 'torch_xla', 'jax') if m in sys.modules))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -43,7 +43,7 @@ def section(heading: str) -> str:
     text = readme_text()
     start = text.index(f"\n{heading}\n")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else len(text)]
+    return text[start : end if end != -1 else len(text)]
 
 
 def add_a_case_snippet() -> str:
@@ -67,11 +67,14 @@ def test_the_case_snippet_passes_as_written_on_cpu_xla(pytester):
     import importlib.util
 
     if importlib.util.find_spec("torch_xla") is None:  # found without importing it
-        pytest.skip("torch_xla is not installed in this venv (the light self-test setup); the README's case "
-                    "snippet runs on CPU XLA in the venv scripts/setup.sh makes")
+        pytest.skip(
+            "torch_xla is not installed in this venv (the light self-test setup); the README's case "
+            "snippet runs on CPU XLA in the venv scripts/setup.sh makes"
+        )
     pytester.makepyfile(test_shard_rows=add_a_case_snippet())
-    result = pytester.runpytest_subprocess("--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider",
-                                           "test_shard_rows.py")
+    result = pytester.runpytest_subprocess(
+        "--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider", "test_shard_rows.py"
+    )
     result.assert_outcomes(passed=1)
 
 
@@ -80,7 +83,8 @@ def test_the_failure_shown_is_the_one_the_plugin_prints(pytester, monkeypatch):
     example = section("## What a failure looks like")
     verdict = next(line for line in example.splitlines() if line.startswith("REGRESSION? "))
     monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", "2.9.0")
-    pytester.makepyfile(test_scalar_demo='''
+    pytester.makepyfile(
+        test_scalar_demo="""
 import pytest
 
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
@@ -94,7 +98,8 @@ def body_wrap_scalar(ctx):
 @pytest.mark.known_bug("fsdpv2-scalar-param-spec")
 def test_fsdpv2_wraps_scalar_param(spmd):
     spmd.run(body_wrap_scalar)
-''')
+"""
+    )
     result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     assert verdict in result.outlines
@@ -107,8 +112,11 @@ def test_the_gke_examples_run_as_written(capsys):
 
     from harness.gke.__main__ import main
 
-    commands = [line.split("  #", 1)[0].split() for line in section("## Nightly multi-slice on GKE").splitlines()
-                if re.match(r"(spmd-gke|python -m harness\.gke) run ", line)]
+    commands = [
+        line.split("  #", 1)[0].split()
+        for line in section("## Nightly multi-slice on GKE").splitlines()
+        if re.match(r"(spmd-gke|python -m harness\.gke) run ", line)
+    ]
     assert len(commands) == 3
     for argv in commands:
         args = argv[1:] if argv[0] == "spmd-gke" else argv[3:]
@@ -126,8 +134,12 @@ def test_relative_links_resolve():
 
 
 def test_the_docs_the_readme_points_to_hold_what_moved_there():
-    for doc, holds in [("architecture.md", "## Who is charged with a fault"), ("baselines.md", "--spmd-update-shardings"),
-                       ("benchmarks.md", "vs. floor per case"), ("release-matrix.md", "| registry entry |")]:
+    for doc, holds in [
+        ("architecture.md", "## Who is charged with a fault"),
+        ("baselines.md", "--spmd-update-shardings"),
+        ("benchmarks.md", "vs. floor per case"),
+        ("release-matrix.md", "| registry entry |"),
+    ]:
         assert f"(docs/{doc})" in readme_text()
         assert holds in (REPO / "docs" / doc).read_text(encoding="utf-8")
 
@@ -157,7 +169,7 @@ def test_the_fix_procedures_window_judges_builds_as_the_readme_says():
     from harness.registry import JudgementKind, get_entry, judge
 
     text = section("## On every torch_xla PR")
-    windows = re.findall(r"`carried_by = \"([^\"]+)\"`", text[text.index("### When a PR fixes a known bug"):])
+    windows = re.findall(r"`carried_by = \"([^\"]+)\"`", text[text.index("### When a PR fixes a known bug") :])
     window = next(w for w in windows if "<" in w)  # the moved one; the first is the open entry's
     entry = get_entry("fsdpv2-params-left-replicated")
     assert "did not reproduce on torch_xla 2.10.0+git1a2b3c4" in judge(entry, "2.10.0+git1a2b3c4", None).message

@@ -17,34 +17,53 @@ OPEN = "fsdpv2-params-left-replicated"  # open upstream: carried by every releas
 
 def test_shipped_registry_loads_with_every_family():
     registry = load_registry(REGISTRY_PATH)
-    assert {"fsdpv2-scalar-param-spec", "sharding-on-view-lacks-annotation", "dtensor-parallelize-module-forward",
-            "megascale-guard-deleted-by-nesting"} <= set(registry)
+    assert {
+        "fsdpv2-scalar-param-spec",
+        "sharding-on-view-lacks-annotation",
+        "dtensor-parallelize-module-forward",
+        "megascale-guard-deleted-by-nesting",
+    } <= set(registry)
     for entry in registry.values():
         assert entry.signatures, f"{entry.id} has no signature, so it could never be reproduced"
         assert entry.upstream_issue, f"{entry.id} names no upstream issue"
 
 
-@pytest.mark.parametrize("entry_id, version, evidence, kind", [
-    # 2.6.0 carries bug 1 and fails with its TypeError: the bug reproduced.
-    pytest.param(SCALAR, "2.6.0", "TypeError: unhashable type: 'list'", JudgementKind.REPRODUCED, id="reproduced"),
-    # 2.6.0 carries it but the case passed: the entry or the case is wrong.
-    pytest.param(SCALAR, "2.6.0", None, JudgementKind.UNEXPECTED_PASS, id="unexpected-pass"),
-    # 2.9.0 is fixed and passes.
-    pytest.param(SCALAR, "2.9.0", None, JudgementKind.PASSED, id="fixed-passes"),
-    # 2.9.0 fails with the old signature: it came back.
-    pytest.param(SCALAR, "2.9.0", "TypeError: unhashable type: 'list'", JudgementKind.REGRESSED, id="regressed"),
-    # A carrying release fails some other way: a new failure, not the known bug.
-    pytest.param(SCALAR, "2.6.0", "RuntimeError: something else", JudgementKind.FAILED, id="other-signature"),
-    # Nightlies: the day before the fix reached nightlies carries it, the day after does not.
-    pytest.param(SCALAR, "2.7.0.dev20250124", "TypeError: unhashable type: 'list'", JudgementKind.REPRODUCED, id="nightly-before-fix"),
-    pytest.param(SCALAR, "2.7.0.dev20250126", None, JudgementKind.PASSED, id="nightly-after-fix"),
-    # A PR build of a later release (local version label) is past every fix.
-    pytest.param(SCALAR, "2.10.0+gitabc1234", None, JudgementKind.PASSED, id="pr-wheel"),
-    # An open bug is carried by the newest release too.
-    pytest.param(OPEN, "2.9.0", "AssertionError: 16 of 16 parameters left {replicated} instead of sharded", JudgementKind.REPRODUCED, id="open-bug"),
-    # No torch_xla version (fake backend): the registry is not applied.
-    pytest.param(SCALAR, None, "TypeError: unhashable type: 'list'", JudgementKind.UNJUDGED, id="no-version"),
-])
+@pytest.mark.parametrize(
+    "entry_id, version, evidence, kind",
+    [
+        # 2.6.0 carries bug 1 and fails with its TypeError: the bug reproduced.
+        pytest.param(SCALAR, "2.6.0", "TypeError: unhashable type: 'list'", JudgementKind.REPRODUCED, id="reproduced"),
+        # 2.6.0 carries it but the case passed: the entry or the case is wrong.
+        pytest.param(SCALAR, "2.6.0", None, JudgementKind.UNEXPECTED_PASS, id="unexpected-pass"),
+        # 2.9.0 is fixed and passes.
+        pytest.param(SCALAR, "2.9.0", None, JudgementKind.PASSED, id="fixed-passes"),
+        # 2.9.0 fails with the old signature: it came back.
+        pytest.param(SCALAR, "2.9.0", "TypeError: unhashable type: 'list'", JudgementKind.REGRESSED, id="regressed"),
+        # A carrying release fails some other way: a new failure, not the known bug.
+        pytest.param(SCALAR, "2.6.0", "RuntimeError: something else", JudgementKind.FAILED, id="other-signature"),
+        # Nightlies: the day before the fix reached nightlies carries it, the day after does not.
+        pytest.param(
+            SCALAR,
+            "2.7.0.dev20250124",
+            "TypeError: unhashable type: 'list'",
+            JudgementKind.REPRODUCED,
+            id="nightly-before-fix",
+        ),
+        pytest.param(SCALAR, "2.7.0.dev20250126", None, JudgementKind.PASSED, id="nightly-after-fix"),
+        # A PR build of a later release (local version label) is past every fix.
+        pytest.param(SCALAR, "2.10.0+gitabc1234", None, JudgementKind.PASSED, id="pr-wheel"),
+        # An open bug is carried by the newest release too.
+        pytest.param(
+            OPEN,
+            "2.9.0",
+            "AssertionError: 16 of 16 parameters left {replicated} instead of sharded",
+            JudgementKind.REPRODUCED,
+            id="open-bug",
+        ),
+        # No torch_xla version (fake backend): the registry is not applied.
+        pytest.param(SCALAR, None, "TypeError: unhashable type: 'list'", JudgementKind.UNJUDGED, id="no-version"),
+    ],
+)
 def test_judgement(entry_id, version, evidence, kind):
     judgement = judge(get_entry(entry_id), version, evidence)
     assert judgement.kind is kind, judgement.message
@@ -60,13 +79,22 @@ def test_unknown_entry_names_the_known_ones():
         get_entry("nosuch")
 
 
-@pytest.mark.parametrize("body, message", [
-    pytest.param('[[bug]]\nid="x"\ntitle="t"\nstatus="open"\ncarried_by="<<2"\nsignatures=["a"]\n',
-                 "not a PEP 440 specifier", id="bad-specifier"),
-    pytest.param('[[bug]]\nid="x"\ntitle="t"\nstatus="maybe"\ncarried_by="<2"\nsignatures=["a"]\n',
-                 "status must be", id="bad-status"),
-    pytest.param('[[bug]]\nid="x"\ntitle="t"\n', "lacks", id="missing-fields"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        pytest.param(
+            '[[bug]]\nid="x"\ntitle="t"\nstatus="open"\ncarried_by="<<2"\nsignatures=["a"]\n',
+            "not a PEP 440 specifier",
+            id="bad-specifier",
+        ),
+        pytest.param(
+            '[[bug]]\nid="x"\ntitle="t"\nstatus="maybe"\ncarried_by="<2"\nsignatures=["a"]\n',
+            "status must be",
+            id="bad-status",
+        ),
+        pytest.param('[[bug]]\nid="x"\ntitle="t"\n', "lacks", id="missing-fields"),
+    ],
+)
 def test_malformed_registry_is_a_typed_error(tmp_path: Path, body, message):
     path = tmp_path / "bugs.toml"
     path.write_text(body)
@@ -74,7 +102,7 @@ def test_malformed_registry_is_a_typed_error(tmp_path: Path, body, message):
         load_registry(path)
 
 
-JUDGED_CASES = '''
+JUDGED_CASES = """
 import pytest
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
 
@@ -98,17 +126,29 @@ def test_passes(spmd):
 @pytest.mark.known_bug("fsdpv2-scalar-param-spec")
 def test_other(spmd):
     spmd.run(body_other)
-'''
+"""
 
 
-@pytest.mark.parametrize("version, outcomes, lines", [
-    # A carrying release: reproduced -> xfail naming the entry; a pass -> failure; other error -> failure.
-    pytest.param("2.6.0", dict(xfailed=1, failed=2), [
-        "XFAIL*test_reproduces*known bug fsdpv2-scalar-param-spec (pytorch/xla#8522) on torch_xla 2.6.0*",
-        "FAILED*test_passes*", "FAILED*test_other*"], id="carrying-release"),
-    # A fixed release: the old signature is a regression, a pass is a pass.
-    pytest.param("2.9.0", dict(passed=1, failed=2), ["FAILED*test_reproduces*", "FAILED*test_other*"], id="fixed-release"),
-])
+@pytest.mark.parametrize(
+    "version, outcomes, lines",
+    [
+        # A carrying release: reproduced -> xfail naming the entry; a pass -> failure; other error -> failure.
+        pytest.param(
+            "2.6.0",
+            dict(xfailed=1, failed=2),
+            [
+                "XFAIL*test_reproduces*known bug fsdpv2-scalar-param-spec (pytorch/xla#8522) on torch_xla 2.6.0*",
+                "FAILED*test_passes*",
+                "FAILED*test_other*",
+            ],
+            id="carrying-release",
+        ),
+        # A fixed release: the old signature is a regression, a pass is a pass.
+        pytest.param(
+            "2.9.0", dict(passed=1, failed=2), ["FAILED*test_reproduces*", "FAILED*test_other*"], id="fixed-release"
+        ),
+    ],
+)
 def test_plugin_applies_the_registry_end_to_end(pytester, monkeypatch, version, outcomes, lines):
     monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", version)
     pytester.makepyfile(test_judged=JUDGED_CASES)
@@ -129,18 +169,21 @@ NOT_TRUE = "AssertionError: SKIP_MEGASCALE_PJRT_CLIENT was not 'true' while trac
 NOT_RESTORED = "AssertionError: SKIP_MEGASCALE_PJRT_CLIENT not restored by trace_pallas: 'true' before, None after"
 
 
-@pytest.mark.parametrize("version, evidence, kind, entry", [
-    # 2.5.1 has no guard at all: judged by megascale-no-guard, not by the 2.6 entry.
-    pytest.param("2.5.1", NOT_TRUE, JudgementKind.REPRODUCED, NO_GUARD, id="2.5.1-no-guard"),
-    # 2.6.0's inline guard pops a preset value: the 2.6 entry judges it.
-    pytest.param("2.6.0", NOT_RESTORED, JudgementKind.REPRODUCED, PRESET, id="2.6.0-preset-dropped"),
-    # 2.9.0 is outside both windows and passes.
-    pytest.param("2.9.0", None, JudgementKind.PASSED, PRESET, id="2.9.0-fixed"),  # recorded against the first named
-    # 2.9.0 failing with one entry's signature is that entry's regression.
-    pytest.param("2.9.0", NOT_RESTORED, JudgementKind.REGRESSED, PRESET, id="2.9.0-regressed"),
-    # 2.5.1 failing with the 2.6 entry's symptom only is not what 2.5.1 is known for.
-    pytest.param("2.5.1", NOT_RESTORED, JudgementKind.FAILED, NO_GUARD, id="2.5.1-other-symptom"),
-])
+@pytest.mark.parametrize(
+    "version, evidence, kind, entry",
+    [
+        # 2.5.1 has no guard at all: judged by megascale-no-guard, not by the 2.6 entry.
+        pytest.param("2.5.1", NOT_TRUE, JudgementKind.REPRODUCED, NO_GUARD, id="2.5.1-no-guard"),
+        # 2.6.0's inline guard pops a preset value: the 2.6 entry judges it.
+        pytest.param("2.6.0", NOT_RESTORED, JudgementKind.REPRODUCED, PRESET, id="2.6.0-preset-dropped"),
+        # 2.9.0 is outside both windows and passes.
+        pytest.param("2.9.0", None, JudgementKind.PASSED, PRESET, id="2.9.0-fixed"),  # recorded against the first named
+        # 2.9.0 failing with one entry's signature is that entry's regression.
+        pytest.param("2.9.0", NOT_RESTORED, JudgementKind.REGRESSED, PRESET, id="2.9.0-regressed"),
+        # 2.5.1 failing with the 2.6 entry's symptom only is not what 2.5.1 is known for.
+        pytest.param("2.5.1", NOT_RESTORED, JudgementKind.FAILED, NO_GUARD, id="2.5.1-other-symptom"),
+    ],
+)
 def test_several_entries_are_judged_by_the_one_that_holds_the_release(version, evidence, kind, entry):
     judgement = judge([get_entry(PRESET), get_entry(NO_GUARD)], version, evidence)
     assert (judgement.kind, judgement.entry) == (kind, entry), judgement.message
@@ -162,16 +205,19 @@ def test_an_unknown_entry_suggests_the_closest_ids():
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version, carried", [
-    # A +git build is judged as its public version, the release its branch becomes.
-    pytest.param("2.6.0+git1a2b3c4", True, id="git-build-of-a-carrying-release"),
-    pytest.param("2.9.0+gitdeadbee", False, id="git-build-of-a-fixed-release"),
-    pytest.param("2.5.1+cu121", True, id="other-local-label"),
-    # Nightlies are placed by their date.
-    pytest.param("2.7.0.dev20250124", True, id="nightly-before-the-fix"),
-    pytest.param("2.7.0.dev20250125", False, id="nightly-of-the-fix-day"),
-    pytest.param("2.7.0.dev20250124+git1a2b3c4", True, id="nightly-with-a-local-label"),
-])
+@pytest.mark.parametrize(
+    "version, carried",
+    [
+        # A +git build is judged as its public version, the release its branch becomes.
+        pytest.param("2.6.0+git1a2b3c4", True, id="git-build-of-a-carrying-release"),
+        pytest.param("2.9.0+gitdeadbee", False, id="git-build-of-a-fixed-release"),
+        pytest.param("2.5.1+cu121", True, id="other-local-label"),
+        # Nightlies are placed by their date.
+        pytest.param("2.7.0.dev20250124", True, id="nightly-before-the-fix"),
+        pytest.param("2.7.0.dev20250125", False, id="nightly-of-the-fix-day"),
+        pytest.param("2.7.0.dev20250124+git1a2b3c4", True, id="nightly-with-a-local-label"),
+    ],
+)
 def test_development_builds_are_placed_against_carried_by(version, carried):
     assert get_entry(SCALAR).carried_by_release(version) is carried
 
@@ -194,8 +240,15 @@ def test_a_version_that_is_not_pep_440_is_a_clear_error():
 def test_a_regressed_known_bug_leads_with_the_verdict(pytester, monkeypatch):
     monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", "2.9.0")
     pytester.makepyfile(test_judged=JUDGED_CASES)
-    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "--junitxml=junit.xml",
-                                           "-rf", "-k", "test_reproduces or test_other")
+    result = pytester.runpytest_subprocess(
+        "--spmd-backend=fake",
+        "-p",
+        "no:cacheprovider",
+        "--junitxml=junit.xml",
+        "-rf",
+        "-k",
+        "test_reproduces or test_other",
+    )
     result.assert_outcomes(failed=2)
     # The short summary is cut to the terminal's width (80 columns here).
     result.stdout.fnmatch_lines(["FAILED test_judged.py::test_reproduces - REGRESSION? torch_xla 2.9.0*"])
@@ -203,20 +256,22 @@ def test_a_regressed_known_bug_leads_with_the_verdict(pytester, monkeypatch):
     # In the failure's own section, the verdict is the first line after the header.
     lines = result.outlines
     header = next(i for i, line in enumerate(lines) if line.strip("_ ").startswith("test_reproduces"))
-    assert lines[header + 1].startswith("REGRESSION? torch_xla 2.9.0"), lines[header:header + 4]
+    assert lines[header + 1].startswith("REGRESSION? torch_xla 2.9.0"), lines[header : header + 4]
     junit = (pytester.path / "junit.xml").read_text()
     assert 'message="REGRESSION? torch_xla 2.9.0 fails with the signature' in junit
 
 
 def test_a_skip_for_unmet_needs_is_reported_at_the_case(pytester):
-    pytester.makepyfile(test_needs='''
+    pytester.makepyfile(
+        test_needs="""
 import pytest
 
 @pytest.mark.spmd
 @pytest.mark.needs(devices=64, xla=False)
 def test_big(spmd):
     pass
-''')
+"""
+    )
     result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["SKIPPED ?1? test_needs.py:?: needs 64 devices; backend fake has 4"])

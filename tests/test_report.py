@@ -29,13 +29,29 @@ def mixed_run(tmp_path: Path) -> Path:
     """Two xdist workers, two families, every outcome."""
     results = tmp_path / "results"
     write_record(results, record("cases/test_scalar_specs.py::test_wrap[func-on]", "passed"), "gw0")
-    write_record(results, record("cases/test_scalar_specs.py::test_wrap[func-off]", "failed",
-                                 reason="spec lost on scalar", evidence="AssertionError: '' != '{replicated}'"),
-                 "gw0")
-    write_record(results, record("cases/test_dtensor_linear.py::test_parallelize_forward", "xfailed",
-                                 known_bug="dtensor-linear-shard", reason="reproduced known bug"), "gw1")
-    write_record(results, record("cases/test_dtensor_linear.py::test_multislice", "skipped",
-                                 reason="requires multislice"), "gw1")
+    write_record(
+        results,
+        record(
+            "cases/test_scalar_specs.py::test_wrap[func-off]",
+            "failed",
+            reason="spec lost on scalar",
+            evidence="AssertionError: '' != '{replicated}'",
+        ),
+        "gw0",
+    )
+    write_record(
+        results,
+        record(
+            "cases/test_dtensor_linear.py::test_parallelize_forward",
+            "xfailed",
+            known_bug="dtensor-linear-shard",
+            reason="reproduced known bug",
+        ),
+        "gw1",
+    )
+    write_record(
+        results, record("cases/test_dtensor_linear.py::test_multislice", "skipped", reason="requires multislice"), "gw1"
+    )
     return results
 
 
@@ -57,8 +73,10 @@ def test_load_results_reads_every_worker_file(mixed_run: Path):
 
 def test_load_results_finds_per_host_folders_of_a_gke_run(tmp_path: Path):
     for slice_id in (0, 1):
-        write_record(tmp_path / f"{slice_id}-0", record("cases/test_megascale.py::test_trace", "passed",
-                                                         slice_id=slice_id, host_id=0))
+        write_record(
+            tmp_path / f"{slice_id}-0",
+            record("cases/test_megascale.py::test_trace", "passed", slice_id=slice_id, host_id=0),
+        )
     assert len(report.load_results(tmp_path).records) == 2
 
 
@@ -194,7 +212,8 @@ def test_cli_without_annotate_prints_a_plain_failure_list(mixed_run: Path, capsy
     assert report.main([str(mixed_run)]) == 0
     assert capsys.readouterr().out == (
         "FAILED cases/test_scalar_specs.py::test_wrap[func-off]: spec lost on scalar\n"
-        f"harness.report {mixed_run}: 4 cases: 1 passed, 1 failed, 1 xfailed, 1 skipped\n")
+        f"harness.report {mixed_run}: 4 cases: 1 passed, 1 failed, 1 xfailed, 1 skipped\n"
+    )
 
 
 def test_cli_fails_when_the_run_produced_no_records(tmp_path: Path, capsys, monkeypatch):
@@ -212,9 +231,13 @@ def test_cli_fails_when_the_results_folder_is_missing(tmp_path: Path, capsys):
 
 
 def test_module_runs_as_a_script(mixed_run: Path):
-    proc = subprocess.run([sys.executable, "-m", "harness.report", str(mixed_run), "--summary",
-                           str(mixed_run / "out.md")], cwd=REPO_ROOT, capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.report", str(mixed_run), "--summary", str(mixed_run / "out.md")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert (mixed_run / "out.md").read_text().startswith("## SPMD regression results")
 

@@ -21,7 +21,7 @@ from harness.results import read_records
 
 pytestmark = pytest.mark.selftest
 
-CASES = '''
+CASES = """
 import os, signal, sys
 import pytest
 
@@ -40,11 +40,16 @@ def test_ok(spmd):
 @pytest.mark.skipif(not os.environ.get("ABORT_CASE"), reason="only in the run that wants it")
 def test_aborts(spmd):
     spmd.run(body_aborts)
-'''
+"""
 
 # Someone else's files in the folder the harness is pointed at (names the harness itself uses).
-FOREIGN = {"logs/keep.log": "mine", "hlo/keep.txt": "mine", "verdicts-other.jsonl": "{}\n",
-           "requests-main.jsonl": "mine", "latest": "a file of mine named latest"}
+FOREIGN = {
+    "logs/keep.log": "mine",
+    "hlo/keep.txt": "mine",
+    "verdicts-other.jsonl": "{}\n",
+    "requests-main.jsonl": "mine",
+    "latest": "a file of mine named latest",
+}
 
 
 def plant_foreign_files(folder: Path) -> None:
@@ -55,6 +60,7 @@ def plant_foreign_files(folder: Path) -> None:
 
 def tree(folder: Path) -> dict[str, bytes]:
     """Every file under folder, except what pytest and pytester write (bytecode, basetemp, output)."""
+
     def pytesters(path: Path) -> bool:
         top = path.relative_to(folder).parts[0]
         return "__pycache__" in path.parts or top.startswith("runpytest-") or top in ("stdout", "stderr")
@@ -76,12 +82,15 @@ def run(pytester: pytest.Pytester, *args: str, **env: str) -> pytest.RunResult:
         os.environ.update(saved)
 
 
-@pytest.mark.parametrize("args", [
-    pytest.param(["--help"], id="help"),
-    pytest.param(["--collect-only", "-m", "spmd"], id="collect-only"),
-    pytest.param(["-m", "not spmd"], id="no-spmd-case-selected"),
-    pytest.param(["--markers"], id="markers"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["--help"], id="help"),
+        pytest.param(["--collect-only", "-m", "spmd"], id="collect-only"),
+        pytest.param(["-m", "not spmd"], id="no-spmd-case-selected"),
+        pytest.param(["--markers"], id="markers"),
+    ],
+)
 def test_runs_with_no_spmd_work_touch_nothing(pytester: pytest.Pytester, args: list[str]):
     pytester.makepyfile(test_cases=CASES, test_plain="def test_plain():\n    pass\n")
     plant_foreign_files(pytester.path / "results")
@@ -122,15 +131,18 @@ def test_a_second_run_keeps_the_first_runs_crash_evidence(pytester: pytest.Pytes
     assert report.load_results(first_run).records[0].outcome in ("passed", "failed")
     assert report.totals_line(report.load_results(first_run)) == "2 cases: 1 passed, 1 failed, 0 xfailed, 0 skipped"
     assert report.totals_line(report.load_results(pytester.path / "results")) == (
-        "2 cases: 1 passed, 0 failed, 0 xfailed, 1 skipped")
+        "2 cases: 1 passed, 0 failed, 0 xfailed, 1 skipped"
+    )
 
 
 def test_two_concurrent_runs_in_one_folder_keep_each_others_files(pytester: pytest.Pytester):
     pytester.makepyfile(test_cases=CASES)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")} | {"ABORT_CASE": "1"}
     argv = [sys.executable, "-m", "pytest", "--spmd-backend=fake", "-p", "no:cacheprovider", "-m", "spmd"]
-    procs = [subprocess.Popen(argv, cwd=pytester.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(argv, cwd=pytester.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        for _ in range(2)
+    ]
     assert [p.wait(timeout=120) for p in procs] == [1, 1]
     runs = sorted(p for p in (pytester.path / "results").glob("run-*"))
     assert len(runs) == 2, f"expected a folder per run: {runs}"
@@ -143,7 +155,7 @@ def test_two_concurrent_runs_in_one_folder_keep_each_others_files(pytester: pyte
         assert list((folder / "logs").rglob("child-*.log")), f"{folder.name} lost its child logs"
 
 
-CRASHES_ITS_WORKER = '''
+CRASHES_ITS_WORKER = """
 import os, signal
 import pytest
 
@@ -159,7 +171,7 @@ def test_ok(spmd, n):
 def test_kills_its_worker(spmd):
     spmd.run(body_ok)
     os.kill(os.getpid(), signal.SIGKILL)  # the xdist worker dies mid-case: it can write no record
-'''
+"""
 
 
 def test_a_crashed_xdist_worker_leaves_a_failed_record_and_a_red_report(pytester: pytest.Pytester):
@@ -169,15 +181,20 @@ def test_a_crashed_xdist_worker_leaves_a_failed_record_and_a_red_report(pytester
     records = {r.nodeid.split("::")[-1]: r for r in read_records(pytester.path / "results")}
     crashed = records["test_kills_its_worker"]
     assert crashed.outcome == "failed" and "crashed while running this case" in crashed.reason
-    proc = subprocess.run([sys.executable, "-m", "harness.report", str(pytester.path / "results"), "--annotate"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.report", str(pytester.path / "results"), "--annotate"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "::error title=SPMD regression%3A test_crash.py%3A%3Atest_kills_its_worker::xdist worker" in proc.stdout
     assert "1 failed" in proc.stdout and "0 failed" not in proc.stdout
 
 
 def test_the_report_of_a_run_that_never_finished_is_red(pytester: pytest.Pytester):
     """pytest SIGKILLed mid-run (no xdist): whatever the records say, the run is incomplete."""
-    pytester.makepyfile(test_killed='''
+    pytester.makepyfile(
+        test_killed="""
 import os, signal
 import pytest
 
@@ -191,7 +208,8 @@ def test_a(spmd):
 
 def test_b_kills_pytest(spmd):
     os.kill(os.getpid(), signal.SIGKILL)
-''')
+"""
+    )
     run(pytester, "-m", "spmd")
     results = report.load_results(pytester.path / "results")
     assert [r.outcome for r in results.records] == ["passed"]
@@ -209,10 +227,13 @@ def test_failures_pytest_saw_without_a_record_are_failures_in_the_report(pyteste
     assert "holds no record" in by_name["test_plain_fails"].reason
 
 
-@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0,
-                    reason="a full disk is made with a small tmpfs in a private mount namespace (needs root and unshare)")
+@pytest.mark.skipif(
+    not shutil.which("unshare") or os.geteuid() != 0,
+    reason="a full disk is made with a small tmpfs in a private mount namespace (needs root and unshare)",
+)
 def test_a_full_disk_stops_the_run_with_a_message_and_keeps_the_records(pytester: pytest.Pytester):
-    pytester.makepyfile(test_fill='''
+    pytester.makepyfile(
+        test_fill="""
 import pytest
 
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
@@ -223,12 +244,15 @@ def body_fails_long(ctx, n):
 @pytest.mark.parametrize("n", range(40))
 def test_long_failure(spmd, n):
     spmd.run(body_fails_long, n=n)
-''')
+"""
+    )
     results = pytester.path / "results"
     results.mkdir()
-    script = (f"mount -t tmpfs -o size=160k tmpfs {results} && cd {pytester.path} && "
-              f"{sys.executable} -m pytest --spmd-backend=fake -p no:cacheprovider -m spmd --spmd-fork-server=off "
-              f"--spmd-results-dir={results}; echo EXIT=$?; cat {results}/latest/verdicts-main.jsonl > {pytester.path}/kept.jsonl")
+    script = (
+        f"mount -t tmpfs -o size=160k tmpfs {results} && cd {pytester.path} && "
+        f"{sys.executable} -m pytest --spmd-backend=fake -p no:cacheprovider -m spmd --spmd-fork-server=off "
+        f"--spmd-results-dir={results}; echo EXIT=$?; cat {results}/latest/verdicts-main.jsonl > {pytester.path}/kept.jsonl"
+    )
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     if "mount" in out and "permission denied" in out.lower():
@@ -247,7 +271,7 @@ def test_long_failure(spmd, n):
     assert all(r["outcome"] == "failed" for r in complete)
 
 
-OUTSIDE_CASE = '''
+OUTSIDE_CASE = """
 import pytest
 
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
@@ -257,7 +281,7 @@ def body(ctx):
 
 def test_x(spmd):
     spmd.run(body)
-'''
+"""
 
 
 def test_cases_outside_the_rootdir_keep_distinct_stable_names(pytester: pytest.Pytester, tmp_path_factory):
@@ -272,9 +296,15 @@ def test_cases_outside_the_rootdir_keep_distinct_stable_names(pytester: pytest.P
         (elsewhere / folder).mkdir()
         (elsewhere / folder / f"test_{folder}_cases.py").write_text(OUTSIDE_CASE)
     result = pytester.runpytest_subprocess(
-        "-c", str(project / "pytest.ini"), f"--rootdir={project}", "-p", "no:cacheprovider",
-        f"--spmd-results-dir={project / 'results'}", *(str(p) for p in sorted(elsewhere.rglob("test_*.py"))),
-        timeout=120)
+        "-c",
+        str(project / "pytest.ini"),
+        f"--rootdir={project}",
+        "-p",
+        "no:cacheprovider",
+        f"--spmd-results-dir={project / 'results'}",
+        *(str(p) for p in sorted(elsewhere.rglob("test_*.py"))),
+        timeout=120,
+    )
     result.assert_outcomes(passed=2)
     records = list(read_records(project / "results"))
     assert sorted(r.nodeid for r in records) == ["test_distributed_cases.py::test_x", "test_spmd_cases.py::test_x"]
@@ -292,7 +322,7 @@ def test_records_carry_the_stack_the_harness_and_the_schema(pytester: pytest.Pyt
         assert (record.torch, record.jax) == (versions.installed("torch"), versions.installed("jax"))
 
 
-COST_MEASURED_CASE = '''
+COST_MEASURED_CASE = """
 import pytest
 
 pytestmark = pytest.mark.spmd
@@ -317,7 +347,7 @@ def body_train(ctx):
 @pytest.mark.parametrize("n", range(2))
 def test_train(spmd, n):
     spmd.run(body_train, fresh=True)
-'''
+"""
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (XLA dumps of a real step)")

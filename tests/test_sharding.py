@@ -152,7 +152,11 @@ EQUIVALENT_SPELLINGS = [
     pytest.param("{devices=[2,2]<=[2,2]T(1,0)}", "{devices=[2,2]0,2,1,3}", id="transposed-iota-vs-explicit"),
     # An identity transpose is the same as none.
     pytest.param("{devices=[2,2]<=[2,2]T(0,1)}", "{devices=[2,2]<=[4]}", id="identity-transpose"),
-    pytest.param("{devices=[2,1,2]0,1,2,3 last_tile_dims={replicated}}", "{devices=[2,1,2]<=[4] last_tile_dim_replicate}", id="replicate-spellings"),
+    pytest.param(
+        "{devices=[2,1,2]0,1,2,3 last_tile_dims={replicated}}",
+        "{devices=[2,1,2]<=[4] last_tile_dim_replicate}",
+        id="replicate-spellings",
+    ),
     pytest.param('{replicated metadata={op_name="a"}}', "{replicated}", id="metadata-ignored"),
     pytest.param("{ devices=[4] 0, 1, 2, 3 }", "{devices=[4]0,1,2,3}", id="whitespace-ignored"),
 ]
@@ -187,8 +191,11 @@ CANONICAL_TEXTS = [
     pytest.param("{devices=[2,2]<=[2,2]T(1,0)}", "{devices=[2,2]0,2,1,3}", id="iota-spelled-out"),
     pytest.param('{devices=[4,1]0,1,2,3 metadata={op_name="a"}}', "{devices=[4,1]0,1,2,3}", id="metadata-dropped"),
     pytest.param("{devices=[4,1]0,1,2,3 shard_as 1}", "{devices=[4,1]0,1,2,3}", id="sharding-group-dropped"),
-    pytest.param("{devices=[2,1,2]<=[4] last_tile_dims={replicated}}", "{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}",
-                 id="replicate-spelling"),
+    pytest.param(
+        "{devices=[2,1,2]<=[4] last_tile_dims={replicated}}",
+        "{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}",
+        id="replicate-spelling",
+    ),
     pytest.param("  { devices=[4] 0, 1, 2, 3 }", "{devices=[4]0,1,2,3}", id="spaces-between-tokens"),
     pytest.param("", "", id="no-annotation-stays-empty"),  # not {replicated}: that is bug 2b
     pytest.param("[Replicate(), Shard(dim=0)]", "[Replicate(), Shard(dim=0)]", id="placements-kept"),
@@ -234,10 +241,12 @@ BAD_TEXT = [
     pytest.param("{devices=[999999999]<=[999999999]}", "more devices than", id="iota-absurdly-large"),
     pytest.param("{devices=[2]0,1 last_tile_dims={bogus}}", "a subgroup type", id="unknown-subgroup-type"),
     pytest.param("{devices=[1,2,2]0,1,2,3 last_tile_dims={manual, manual}}", "distinct", id="repeated-subgroup-type"),
-    pytest.param("{devices=[2]0,1 last_tile_dims={manual, replicated}}", "2 subgroup types for only 1", id="too-many-subgroups"),
+    pytest.param(
+        "{devices=[2]0,1 last_tile_dims={manual, replicated}}", "2 subgroup types for only 1", id="too-many-subgroups"
+    ),
     # Subgroups only make sense on a tiled sharding.
     pytest.param("{replicated last_tile_dim_replicate}", "'metadata={...}' or '}'", id="subgroup-on-replicated"),
-    pytest.param("{devices=[2]0,1 metadata={op_name=\"x}", "closing", id="unterminated-metadata"),
+    pytest.param('{devices=[2]0,1 metadata={op_name="x}', "closing", id="unterminated-metadata"),
     pytest.param("{{replicated},}", "'{' opening a tuple element", id="tuple-trailing-comma"),
     pytest.param("{{replicated} {manual}}", "',' or '}' after a tuple element", id="tuple-missing-comma"),
     # Shardy's named shardings are another language; say so rather than "expected replicated".
@@ -393,9 +402,7 @@ def test_assert_sharding_equal_message_shows_both_in_hlo_syntax() -> None:
     with pytest.raises(AssertionError) as caught:
         assert_sharding_equal("{replicated}", parse_sharding("{devices=[4,1]<=[4]}"), context="fc.weight")
     assert str(caught.value) == (
-        "sharding mismatch for fc.weight\n"
-        "  expected: {devices=[4,1]0,1,2,3}\n"
-        "  actual:   {replicated}"
+        "sharding mismatch for fc.weight\n  expected: {devices=[4,1]0,1,2,3}\n  actual:   {replicated}"
     )
 
 
@@ -436,7 +443,9 @@ def tiled_shardings(draw: st.DrawFn) -> Tiled:
     tile_dims = tuple(draw(st.lists(st.integers(1, 4), min_size=rank, max_size=rank)))
     devices = tuple(draw(st.permutations(range(math.prod(tile_dims)))))
     subgroup_count = draw(st.integers(0, min(2, rank)))
-    subgroup_types = draw(st.lists(st.sampled_from(SUBGROUP_TYPES), min_size=subgroup_count, max_size=subgroup_count, unique=True))
+    subgroup_types = draw(
+        st.lists(st.sampled_from(SUBGROUP_TYPES), min_size=subgroup_count, max_size=subgroup_count, unique=True)
+    )
     return Tiled(tile_dims, devices, tuple(subgroup_types))
 
 
@@ -534,7 +543,7 @@ def test_every_proper_prefix_is_a_parse_error(value: Sharding, data: st.DataObje
         parse_sharding(text[:cut])
 
 
-@given(st.text(alphabet="{}[]<=,T() 0123456789abcdeilmnoprstuvx_\"", max_size=40))
+@given(st.text(alphabet='{}[]<=,T() 0123456789abcdeilmnoprstuvx_"', max_size=40))
 def test_arbitrary_text_parses_or_raises_sharding_parse_error(text: str) -> None:
     try:
         value = parse_sharding(text)

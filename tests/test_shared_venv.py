@@ -8,14 +8,14 @@ import pytest
 
 pytestmark = pytest.mark.selftest
 
-PROJECT_CONFTEST = '''
+PROJECT_CONFTEST = """
 def pytest_addoption(parser):
     # Generic names a project may well use for itself.
     parser.addoption("--backend", default="sqlite")
     parser.addoption("--devices", default="none")
-'''
+"""
 
-PROJECT_TESTS = '''
+PROJECT_TESTS = """
 import pytest
 
 def test_projects_own_options(request):
@@ -29,20 +29,28 @@ def body(ctx):
 @pytest.mark.needs(xla=False)
 def test_spmd_case(spmd):
     assert spmd.run(body).values["devices"] == 2
-'''
+"""
 
 
 def test_a_project_that_defines_backend_and_devices_runs_beside_the_plugin(pytester: pytest.Pytester):
     pytester.makeconftest(PROJECT_CONFTEST)
     pytester.makepyfile(test_project=PROJECT_TESTS)
-    result = pytester.runpytest_subprocess("--backend=postgres", "--devices=gpu0", "--spmd-backend=fake",
-                                           "--spmd-devices=2", "-p", "no:cacheprovider", timeout=120)
+    result = pytester.runpytest_subprocess(
+        "--backend=postgres",
+        "--devices=gpu0",
+        "--spmd-backend=fake",
+        "--spmd-devices=2",
+        "-p",
+        "no:cacheprovider",
+        timeout=120,
+    )
     result.assert_outcomes(passed=2)
 
 
 def test_ini_keys_configure_the_run_and_the_header_says_so(pytester: pytest.Pytester):
-    pytester.makeini("[pytest]\nspmd_backend = fake\nspmd_devices = 2\nspmd_case_timeout = 30\n"
-                     "spmd_results_dir = out\n")
+    pytester.makeini(
+        "[pytest]\nspmd_backend = fake\nspmd_devices = 2\nspmd_case_timeout = 30\nspmd_results_dir = out\n"
+    )
     pytester.makepyfile(test_project=PROJECT_TESTS.replace("def test_projects_own_options", "def _unused"))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(passed=1)
@@ -52,18 +60,27 @@ def test_ini_keys_configure_the_run_and_the_header_says_so(pytester: pytest.Pyte
 
 def test_the_command_line_beats_the_ini_file(pytester: pytest.Pytester):
     pytester.makeini("[pytest]\nspmd_backend = fake\nspmd_devices = 2\n")
-    pytester.makepyfile(test_project=PROJECT_TESTS.replace("== 2", "== 3").replace(
-        "def test_projects_own_options", "def _unused"))
+    pytester.makepyfile(
+        test_project=PROJECT_TESTS.replace("== 2", "== 3").replace("def test_projects_own_options", "def _unused")
+    )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--spmd-devices=3", timeout=120)
     result.assert_outcomes(passed=1)
 
 
-@pytest.mark.parametrize("line, message", [
-    pytest.param("spmd_devices = 0", "*ini key spmd_devices = '0'*: '0' is not a positive whole number*", id="devices"),
-    pytest.param("spmd_backend = gpu", "*ini key spmd_backend = 'gpu'*: 'gpu' is not one of cpu, tpu, fake*", id="backend"),
-    pytest.param("spmd_case_timeout = nan", "*ini key spmd_case_timeout = 'nan'*not a positive, finite number*",
-                 id="timeout"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        pytest.param(
+            "spmd_devices = 0", "*ini key spmd_devices = '0'*: '0' is not a positive whole number*", id="devices"
+        ),
+        pytest.param(
+            "spmd_backend = gpu", "*ini key spmd_backend = 'gpu'*: 'gpu' is not one of cpu, tpu, fake*", id="backend"
+        ),
+        pytest.param(
+            "spmd_case_timeout = nan", "*ini key spmd_case_timeout = 'nan'*not a positive, finite number*", id="timeout"
+        ),
+    ],
+)
 def test_a_bad_ini_value_is_a_usage_error_naming_the_key(pytester: pytest.Pytester, line: str, message: str):
     pytester.makeini(f"[pytest]\n{line}\n")
     pytester.makepyfile(test_x="def test_x():\n    pass\n")

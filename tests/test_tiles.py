@@ -19,27 +19,33 @@ HSDP_WEIGHT = "{devices=[2,1,2]0,2,1,3 last_tile_dim_replicate}"  # FSDPv2, mesh
 MOVED = "{devices=[2,1,2]1,3,0,2 last_tile_dim_replicate}"  # same tiles, the other replication groups
 
 
-@pytest.mark.parametrize("text, holders", [
-    # dim 0 in 2 pieces, each held by one device of each data row
-    (HSDP_WEIGHT, {(0, 0): (0, 2), (1, 0): (1, 3)}),
-    # an iota spelling of a 2x2 cut: one device per tile
-    ("{devices=[2,2]<=[4]}", {(0, 0): (0,), (0, 1): (1,), (1, 0): (2,), (1, 1): (3,)}),
-    # all data dims in one piece: one tile on every device
-    ("{devices=[1,1,4]0,1,2,3 last_tile_dim_replicate}", {(0, 0): (0, 1, 2, 3)}),
-    ("{replicated}", None),  # no tile assignment at all
-])
+@pytest.mark.parametrize(
+    "text, holders",
+    [
+        # dim 0 in 2 pieces, each held by one device of each data row
+        (HSDP_WEIGHT, {(0, 0): (0, 2), (1, 0): (1, 3)}),
+        # an iota spelling of a 2x2 cut: one device per tile
+        ("{devices=[2,2]<=[4]}", {(0, 0): (0,), (0, 1): (1,), (1, 0): (2,), (1, 1): (3,)}),
+        # all data dims in one piece: one tile on every device
+        ("{devices=[1,1,4]0,1,2,3 last_tile_dim_replicate}", {(0, 0): (0, 1, 2, 3)}),
+        ("{replicated}", None),  # no tile assignment at all
+    ],
+)
 def test_tile_holders(text, holders):
     assert tile_holders(text) == holders
 
 
-@pytest.mark.parametrize("spec, holders", [
-    # FSDPv2's parameter spec on (data, fsdp): cut over fsdp, replicated over data
-    (("fsdp", None), {(0, 0): (0, 2), (1, 0): (1, 3)}),
-    # a batch over both axes, data major
-    ((("data", "fsdp"), None), {(0, 0): (0,), (1, 0): (1,), (2, 0): (2,), (3, 0): (3,)}),
-    # DTensor [Shard(0), Shard(1)] on (dp, tp) named data/fsdp here
-    (("data", "fsdp"), {(0, 0): (0,), (0, 1): (1,), (1, 0): (2,), (1, 1): (3,)}),
-])
+@pytest.mark.parametrize(
+    "spec, holders",
+    [
+        # FSDPv2's parameter spec on (data, fsdp): cut over fsdp, replicated over data
+        (("fsdp", None), {(0, 0): (0, 2), (1, 0): (1, 3)}),
+        # a batch over both axes, data major
+        ((("data", "fsdp"), None), {(0, 0): (0,), (1, 0): (1,), (2, 0): (2,), (3, 0): (3,)}),
+        # DTensor [Shard(0), Shard(1)] on (dp, tp) named data/fsdp here
+        (("data", "fsdp"), {(0, 0): (0,), (0, 1): (1,), (1, 0): (2,), (1, 1): (3,)}),
+    ],
+)
 def test_holders_from_mesh_is_what_the_spec_means(spec, holders):
     assert holders_from_mesh((2, 2), [0, 1, 2, 3], ("data", "fsdp"), spec) == holders
 
@@ -49,7 +55,11 @@ def test_holders_from_mesh_follows_the_mesh_device_order():
     # so torch_xla's tile assignment is held to the mesh it was given, not to 0..n-1.
     ids = [0, 2, 1, 3, 4, 6, 5, 7]
     assert holders_from_mesh((2, 4), ids, ("data", "fsdp"), (None, "fsdp")) == {
-        (0, 0): (0, 4), (0, 1): (2, 6), (0, 2): (1, 5), (0, 3): (3, 7)}
+        (0, 0): (0, 4),
+        (0, 1): (2, 6),
+        (0, 2): (1, 5),
+        (0, 3): (3, 7),
+    }
     assert tile_holders(HSDP_WEIGHT) != tile_holders(MOVED)
 
 
@@ -73,9 +83,11 @@ def test_a_drift_listing_draws_multi_axis_moves_as_grids():
 
 def test_a_cross_host_disagreement_draws_both_layouts():
     d = Disagreement("c::t", "w", [(HSDP_WEIGHT, ["slice0.host0", "slice1.host0"]), (MOVED, ["slice1.host1"])])
-    assert d.grids() == ["slice0.host0, slice1.host0    slice1.host1",
-                         "dim 0 ->  [0]  [1]            dim 0 ->  [0]  [1]",
-                         "          0,2  1,3                      1,3  0,2"]
+    assert d.grids() == [
+        "slice0.host0, slice1.host0    slice1.host1",
+        "dim 0 ->  [0]  [1]            dim 0 ->  [0]  [1]",
+        "          0,2  1,3                      1,3  0,2",
+    ]
     assert Disagreement("c::t", "w", [("{devices=[4]0,1,2,3}", ["a"]), ("{replicated}", ["b"])]).grids() == []
 
 
@@ -85,7 +97,7 @@ def test_a_cross_host_disagreement_draws_both_layouts():
 
 REPO = Path(__file__).resolve().parents[1]
 HSDP_CASE_ID = "cases/test_meshes.py::test_fsdpv2_vit_train_steps_match_cpu[data-fsdp]"
-HSDP_WITH_MOVED_PARAMETERS = '''
+HSDP_WITH_MOVED_PARAMETERS = """
 import os
 import pytest
 
@@ -116,7 +128,7 @@ def body_vit(ctx, repo, move_parameter_tiles):
 
 def test_vit(spmd):
     spmd.run(body_vit, fresh=True, repo=os.environ["REPO"], move_parameter_tiles=os.environ["PATCH"] == "1")
-'''
+"""
 
 
 def lit(text: str) -> str:
@@ -140,17 +152,25 @@ def test_moved_tiles_of_a_partially_replicated_parameter_fail_against_the_baseli
 
     def run(patch: bool, baseline: str) -> pytest.RunResult:
         monkeypatch.setenv("PATCH", "1" if patch else "0")
-        return pytester.runpytest_subprocess("--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider",
-                                             f"--spmd-shardings-baseline={baseline}", timeout=300)
+        return pytester.runpytest_subprocess(
+            "--spmd-backend=cpu",
+            "--spmd-devices=4",
+            "-p",
+            "no:cacheprovider",
+            f"--spmd-shardings-baseline={baseline}",
+            timeout=300,
+        )
 
     run(False, "baseline.json").assert_outcomes(passed=1)  # unpatched: the committed entry holds
     run(True, "absent.json").assert_outcomes(passed=1)  # losses and tile shapes unchanged: nothing else sees it
     changed = run(True, "baseline.json")
     changed.assert_outcomes(failed=1)
-    changed.stdout.fnmatch_lines([
-        "*sharding drift: * tensor(s) differ from baseline.json*",
-        "*" + lit(f"blocks.0.attn.qkv.weight: {HSDP_WEIGHT} -> {MOVED}"),
-        "*baseline*this run*",
-        "*" + lit("dim 0 ->  [0]  [1]    dim 0 ->  [0]  [1]"),
-        "*0,2  1,3              1,3  0,2",
-    ])
+    changed.stdout.fnmatch_lines(
+        [
+            "*sharding drift: * tensor(s) differ from baseline.json*",
+            "*" + lit(f"blocks.0.attn.qkv.weight: {HSDP_WEIGHT} -> {MOVED}"),
+            "*baseline*this run*",
+            "*" + lit("dim 0 ->  [0]  [1]    dim 0 ->  [0]  [1]"),
+            "*0,2  1,3              1,3  0,2",
+        ]
+    )

@@ -32,8 +32,23 @@ from harness.results import CaseRecord
 pytestmark = pytest.mark.selftest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-KNOWN_COMMANDS = {"error", "warning", "notice", "debug", "group", "endgroup", "add-mask", "add-matcher",
-                  "remove-matcher", "echo", "save-state", "set-output", "set-env", "add-path", "stop-commands"}
+KNOWN_COMMANDS = {
+    "error",
+    "warning",
+    "notice",
+    "debug",
+    "group",
+    "endgroup",
+    "add-mask",
+    "add-matcher",
+    "remove-matcher",
+    "echo",
+    "save-state",
+    "set-output",
+    "set-env",
+    "add-path",
+    "stop-commands",
+}
 INJECTED = [
     "::error title=injected::from pytest stdout",
     "E   RuntimeError: tensor spec ##[stop-commands]evil-token (from a case's exception message)",
@@ -73,18 +88,20 @@ class Runner:
             self.executed.append(command)
 
     def _known(self, name: str) -> bool:
-        return name.lower() in KNOWN_COMMANDS or (self.stop_token is not None and name.lower() == self.stop_token.lower())
+        return name.lower() in KNOWN_COMMANDS or (
+            self.stop_token is not None and name.lower() == self.stop_token.lower()
+        )
 
     def _parse(self, line: str) -> Command | None:
         stripped = line.lstrip()
         if stripped.startswith("::") and (end := stripped.find("::", 2)) >= 0:
             name, _, properties = stripped[2:end].partition(" ")
             if self._known(name):
-                return Command(name, properties, stripped[end + 2:])
+                return Command(name, properties, stripped[end + 2 :])
         if (start := line.find("##[")) >= 0 and (close := line.find("]", start)) >= 0:
-            name, _, properties = line[start + 3:close].partition(" ")
+            name, _, properties = line[start + 3 : close].partition(" ")
             if self._known(name):
-                return Command(name, properties, line[close + 1:])
+                return Command(name, properties, line[close + 1 :])
         return None
 
 
@@ -124,20 +141,40 @@ run = RunFolder.new(results)
 run.finish(1, {{}}, [json.loads(line)["nodeid"] for line in os.environ["STUB_RECORDS"].splitlines()], None)
 sys.exit(1)
 """
-FAILED_CASE = CaseRecord(nodeid="cases/test_scalar_specs.py::test_wrap[off]", family="scalar_specs",
-                         outcome="failed", reason="spec lost", evidence="'' != '{replicated}'")
+FAILED_CASE = CaseRecord(
+    nodeid="cases/test_scalar_specs.py::test_wrap[off]",
+    family="scalar_specs",
+    outcome="failed",
+    reason="spec lost",
+    evidence="'' != '{replicated}'",
+)
 HARNESS_ERROR = ("error", "title=SPMD regression%3A cases/test_scalar_specs.py%3A%3Atest_wrap[off]", "spec lost")
 
 
 def run_ci_script(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True, exist_ok=True)
-    executable(venv / "bin" / "pytest", STUB_PYTEST.format(python=sys.executable, stdout="\n".join(INJECTED),
-                                                           stderr="\n".join(INJECTED_STDERR)))
+    executable(
+        venv / "bin" / "pytest",
+        STUB_PYTEST.format(python=sys.executable, stdout="\n".join(INJECTED), stderr="\n".join(INJECTED_STDERR)),
+    )
     executable(venv / "bin" / "python", f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     env = hermetic_env(tmp_path, STUB_RECORDS=FAILED_CASE.to_json() + "\n")
-    return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "ci-spmd.sh"), "--venv", str(venv), "--skip-install",
-                           "--results", str(tmp_path / "results")], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        [
+            "bash",
+            str(REPO_ROOT / "scripts" / "ci-spmd.sh"),
+            "--venv",
+            str(venv),
+            "--skip-install",
+            "--results",
+            str(tmp_path / "results"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
 
 
 def test_ci_script_output_of_pytest_cannot_command_the_runner(tmp_path: Path):
@@ -179,11 +216,18 @@ if args[:2] == ["-m", "harness.gke"]:
 def test_nightly_script_launcher_output_cannot_command_the_runner(tmp_path: Path):
     venv = tmp_path / "launcher-venv"
     (venv / "bin").mkdir(parents=True)
-    executable(venv / "bin" / "python", STUB_LAUNCHER.format(python=sys.executable, stdout="\n".join(INJECTED),
-                                                             stderr="\n".join(INJECTED_STDERR)))
+    executable(
+        venv / "bin" / "python",
+        STUB_LAUNCHER.format(python=sys.executable, stdout="\n".join(INJECTED), stderr="\n".join(INJECTED_STDERR)),
+    )
     env = hermetic_env(tmp_path, VENV=str(venv), IMAGE="img:1", OUT=str(tmp_path / "out"))
-    proc = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "nightly-multislice.sh")], capture_output=True,
-                          text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "nightly-multislice.sh")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "from pytest stdout" in proc.stdout + proc.stderr
     for runner in both_orders(proc):

@@ -55,8 +55,9 @@ def tool(name: str) -> str:
         return str(beside_python)
     found = shutil.which(name)
     if found is None:
-        pytest.fail(f"{name} is neither next to {sys.executable} nor on PATH; "
-                    "install the test extra: pip install -e '.[test]'")
+        pytest.fail(
+            f"{name} is neither next to {sys.executable} nor on PATH; install the test extra: pip install -e '.[test]'"
+        )
     return found
 
 
@@ -94,12 +95,30 @@ def test_the_expected_workflows_exist():
 
 def test_zizmor_offline_reports_nothing(tmp_path: Path):
     # --offline: no network and no GitHub token. --no-config/--no-ignores: nothing suppressed.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("GH_TOKEN", "GITHUB_TOKEN", "ZIZMOR_GITHUB_TOKEN", "ZIZMOR_CONFIG")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("GH_TOKEN", "GITHUB_TOKEN", "ZIZMOR_GITHUB_TOKEN", "ZIZMOR_CONFIG")
+    }
     proc = subprocess.run(
-        [tool("zizmor"), "--offline", "--no-config", "--no-ignores", "--persona", "pedantic",
-         "--format", "json", "--cache-dir", str(tmp_path), str(WORKFLOWS_DIR)],
-        capture_output=True, text=True, env=env, timeout=120)
+        [
+            tool("zizmor"),
+            "--offline",
+            "--no-config",
+            "--no-ignores",
+            "--persona",
+            "pedantic",
+            "--format",
+            "json",
+            "--cache-dir",
+            str(tmp_path),
+            str(WORKFLOWS_DIR),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     findings = json.loads(proc.stdout or "null")
     summary = [f"{f['ident']}: {f['desc']}" for f in findings or []]
     assert proc.returncode == 0 and findings == [], summary or proc.stderr
@@ -107,15 +126,22 @@ def test_zizmor_offline_reports_nothing(tmp_path: Path):
 
 def test_workflows_match_the_github_workflow_schema():
     # One run for all files: most of the cost is the tool starting up. Its output names the file.
-    proc = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
-                           *map(str, WORKFLOW_FILES)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOW_FILES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_yamllint_is_clean():
-    config = "{extends: default, rules: {line-length: {max: 120}, document-start: disable, truthy: {check-keys: false}}}"
-    proc = subprocess.run([tool("yamllint"), "--strict", "-d", config, str(WORKFLOWS_DIR)],
-                          capture_output=True, text=True, timeout=120)
+    config = (
+        "{extends: default, rules: {line-length: {max: 120}, document-start: disable, truthy: {check-keys: false}}}"
+    )
+    proc = subprocess.run(
+        [tool("yamllint"), "--strict", "-d", config, str(WORKFLOWS_DIR)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -124,8 +150,11 @@ def test_yamllint_is_clean():
 
 def uses_lines(path: Path) -> list[tuple[str, str]]:
     """(reference, rest of line) for each `uses:`, read as text because YAML drops comments."""
-    return [(m.group(1), m.group(2)) for line in path.read_text().splitlines()
-            if not line.lstrip().startswith("#") and (m := USES_LINE.match(line))]
+    return [
+        (m.group(1), m.group(2))
+        for line in path.read_text().splitlines()
+        if not line.lstrip().startswith("#") and (m := USES_LINE.match(line))
+    ]
 
 
 def is_same_repository(ref: str) -> bool:
@@ -172,7 +201,8 @@ def test_every_job_declares_minimal_permissions(path: Path):
         assert extra == {}, f"{path.name}:{job_id} asks for {extra}"
         if "id-token" in granted:
             assert any(s.get("uses", "").startswith(WIF_AUTH_ACTION) for s in job.get("steps", [])), (
-                f"{path.name}:{job_id} has id-token: write without Workload Identity Federation")
+                f"{path.name}:{job_id} has id-token: write without Workload Identity Federation"
+            )
 
 
 @pytest.mark.parametrize("path", by_name(WORKFLOW_FILES))
@@ -260,7 +290,9 @@ def test_reusable_workflow_keeps_the_inputs_torch_xla_passes():
 def test_reusable_workflow_only_runs_the_ci_script():
     # Besides the script, one line asks the harness which Python the wheels need.
     assert list(run_lines(WORKFLOWS_DIR / "spmd-regression.yml")) == [
-        'python3 -m harness.wheeltags "$WHEELS_DIR" >> "$GITHUB_OUTPUT"', "bash scripts/ci-spmd.sh"]
+        'python3 -m harness.wheeltags "$WHEELS_DIR" >> "$GITHUB_OUTPUT"',
+        "bash scripts/ci-spmd.sh",
+    ]
 
 
 def test_harness_ci_runs_the_readme_test_command_on_prs_and_main():
@@ -320,18 +352,27 @@ def hermetic_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 
 def run_ci_script(venv: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "ci-spmd.sh"), "--venv", str(venv), *args],
-                          capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "ci-spmd.sh"), "--venv", str(venv), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
 
 
 def jsonl(*records: CaseRecord) -> str:
     return "".join(r.to_json() + "\n" for r in records)
 
 
-FAILED_CASE = CaseRecord(nodeid="cases/test_scalar_specs.py::test_wrap[off]", family="scalar_specs",
-                         outcome="failed", reason="spec lost", evidence="'' != '{replicated}'")
-PASSED_CASE = CaseRecord(nodeid="cases/test_scalar_specs.py::test_wrap[on]", family="scalar_specs",
-                         outcome="passed")
+FAILED_CASE = CaseRecord(
+    nodeid="cases/test_scalar_specs.py::test_wrap[off]",
+    family="scalar_specs",
+    outcome="failed",
+    reason="spec lost",
+    evidence="'' != '{replicated}'",
+)
+PASSED_CASE = CaseRecord(nodeid="cases/test_scalar_specs.py::test_wrap[on]", family="scalar_specs", outcome="passed")
 
 
 @pytest.mark.parametrize(
@@ -348,7 +389,8 @@ PASSED_CASE = CaseRecord(nodeid="cases/test_scalar_specs.py::test_wrap[on]", fam
     ],
 )
 def test_ci_script_keeps_pytests_exit_code_and_fails_empty_runs(
-        stub_venv: Path, tmp_path: Path, stub_exit: int, records: str, expected_exit: int):
+    stub_venv: Path, tmp_path: Path, stub_exit: int, records: str, expected_exit: int
+):
     env = hermetic_env(tmp_path, STUB_EXIT=str(stub_exit), STUB_RECORDS=records)
     proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(tmp_path / "results"))
     assert proc.returncode == expected_exit, proc.stdout + proc.stderr
@@ -359,18 +401,43 @@ def test_ci_script_keeps_pytests_exit_code_and_fails_empty_runs(
 def test_ci_script_runs_the_spmd_marker_under_xdist_with_junit(stub_venv: Path, tmp_path: Path):
     env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE))
     results = tmp_path / "results"
-    proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(results), "--devices", "8",
-                         "--", "--spmd-case-timeout", "60")
+    proc = run_ci_script(
+        stub_venv,
+        env,
+        "--skip-install",
+        "--results-dir",
+        str(results),
+        "--devices",
+        "8",
+        "--",
+        "--spmd-case-timeout",
+        "60",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "argv.json").read_text()) == [
-        "cases", "-m", "spmd", "-n", "2", "--spmd-backend=cpu", "--spmd-devices=8", f"--spmd-results-dir={results}",
-        f"--junitxml={results / 'junit.xml'}", "--spmd-case-timeout", "60"]
+        "cases",
+        "-m",
+        "spmd",
+        "-n",
+        "2",
+        "--spmd-backend=cpu",
+        "--spmd-devices=8",
+        f"--spmd-results-dir={results}",
+        f"--junitxml={results / 'junit.xml'}",
+        "--spmd-case-timeout",
+        "60",
+    ]
 
 
 def test_ci_script_under_github_actions_writes_step_summary_and_annotations(stub_venv: Path, tmp_path: Path):
     step_summary = tmp_path / "step-summary.md"
-    env = hermetic_env(tmp_path, STUB_EXIT="1", STUB_RECORDS=jsonl(FAILED_CASE),
-                       GITHUB_ACTIONS="true", GITHUB_STEP_SUMMARY=str(step_summary))
+    env = hermetic_env(
+        tmp_path,
+        STUB_EXIT="1",
+        STUB_RECORDS=jsonl(FAILED_CASE),
+        GITHUB_ACTIONS="true",
+        GITHUB_STEP_SUMMARY=str(step_summary),
+    )
     proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(tmp_path / "results"))
     assert proc.returncode == 1
     assert "::error title=SPMD regression%3A cases/test_scalar_specs.py%3A%3Atest_wrap[off]::spec lost" in proc.stdout
@@ -379,8 +446,13 @@ def test_ci_script_under_github_actions_writes_step_summary_and_annotations(stub
 
 def test_ci_script_keeps_an_earlier_run_and_never_reports_it_as_this_one(stub_venv: Path, tmp_path: Path):
     results = tmp_path / "results"
-    earlier = run_ci_script(stub_venv, hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE)),
-                            "--skip-install", "--results-dir", str(results))
+    earlier = run_ci_script(
+        stub_venv,
+        hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE)),
+        "--skip-install",
+        "--results-dir",
+        str(results),
+    )
     assert earlier.returncode == 0, earlier.stderr
     (results / "notes.txt").write_text("a user's file")
     before = sorted(str(p.relative_to(results)) for p in results.rglob("*"))
@@ -411,21 +483,28 @@ JAX_NIGHTLY_INDEX = "https://us-python.pkg.dev/ml-oss-artifacts-published/jax/si
 
 
 def test_ci_script_installs_the_wheels_then_nightly_jax_from_jaxs_index_as_upstream_does(
-        stub_venv: Path, tmp_path: Path):
+    stub_venv: Path, tmp_path: Path
+):
     # pytorch/xla's _test.yml: the wheels, then `pip install --pre 'torch_xla[pallas]' --index-url <JAX's
     # index>`; not the retired jax_nightly_releases.html link page.
     executable(stub_venv / "bin" / "python", STUB_PIP_PYTHON.format(python=sys.executable))
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
-    wheels = wheel_folder(tmp_path, f"torch-2.10.0a0+git1-{tag}-{tag}-linux_x86_64.whl",
-                          f"torch_xla-2.10.0+git2-{tag}-{tag}-linux_x86_64.whl")
+    wheels = wheel_folder(
+        tmp_path,
+        f"torch-2.10.0a0+git1-{tag}-{tag}-linux_x86_64.whl",
+        f"torch_xla-2.10.0+git2-{tag}-{tag}-linux_x86_64.whl",
+    )
     pip_log = tmp_path / "pip.jsonl"
     env = hermetic_env(tmp_path, STUB_PIP_LOG=str(pip_log), STUB_RECORDS=jsonl(PASSED_CASE))
     proc = run_ci_script(stub_venv, env, "--wheels", str(wheels), "--results-dir", str(tmp_path / "results"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     calls = [json.loads(line) for line in pip_log.read_text().splitlines()]
     torch_wheel, xla_wheel = (str(w) for w in sorted(wheels.glob("*.whl")))
-    assert [call[-2:] for call in calls] == [[torch_wheel, xla_wheel], [JAX_NIGHTLY_INDEX, f"{xla_wheel}[pallas]"],
-                                             ["-e", "."]]
+    assert [call[-2:] for call in calls] == [
+        [torch_wheel, xla_wheel],
+        [JAX_NIGHTLY_INDEX, f"{xla_wheel}[pallas]"],
+        ["-e", "."],
+    ]
     jax_call = calls[1]
     assert "--pre" in jax_call and jax_call[jax_call.index("--index-url") + 1] == JAX_NIGHTLY_INDEX
     assert not {"--extra-index-url", "-f", "--find-links"} & {arg for call in calls for arg in call}
@@ -453,8 +532,12 @@ def test_ci_script_judges_by_the_callers_registry_when_given_one(stub_venv: Path
 def test_ci_script_refuses_a_missing_registry_before_installing(stub_venv: Path, tmp_path: Path):
     executable(stub_venv / "bin" / "python", STUB_PIP_PYTHON.format(python=sys.executable))
     pip_log = tmp_path / "pip.jsonl"
-    proc = run_ci_script(stub_venv, hermetic_env(tmp_path, STUB_PIP_LOG=str(pip_log)),
-                         "--known-bugs", str(tmp_path / "caller" / "missing.toml"))
+    proc = run_ci_script(
+        stub_venv,
+        hermetic_env(tmp_path, STUB_PIP_LOG=str(pip_log)),
+        "--known-bugs",
+        str(tmp_path / "caller" / "missing.toml"),
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "missing.toml: no such file" in proc.stderr
     assert not pip_log.exists(), "it installed before refusing"
@@ -463,19 +546,39 @@ def test_ci_script_refuses_a_missing_registry_before_installing(stub_venv: Path,
 def test_ci_script_writes_the_counts_to_the_steps_outputs(stub_venv: Path, tmp_path: Path):
     output = tmp_path / "github-output"
     output.write_text("earlier=1\n")
-    regressed = CaseRecord(nodeid="cases/test_scalar_specs.py::test_wrap[scalar]", family="scalar_specs",
-                           outcome="failed", registry_verdict="regressed", known_bug="fsdpv2-scalar-param-spec")
-    xfailed = CaseRecord(nodeid="cases/test_dtensor.py::test_parallelize", family="dtensor", outcome="xfailed",
-                         registry_verdict="reproduced")
-    env = hermetic_env(tmp_path, STUB_EXIT="1", STUB_RECORDS=jsonl(FAILED_CASE, regressed, xfailed, PASSED_CASE),
-                       GITHUB_ACTIONS="true", GITHUB_OUTPUT=str(output))
+    regressed = CaseRecord(
+        nodeid="cases/test_scalar_specs.py::test_wrap[scalar]",
+        family="scalar_specs",
+        outcome="failed",
+        registry_verdict="regressed",
+        known_bug="fsdpv2-scalar-param-spec",
+    )
+    xfailed = CaseRecord(
+        nodeid="cases/test_dtensor.py::test_parallelize",
+        family="dtensor",
+        outcome="xfailed",
+        registry_verdict="reproduced",
+    )
+    env = hermetic_env(
+        tmp_path,
+        STUB_EXIT="1",
+        STUB_RECORDS=jsonl(FAILED_CASE, regressed, xfailed, PASSED_CASE),
+        GITHUB_ACTIONS="true",
+        GITHUB_OUTPUT=str(output),
+    )
     proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(tmp_path / "results"))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = output.read_text().splitlines()
     assert lines[0] == "earlier=1", "an earlier step's output was overwritten"
     assert dict(line.split("=", 1) for line in lines[1:]) == {
-        "cases": "4", "failed": "2", "regressed": "1", "unexpected-passed": "0", "xfailed": "1", "passed": "1",
-        "skipped": "0"}
+        "cases": "4",
+        "failed": "2",
+        "regressed": "1",
+        "unexpected-passed": "0",
+        "xfailed": "1",
+        "passed": "1",
+        "skipped": "0",
+    }
 
 
 # --- scripts/nightly-multislice.sh, with a stub launcher -----------------------------------------
@@ -503,8 +606,13 @@ def stub_launcher_venv(tmp_path: Path) -> Path:
 
 
 def run_nightly_script(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(REPO_ROOT / "scripts" / "nightly-multislice.sh")],
-                          capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "nightly-multislice.sh")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
 
 
 def test_nightly_script_defaults_to_two_v6e_slices(stub_launcher_venv: Path, tmp_path: Path):
@@ -512,15 +620,35 @@ def test_nightly_script_defaults_to_two_v6e_slices(stub_launcher_venv: Path, tmp
     proc = run_nightly_script(env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "argv.json").read_text()) == [
-        "run", "--accelerator", "v6e", "--topology", "4x4", "--slices", "2", "--image", "img@sha256:abc",
-        "--out", str(tmp_path / "out"), "--timeout", "7200"]
+        "run",
+        "--accelerator",
+        "v6e",
+        "--topology",
+        "4x4",
+        "--slices",
+        "2",
+        "--image",
+        "img@sha256:abc",
+        "--out",
+        str(tmp_path / "out"),
+        "--timeout",
+        "7200",
+    ]
 
 
 def test_nightly_script_fails_when_a_host_failed_and_still_publishes_the_summary(
-        stub_launcher_venv: Path, tmp_path: Path):
+    stub_launcher_venv: Path, tmp_path: Path
+):
     step_summary = tmp_path / "step-summary.md"
-    env = hermetic_env(tmp_path, VENV=str(stub_launcher_venv), IMAGE="img", ACCELERATOR="v4", STUB_EXIT="1",
-                       OUT=str(tmp_path / "out"), GITHUB_STEP_SUMMARY=str(step_summary))
+    env = hermetic_env(
+        tmp_path,
+        VENV=str(stub_launcher_venv),
+        IMAGE="img",
+        ACCELERATOR="v4",
+        STUB_EXIT="1",
+        OUT=str(tmp_path / "out"),
+        GITHUB_STEP_SUMMARY=str(step_summary),
+    )
     proc = run_nightly_script(env)
     assert proc.returncode == 1
     assert "--topology" in (args := json.loads((tmp_path / "argv.json").read_text()))
@@ -545,10 +673,19 @@ def wheel_folder(tmp_path: Path, *names: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("names, version", [
-    (("torch-2.10.0a0+git1234-cp312-cp312-linux_x86_64.whl", "torch_xla-2.10.0+gitabc-cp312-cp312-linux_x86_64.whl"), "3.12"),
-    (("torch_xla-2.9.0-cp311-cp311-manylinux_2_28_x86_64.whl", "some_pure-1.0-py3-none-any.whl"), "3.11"),
-])
+@pytest.mark.parametrize(
+    "names, version",
+    [
+        (
+            (
+                "torch-2.10.0a0+git1234-cp312-cp312-linux_x86_64.whl",
+                "torch_xla-2.10.0+gitabc-cp312-cp312-linux_x86_64.whl",
+            ),
+            "3.12",
+        ),
+        (("torch_xla-2.9.0-cp311-cp311-manylinux_2_28_x86_64.whl", "some_pure-1.0-py3-none-any.whl"), "3.11"),
+    ],
+)
 def test_the_python_of_the_wheels_is_read_from_their_tags(tmp_path: Path, names, version):
     from harness.wheeltags import python_of_wheels
 
@@ -559,7 +696,9 @@ def test_mixed_or_missing_python_tags_are_refused(tmp_path: Path):
     from harness.errors import HarnessUsageError
     from harness.wheeltags import python_of_wheels
 
-    mixed = wheel_folder(tmp_path, "torch-2.9.0-cp311-cp311-linux_x86_64.whl", "torch_xla-2.9.0-cp312-cp312-linux_x86_64.whl")
+    mixed = wheel_folder(
+        tmp_path, "torch-2.9.0-cp311-cp311-linux_x86_64.whl", "torch_xla-2.9.0-cp312-cp312-linux_x86_64.whl"
+    )
     with pytest.raises(HarnessUsageError, match="different Pythons"):
         python_of_wheels(mixed)
     with pytest.raises(HarnessUsageError, match="no CPython-specific wheel"):
@@ -569,12 +708,18 @@ def test_mixed_or_missing_python_tags_are_refused(tmp_path: Path):
 def test_ci_script_refuses_wheels_for_another_python_before_installing(stub_venv: Path, tmp_path: Path):
     other = "3.12" if sys.version_info[:2] != (3, 12) else "3.11"
     tag = "cp" + other.replace(".", "")
-    wheels = wheel_folder(tmp_path, f"torch-2.10.0a0+git1-{tag}-{tag}-linux_x86_64.whl",
-                          f"torch_xla-2.10.0+git2-{tag}-{tag}-linux_x86_64.whl")
+    wheels = wheel_folder(
+        tmp_path,
+        f"torch-2.10.0a0+git1-{tag}-{tag}-linux_x86_64.whl",
+        f"torch_xla-2.10.0+git2-{tag}-{tag}-linux_x86_64.whl",
+    )
     started = time.monotonic()
     proc = run_ci_script(stub_venv, hermetic_env(tmp_path), "--wheels", str(wheels))
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert f"are for Python {other}" in proc.stderr and f"this job's Python is {sys.version_info[0]}.{sys.version_info[1]}" in proc.stderr
+    assert (
+        f"are for Python {other}" in proc.stderr
+        and f"this job's Python is {sys.version_info[0]}.{sys.version_info[1]}" in proc.stderr
+    )
     assert time.monotonic() - started < 30
 
 
@@ -620,17 +765,30 @@ def test_ci_script_with_an_image_reruns_itself_inside_it_with_the_same_paths(stu
     summary.touch()
     output.touch()
     registry.write_text("")
-    env = hermetic_env(tmp_path, PATH=f"{bin_dir}:{os.environ['PATH']}", STUB_DOCKER_ARGV=str(tmp_path / "docker.json"),
-                       STUB_DOCKER_EXIT="3", SPMD_IMAGE=DEV_IMAGE, GITHUB_ACTIONS="true",
-                       GITHUB_STEP_SUMMARY=str(summary), GITHUB_OUTPUT=str(output), SPMD_KNOWN_BUGS=str(registry))
+    env = hermetic_env(
+        tmp_path,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        STUB_DOCKER_ARGV=str(tmp_path / "docker.json"),
+        STUB_DOCKER_EXIT="3",
+        SPMD_IMAGE=DEV_IMAGE,
+        GITHUB_ACTIONS="true",
+        GITHUB_STEP_SUMMARY=str(summary),
+        GITHUB_OUTPUT=str(output),
+        SPMD_KNOWN_BUGS=str(registry),
+    )
     proc = run_ci_script(stub_venv, env, "--wheels", str(wheels), "--results-dir", str(results), "--", "-k", "vit")
     assert proc.returncode == 3, "the container's exit status is the script's"
     argv = json.loads((tmp_path / "docker.json").read_text())
     assert argv[:4] == ["run", "--rm", "--shm-size", "16g"]
     image_at = argv.index(DEV_IMAGE)
-    options, inner = argv[:image_at], argv[image_at + 1:]
-    for mount in (f"{REPO_ROOT}:{REPO_ROOT}", f"{wheels}:{wheels}:ro", f"{results}:{results}", f"{summary}:{summary}",
-                  f"{stub_venv}:{stub_venv}"):
+    options, inner = argv[:image_at], argv[image_at + 1 :]
+    for mount in (
+        f"{REPO_ROOT}:{REPO_ROOT}",
+        f"{wheels}:{wheels}:ro",
+        f"{results}:{results}",
+        f"{summary}:{summary}",
+        f"{stub_venv}:{stub_venv}",
+    ):
         assert mount in options, f"{mount} not mounted: {options}"
     assert {"GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "HOME=/tmp"} <= set(options)
     assert options[options.index("-w") + 1] == str(REPO_ROOT)
@@ -639,7 +797,6 @@ def test_ci_script_with_an_image_reruns_itself_inside_it_with_the_same_paths(stu
     assert inner[inner.index("--known-bugs") + 1] == str(registry)
     assert inner[inner.index("--wheels") + 1] == str(wheels) and inner[inner.index("--venv") + 1] == str(stub_venv)
     assert inner[-3:] == ["--", "-k", "vit"]
-
 
 
 def test_the_job_runs_in_pytorch_xlas_dev_image_unless_told_otherwise():
@@ -690,8 +847,9 @@ def test_the_workflows_outputs_are_the_counts_the_report_writes():
 
 def calling_snippets() -> dict[str, dict[str, Any]]:
     """The `with:` of the calling job in the workflow's header and in README, parsed as YAML."""
-    header = "\n".join(line[2:] for line in (WORKFLOWS_DIR / "spmd-regression.yml").read_text().splitlines()
-                       if line.startswith("#   "))
+    header = "\n".join(
+        line[2:] for line in (WORKFLOWS_DIR / "spmd-regression.yml").read_text().splitlines() if line.startswith("#   ")
+    )
     readme = (REPO_ROOT / "README.md").read_text()
     start = readme.index("  spmd-regression:\n", readme.index("## On every torch_xla PR"))
     snippets = {"workflow header": header, "README": readme[start:].split("```")[0]}
@@ -718,8 +876,15 @@ def test_the_calling_snippets_agree_with_the_workflows_inputs():
 
 
 # What google-github-actions/auth writes into the workspace, and what else must stay on the runner.
-KEPT_OUT_OF_THE_IMAGE = ["gha-creds-0123abcd.json", "harness/gha-creds-x.json", ".venv/bin/python", ".venv-image/bin/python",
-                         "results/verdicts-main.jsonl", "harness/__pycache__/plugin.cpython-311.pyc", ".git/config"]
+KEPT_OUT_OF_THE_IMAGE = [
+    "gha-creds-0123abcd.json",
+    "harness/gha-creds-x.json",
+    ".venv/bin/python",
+    ".venv-image/bin/python",
+    "results/verdicts-main.jsonl",
+    "harness/__pycache__/plugin.cpython-311.pyc",
+    ".git/config",
+]
 
 
 def test_the_build_context_holds_what_the_dockerfile_copies_and_no_credentials(tmp_path: Path):
@@ -727,13 +892,18 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_no_credentials(t
     way the Docker client does (docker-py's matcher): credentials never reach the build."""
     from docker.utils.build import exclude_paths  # the test extra; missing fails, never skips
 
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert tracked, "not a git checkout?"
     for relative in tracked + KEPT_OUT_OF_THE_IMAGE:
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / relative).touch()
-    patterns = [line.strip() for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     context = exclude_paths(str(tmp_path), patterns, dockerfile="k8s/image/Dockerfile")
     assert not [p for p in context if "gha-creds" in p], "a credential file would be sent to the image build"
     for kept_out in KEPT_OUT_OF_THE_IMAGE:
@@ -746,11 +916,14 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_no_credentials(t
     assert "gha-creds-*.json" in (REPO_ROOT / ".gitignore").read_text().split()
 
 
-@pytest.mark.parametrize("name", [
-    "torch_xla-2.9.0-cp312-linux_x86_64.whl",  # a tag missing
-    "torch_xla-not.a.version-cp312-cp312-linux_x86_64.whl",  # the version is no PEP 440 version
-    "torch_xla.whl",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "torch_xla-2.9.0-cp312-linux_x86_64.whl",  # a tag missing
+        "torch_xla-not.a.version-cp312-cp312-linux_x86_64.whl",  # the version is no PEP 440 version
+        "torch_xla.whl",
+    ],
+)
 def test_a_file_that_is_no_wheel_name_is_refused_by_name(tmp_path: Path, name: str):
     from harness.errors import HarnessUsageError
     from harness.wheeltags import python_of_wheels
@@ -763,15 +936,18 @@ def test_a_file_that_is_no_wheel_name_is_refused_by_name(tmp_path: Path, name: s
 def test_compressed_python_tags_are_read_as_a_set(tmp_path: Path):
     from harness.wheeltags import python_of_wheels
 
-    folder = wheel_folder(tmp_path, "torch_xla-2.9.0-cp311.cp312-cp311.cp312-linux_x86_64.whl",
-                          "torch-2.9.0-cp312-cp312-linux_x86_64.whl")
+    folder = wheel_folder(
+        tmp_path, "torch_xla-2.9.0-cp311.cp312-cp311.cp312-linux_x86_64.whl", "torch-2.9.0-cp312-cp312-linux_x86_64.whl"
+    )
     assert python_of_wheels(folder) == "3.12"
 
 
 def test_the_wheel_tags_are_read_without_packaging_as_on_the_bare_runner(tmp_path: Path):
     # The runner's system Python has pip but maybe not packaging: pip's vendored copy stands in.
     folder = wheel_folder(tmp_path, "torch_xla-2.9.0-cp312-cp312-linux_x86_64.whl")
-    code = ("import sys; sys.modules['packaging'] = sys.modules['packaging.utils'] = None; "
-            "from harness.wheeltags import main; sys.exit(main([sys.argv[1]]))")
+    code = (
+        "import sys; sys.modules['packaging'] = sys.modules['packaging.utils'] = None; "
+        "from harness.wheeltags import main; sys.exit(main([sys.argv[1]]))"
+    )
     proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=REPO_ROOT)
     assert (proc.returncode, proc.stdout) == (0, "version=3.12\n"), proc.stderr

@@ -40,36 +40,66 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_version(parser, "spmd-gke")
     # Subparsers are PlainParsers too (argparse makes them of the parent's class).
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    exit_codes = __doc__[__doc__.index("Exit codes:"):]
-    _add_run(sub.add_parser("run", help="run the SPMD suite on N TPU slices (or --local)",
-                            description="Run the SPMD suite on N TPU slices (or --local).\n\n" + exit_codes))
-    _add_worker(sub.add_parser("worker", help="the entrypoint of each TPU host (in the pod)",
-                               description="The entrypoint of each TPU host (in the pod).\n\n" + exit_codes))
+    exit_codes = __doc__[__doc__.index("Exit codes:") :]
+    _add_run(
+        sub.add_parser(
+            "run",
+            help="run the SPMD suite on N TPU slices (or --local)",
+            description="Run the SPMD suite on N TPU slices (or --local).\n\n" + exit_codes,
+        )
+    )
+    _add_worker(
+        sub.add_parser(
+            "worker",
+            help="the entrypoint of each TPU host (in the pod)",
+            description="The entrypoint of each TPU host (in the pod).\n\n" + exit_codes,
+        )
+    )
     return parser
 
 
 def _add_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accelerator", required=True, help=f"one of {', '.join(accelerators.accelerator_names())}")
-    p.add_argument("--topology", required=True,
-                   help="; ".join(f"{n}: {', '.join(accelerators.topologies_of(n))}" for n in accelerators.accelerator_names()))
-    p.add_argument("--slices", type=int, default=2, help=f"{accelerators.MIN_SLICES}..{accelerators.MAX_SLICES} (default 2)")
+    p.add_argument(
+        "--topology",
+        required=True,
+        help="; ".join(f"{n}: {', '.join(accelerators.topologies_of(n))}" for n in accelerators.accelerator_names()),
+    )
+    p.add_argument(
+        "--slices", type=int, default=2, help=f"{accelerators.MIN_SLICES}..{accelerators.MAX_SLICES} (default 2)"
+    )
     p.add_argument("--image", help="worker image (built from k8s/image/Dockerfile); required unless --local")
     p.add_argument("--namespace", default=manifest.BASE_NAME)
-    p.add_argument("--name", default="", help="JobSet name, at most 26 characters with k8s/base: JobSet's coordinator "
-                   "label <name>-slice-0-0.<name> must fit 63 (default: spmd-<random>)")
+    p.add_argument(
+        "--name",
+        default="",
+        help="JobSet name, at most 26 characters with k8s/base: JobSet's coordinator "
+        "label <name>-slice-0-0.<name> must fit 63 (default: spmd-<random>)",
+    )
     p.add_argument("--timeout", type=duration, default=duration("3h"), help="whole run, e.g. 90m (default 3h)")
     p.add_argument("--keep", action="store_true", help="do not delete the JobSet at the end")
     p.add_argument("--dry-run", action="store_true", help="print the manifests and exit")
     p.add_argument("--local", action="store_true", help="run the hosts as local processes on the CPU backend")
-    p.add_argument("--parallel", type=argtypes.positive_int, default=1, help="--local: hosts at a time (each imports torch_xla)")
+    p.add_argument(
+        "--parallel", type=argtypes.positive_int, default=1, help="--local: hosts at a time (each imports torch_xla)"
+    )
     p.add_argument("--suite-command", default=DEFAULT_SUITE, help="--local: the suite the workers run")
-    p.add_argument("--results-dir", dest="out", type=Path, metavar="DIR",
-                   help=f"where junit.xml, summary.md, results.json and each host's results go "
-                        f"(default ./{DEFAULT_RESULTS_DIR}/<name>)")
+    p.add_argument(
+        "--results-dir",
+        dest="out",
+        type=Path,
+        metavar="DIR",
+        help=f"where junit.xml, summary.md, results.json and each host's results go "
+        f"(default ./{DEFAULT_RESULTS_DIR}/<name>)",
+    )
     cli.add_hidden_alias(p, "--out", dest="out", type=Path)  # the 0.1.0 spelling; scripts/nightly-multislice.sh
-    p.add_argument("--gcs-uri", default=os.environ.get("SPMD_HARNESS_GCS_URI"), help="gs://BUCKET/PREFIX: each worker pod also uploads its host report there, as the TPU "
-                   "node pools' service account (the pods run on the host network); it needs "
-                   "roles/storage.objectCreator (k8s/README.md)")
+    p.add_argument(
+        "--gcs-uri",
+        default=os.environ.get("SPMD_HARNESS_GCS_URI"),
+        help="gs://BUCKET/PREFIX: each worker pod also uploads its host report there, as the TPU "
+        "node pools' service account (the pods run on the host network); it needs "
+        "roles/storage.objectCreator (k8s/README.md)",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context (default: current)")
     p.add_argument("extra", nargs="*", help="after --: extra pytest arguments (--local)")
@@ -81,8 +111,12 @@ def _add_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite-command", default=DEFAULT_SUITE, help="default: %(default)s ({python} = this interpreter)")
     p.add_argument("--suite-timeout", type=duration, default=duration("4h"))
     p.add_argument("--gcs-uri", default=os.environ.get(manifest.GCS_ENV))
-    p.add_argument("--upload-timeout", type=duration, default=UPLOAD_TIMEOUT_S,
-                   help="longest the bucket copy may take, after the report is printed (default %(default)ss)")
+    p.add_argument(
+        "--upload-timeout",
+        type=duration,
+        default=UPLOAD_TIMEOUT_S,
+        help="longest the bucket copy may take, after the report is printed (default %(default)ss)",
+    )
     p.add_argument("extra", nargs="*", help="after --: extra pytest arguments")
 
 
@@ -107,9 +141,15 @@ def main(argv: Sequence[str] | None = None, out: IO[str] = sys.stdout) -> int:
 def _worker(args: argparse.Namespace, out: IO[str]) -> int:
     from harness.gke.worker import WorkerOptions, run_worker
 
-    opts = WorkerOptions(results_dir=args.results_dir, backend=args.backend, suite_command=args.suite_command,
-                         suite_timeout_s=args.suite_timeout, extra_args=args.extra, gcs_uri=args.gcs_uri,
-                         upload_timeout_s=args.upload_timeout)
+    opts = WorkerOptions(
+        results_dir=args.results_dir,
+        backend=args.backend,
+        suite_command=args.suite_command,
+        suite_timeout_s=args.suite_timeout,
+        extra_args=args.extra,
+        gcs_uri=args.gcs_uri,
+        upload_timeout_s=args.upload_timeout,
+    )
     return run_worker(opts, dict(os.environ), out)
 
 
@@ -122,8 +162,17 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
         raise HarnessUsageError("--image is required (build k8s/image/Dockerfile and push it), or use --local")
     from harness.gke import launcher
 
-    cfg = launcher.RunConfig(accel=accel, slices=slices, image=args.image, out_dir=Path("."), namespace=args.namespace,
-                             name=args.name, timeout_s=args.timeout, keep=args.keep, gcs_uri=args.gcs_uri)
+    cfg = launcher.RunConfig(
+        accel=accel,
+        slices=slices,
+        image=args.image,
+        out_dir=Path("."),
+        namespace=args.namespace,
+        name=args.name,
+        timeout_s=args.timeout,
+        keep=args.keep,
+        gcs_uri=args.gcs_uri,
+    )
     if args.dry_run:
         out.write(manifest.dump(launcher.render(cfg)))
         return EXIT_OK
@@ -142,8 +191,15 @@ def _run_local(args: argparse.Namespace, accel: accelerators.AcceleratorType, sl
     from harness.gke.local import LocalConfig, run_local
 
     out_dir = args.out or Path(DEFAULT_RESULTS_DIR) / "local"
-    cfg = LocalConfig(accel=accel, slices=slices, out_dir=out_dir, parallel=args.parallel,
-                      suite_command=args.suite_command, suite_timeout_s=args.timeout, extra_args=args.extra)
+    cfg = LocalConfig(
+        accel=accel,
+        slices=slices,
+        out_dir=out_dir,
+        parallel=args.parallel,
+        suite_command=args.suite_command,
+        suite_timeout_s=args.timeout,
+        extra_args=args.extra,
+    )
     if args.dry_run:
         out.write(manifest.dump(manifest.render(accel, slices, "local", name=cfg.name)))
         return EXIT_OK

@@ -32,7 +32,8 @@ class AcceleratorType:
         if self.chips_per_host <= 0 or chips != self.chips_per_host * self.hosts_per_slice:
             raise HarnessUsageError(
                 f"{self.name} {self.topology}: {chips} chips cannot be {self.hosts_per_slice} hosts x "
-                f"{self.chips_per_host} chips; fix the table entry")
+                f"{self.chips_per_host} chips; fix the table entry"
+            )
         if self.hosts_per_slice < 2:
             raise HarnessUsageError(f"{self.name} {self.topology}: multi-slice needs multi-host slices")
 
@@ -78,13 +79,13 @@ def lookup(name: str, topology: str) -> AcceleratorType:
     for accel in ACCELERATORS:
         if accel.name == name and accel.topology == topology:
             return accel
-    raise HarnessUsageError(
-        f"unsupported topology {topology!r} for {name}; valid: {', '.join(topologies_of(name))}")
+    raise HarnessUsageError(f"unsupported topology {topology!r} for {name}; valid: {', '.join(topologies_of(name))}")
 
 
 def check_slices(slices: int) -> int:
     if not MIN_SLICES <= slices <= MAX_SLICES:
         raise HarnessUsageError(
             f"--slices {slices} is out of range; valid: {MIN_SLICES}..{MAX_SLICES} "
-            f"(at least 2 for multi-slice; more than {MAX_SLICES} is almost surely a typo)")
+            f"(at least 2 for multi-slice; more than {MAX_SLICES} is almost surely a typo)"
+        )
     return slices

@@ -54,8 +54,12 @@ class Aggregate:
     @property
     def failures(self) -> list[str]:
         out = [f"{r.label} ({r.pod}): host failed: {r.error}" for r in self.hosts if r.error]
-        out += [f"{r.label}: {c.nodeid} {c.outcome}: {c.reason}" for r in self.hosts for c in r.records
-                if c.outcome in FAILING_OUTCOMES]
+        out += [
+            f"{r.label}: {c.nodeid} {c.outcome}: {c.reason}"
+            for r in self.hosts
+            for c in r.records
+            if c.outcome in FAILING_OUTCOMES
+        ]
         out += [d.describe() for d in self.disagreements]
         out += [d.describe() for d in self.cost_disagreements]
         return out + list(self.run_problems)
@@ -65,19 +69,27 @@ class Aggregate:
         return not self.failures
 
 
-def aggregate(reports: list[HostReport], slices: int, hosts_per_slice: int,
-              run_problems: list[str] | None = None) -> Aggregate:
+def aggregate(
+    reports: list[HostReport], slices: int, hosts_per_slice: int, run_problems: list[str] | None = None
+) -> Aggregate:
     complete = _fill_missing(reports, slices, hosts_per_slice)
     problems = list(run_problems or []) + _version_problems(complete)
-    return Aggregate(hosts=complete, disagreements=compare_shardings(complete), run_problems=problems,
-                     cost_disagreements=compare_costs(complete))
+    return Aggregate(
+        hosts=complete,
+        disagreements=compare_shardings(complete),
+        run_problems=problems,
+        cost_disagreements=compare_costs(complete),
+    )
 
 
 def _fill_missing(reports: list[HostReport], slices: int, hosts_per_slice: int) -> list[HostReport]:
     """Every expected (slice, host) appears once; a host nobody heard from is a failed host."""
     by_place = {(r.slice_id, r.host_id): r for r in reports}
-    out = [by_place.get((s, h)) or HostReport.failed(s, h, "", "no pod or report for this host")
-           for s in range(slices) for h in range(hosts_per_slice)]
+    out = [
+        by_place.get((s, h)) or HostReport.failed(s, h, "", "no pod or report for this host")
+        for s in range(slices)
+        for h in range(hosts_per_slice)
+    ]
     strays = [r for r in reports if (r.slice_id, r.host_id) not in {(o.slice_id, o.host_id) for o in out}]
     for stray in strays:  # a report from an unexpected place is itself a problem worth showing
         stray.error = stray.error or f"unexpected placement slice {stray.slice_id} host {stray.host_id}"
@@ -128,7 +140,9 @@ def write_all(result: Aggregate, out_dir: Path, meta: dict[str, Any]) -> None:
 
 def to_json(result: Aggregate, meta: dict[str, Any]) -> dict[str, Any]:
     return {
-        "ok": result.ok, "run": meta, "failures": result.failures,
+        "ok": result.ok,
+        "run": meta,
+        "failures": result.failures,
         "hosts": [r.to_dict() for r in result.hosts],
         "sharding_disagreements": [dataclasses.asdict(d) for d in result.disagreements],
         "cost_disagreements": [dataclasses.asdict(d) for d in result.cost_disagreements],
@@ -162,8 +176,9 @@ def _host_suite(root: ET.Element, report: HostReport) -> None:
 def _case(suite: ET.Element, label: str, record: CaseRecord) -> None:
     path, _, name = record.nodeid.partition("::")
     module = path.removesuffix(".py").replace("/", ".")
-    case = ET.SubElement(suite, "testcase", classname=f"{label}.{module}", name=name or path,
-                         time=f"{record.duration_s:.3f}")
+    case = ET.SubElement(
+        suite, "testcase", classname=f"{label}.{module}", name=name or path, time=f"{record.duration_s:.3f}"
+    )
     if record.outcome == "failed":
         ET.SubElement(case, "failure", message=record.reason).text = record.evidence
     elif record.outcome == "xfailed":
@@ -179,8 +194,9 @@ def _cross_host_suite(root: ET.Element, result: Aggregate) -> None:
     agree = ET.SubElement(suite, "testcase", classname="cross-host", name="sharding-agreement", time="0")
     if result.disagreements:
         failure = ET.SubElement(agree, "failure", message=f"{len(result.disagreements)} sharding disagreement(s)")
-        failure.text = "\n".join("\n".join([d.describe(), *(f"    {row}" for row in d.grids())])
-                                 for d in result.disagreements)
+        failure.text = "\n".join(
+            "\n".join([d.describe(), *(f"    {row}" for row in d.grids())]) for d in result.disagreements
+        )
     costs = ET.SubElement(suite, "testcase", classname="cross-host", name="cost-agreement", time="0")
     if result.cost_disagreements:
         failure = ET.SubElement(costs, "failure", message=f"{len(result.cost_disagreements)} cost disagreement(s)")
@@ -193,8 +209,12 @@ def _cross_host_suite(root: ET.Element, result: Aggregate) -> None:
 def _count(root: ET.Element) -> None:
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for suite in root:
-        counts = {"tests": len(suite.findall("testcase")), "failures": len(suite.findall("testcase/failure")),
-                  "errors": 0, "skipped": len(suite.findall("testcase/skipped"))}
+        counts = {
+            "tests": len(suite.findall("testcase")),
+            "failures": len(suite.findall("testcase/failure")),
+            "errors": 0,
+            "skipped": len(suite.findall("testcase/skipped")),
+        }
         for key, value in counts.items():
             suite.set(key, str(value))
             totals[key] += value
@@ -215,29 +235,49 @@ def summary_markdown(result: Aggregate, meta: dict[str, Any]) -> str:
         lines += ["", f"## Failures ({len(result.failures)})", ""] + [f"- {_cell(f)}" for f in result.failures]
     grids = [(d, d.grids()) for d in result.disagreements]
     if any(rows for _, rows in grids):
-        lines += ["", "## Sharding disagreements as device grids", "",
-                  "Which device holds which tile (rows and columns index the tensor's cut dimensions).", ""]
+        lines += [
+            "",
+            "## Sharding disagreements as device grids",
+            "",
+            "Which device holds which tile (rows and columns index the tensor's cut dimensions).",
+            "",
+        ]
         for d, rows in grids:
             if rows:
                 lines += [f"`{d.nodeid}` tensor `{d.tensor}`:", "", "```", *rows, "```", ""]
     changes = baseline_changes(result)
     if changes:
-        lines += ["", f"## Sharding changes against the baseline, reported ({len(changes)})", "",
-                  "Drift on the baseline's release line fails the case on its host (listed above); these are "
-                  "the rest: new tensors, or another release line.", ""] + [f"- {_cell(c)}" for c in changes]
+        lines += [
+            "",
+            f"## Sharding changes against the baseline, reported ({len(changes)})",
+            "",
+            "Drift on the baseline's release line fails the case on its host (listed above); these are "
+            "the rest: new tensors, or another release line.",
+            "",
+        ] + [f"- {_cell(c)}" for c in changes]
     cost_changes = cost_baseline_changes(result.hosts)
     if cost_changes:
-        lines += ["", f"## Cost changes against the baseline, reported ({len(cost_changes)})", "",
-                  "Cost drift on the baseline's release line and steady-state failures fail the case on its host "
-                  "(listed above); these are changes on another release line.", ""] + [f"- {_cell(c)}" for c in cost_changes]
+        lines += [
+            "",
+            f"## Cost changes against the baseline, reported ({len(cost_changes)})",
+            "",
+            "Cost drift on the baseline's release line and steady-state failures fail the case on its host "
+            "(listed above); these are changes on another release line.",
+            "",
+        ] + [f"- {_cell(c)}" for c in cost_changes]
     return "\n".join(lines) + "\n"
 
 
 def baseline_changes(result: Aggregate) -> list[str]:
     """Every host compares its cases with the sharding baseline (harness.baseline, in each host's
     pytest); what a passing case reported there, per host."""
-    return [f"{r.label}: {c.nodeid}: {change}" for r in result.hosts for c in r.records
-            if c.outcome != "failed" for change in c.sharding_changes]
+    return [
+        f"{r.label}: {c.nodeid}: {change}"
+        for r in result.hosts
+        for c in r.records
+        if c.outcome != "failed"
+        for change in c.sharding_changes
+    ]
 
 
 def _cell(text: str) -> str:

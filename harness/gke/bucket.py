@@ -35,7 +35,7 @@ def skip_reason(uri: str | None) -> str | None:
 
 
 def object_uri(uri: str, object_name: str) -> str:
-    bucket_name, _, prefix = uri[len("gs://"):].partition("/")
+    bucket_name, _, prefix = uri[len("gs://") :].partition("/")
     return f"gs://{bucket_name}/{prefix.rstrip('/')}/{object_name}" if prefix else f"gs://{bucket_name}/{object_name}"
 
 
@@ -46,8 +46,9 @@ def publish(uri: str | None, object_name: str, payload: bytes, timeout_s: float 
         return skipped or "not configured"
     target = object_uri(uri, object_name)
     outcome: list[str] = []
-    worker = threading.Thread(target=lambda: outcome.append(_upload(target, payload, timeout_s)),
-                              name="bucket-upload", daemon=True)  # daemon: an upload that hangs never holds exit
+    worker = threading.Thread(
+        target=lambda: outcome.append(_upload(target, payload, timeout_s)), name="bucket-upload", daemon=True
+    )  # daemon: an upload that hangs never holds exit
     worker.start()
     worker.join(timeout_s)
     return outcome[0] if outcome else f"not uploaded: no answer within {timeout_s:.0f}s from {target}; gave up"
@@ -56,7 +57,7 @@ def publish(uri: str | None, object_name: str, payload: bytes, timeout_s: float 
 def _upload(target: str, payload: bytes, timeout_s: float) -> str:
     from google.cloud import storage
 
-    bucket_name, _, path = target[len("gs://"):].partition("/")
+    bucket_name, _, path = target[len("gs://") :].partition("/")
     try:
         blob = storage.Client().bucket(bucket_name).blob(path)
         blob.upload_from_string(payload, content_type="application/json", timeout=timeout_s, retry=None)

@@ -23,10 +23,14 @@ def report_from_log(log: str | None, slice_id: int, host_id: int, pod: str, stat
     except ReportError as exc:
         return HostReport.failed(slice_id, host_id, pod, f"{exc}{where}", _tail(log))
     except (TypeError, ValueError) as exc:  # decodes, but is not a HostReport
-        return HostReport.failed(slice_id, host_id, pod, f"report block has unexpected fields: {exc}{where}", _tail(log))
+        return HostReport.failed(
+            slice_id, host_id, pod, f"report block has unexpected fields: {exc}{where}", _tail(log)
+        )
     if (report.slice_id, report.host_id) != (slice_id, host_id):
-        report.error = (f"report says slice {report.slice_id} host {report.host_id} but it came from slice "
-                        f"{slice_id} host {host_id}: the MEGASCALE/worker-id env wiring is wrong")
+        report.error = (
+            f"report says slice {report.slice_id} host {report.host_id} but it came from slice "
+            f"{slice_id} host {host_id}: the MEGASCALE/worker-id env wiring is wrong"
+        )
         report.slice_id, report.host_id = slice_id, host_id
     report.pod = pod
     report.bucket = report_channel.bucket_outcome(log) or report.bucket

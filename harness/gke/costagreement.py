@@ -24,8 +24,10 @@ class CostDisagreement:
     differences: list[list[str]]  # per variant after the first: its lines against the first
 
     def describe(self) -> str:
-        parts = [f"{', '.join(hosts)} against {', '.join(self.hosts[0])}: {'; '.join(lines)}"
-                 for hosts, lines in zip(self.hosts[1:], self.differences)]
+        parts = [
+            f"{', '.join(hosts)} against {', '.join(self.hosts[0])}: {'; '.join(lines)}"
+            for hosts, lines in zip(self.hosts[1:], self.differences)
+        ]
         return f"{self.nodeid}: cost signature of {self.loop!r} differs across hosts: " + " | ".join(parts)
 
 
@@ -50,8 +52,9 @@ def compare_costs(reports: list[HostReport]) -> list[CostDisagreement]:
             continue
         ordered = sorted(groups.values(), key=lambda g: -len(g[1]))
         first = costs.comparable(ordered[0][0])
-        differences = [[str(c) for c in costs.compare(first, costs.comparable(sig), loop)] or ["differs"]
-                       for sig, _ in ordered[1:]]
+        differences = [
+            [str(c) for c in costs.compare(first, costs.comparable(sig), loop)] or ["differs"] for sig, _ in ordered[1:]
+        ]
         out.append(CostDisagreement(nodeid, loop, [hosts for _, hosts in ordered], differences))
     return out
 
@@ -59,5 +62,10 @@ def compare_costs(reports: list[HostReport]) -> list[CostDisagreement]:
 def baseline_changes(reports: list[HostReport]) -> list[str]:
     """What each host's pytest reported against its cost baseline (passing cases; failing ones are
     listed with the failures)."""
-    return [f"{r.label}: {c.nodeid}: {change}" for r in reports for c in r.records
-            if c.outcome != "failed" for change in c.cost_changes]
+    return [
+        f"{r.label}: {c.nodeid}: {change}"
+        for r in reports
+        for c in r.records
+        if c.outcome != "failed"
+        for change in c.cost_changes
+    ]

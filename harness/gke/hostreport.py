@@ -43,6 +43,8 @@ class HostReport:
         return cls(**fields)
 
     @classmethod
-    def failed(cls, slice_id: int, host_id: int, pod: str, reason: str, log_tail: list[str] | None = None) -> HostReport:
+    def failed(
+        cls, slice_id: int, host_id: int, pod: str, reason: str, log_tail: list[str] | None = None
+    ) -> HostReport:
         """A host that produced no usable report: counted as failed with `reason`."""
         return cls(slice_id=slice_id, host_id=host_id, pod=pod, error=reason, log_tail=log_tail or [])

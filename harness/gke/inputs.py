@@ -37,8 +37,10 @@ def check_image(image: str) -> str:
     """`image` if the kubelet can parse it, else a usage error naming --image."""
     problem = _image_problem(image)
     if problem:
-        raise HarnessUsageError(f"--image {image!r} is not an image reference the nodes can pull: {problem}; "
-                                f"expected {IMAGE_FORM}, e.g. REGION-docker.pkg.dev/PROJECT/REPO/spmd-worker:TAG")
+        raise HarnessUsageError(
+            f"--image {image!r} is not an image reference the nodes can pull: {problem}; "
+            f"expected {IMAGE_FORM}, e.g. REGION-docker.pkg.dev/PROJECT/REPO/spmd-worker:TAG"
+        )
     return image
 
 
@@ -61,7 +63,8 @@ def check_namespace(namespace: str) -> str:
     if len(namespace) > DNS_LABEL_MAX or not _DNS_LABEL_RE.match(namespace):
         raise HarnessUsageError(
             f"--namespace {namespace!r} is not a valid namespace name: use at most {DNS_LABEL_MAX} lower-case "
-            "letters, digits and '-', starting and ending with a letter or digit (e.g. spmd-harness)")
+            "letters, digits and '-', starting and ending with a letter or digit (e.g. spmd-harness)"
+        )
     return namespace
 
 
@@ -71,20 +74,24 @@ def check_gcs_uri(uri: str | None) -> str | None:
         return None
     problem = _gcs_problem(uri)
     if problem:
-        raise HarnessUsageError(f"--gcs-uri {uri!r} {problem}; expected gs://BUCKET[/PREFIX], or leave it "
-                                "empty for no bucket copy (its default comes from SPMD_HARNESS_GCS_URI)")
+        raise HarnessUsageError(
+            f"--gcs-uri {uri!r} {problem}; expected gs://BUCKET[/PREFIX], or leave it "
+            "empty for no bucket copy (its default comes from SPMD_HARNESS_GCS_URI)"
+        )
     return uri
 
 
 def _gcs_problem(uri: str) -> str | None:
     if not uri.startswith("gs://"):
         return "is not a gs:// URI (the worker uploads with the Cloud Storage client only)"
-    bucket, _, prefix = uri[len("gs://"):].partition("/")
+    bucket, _, prefix = uri[len("gs://") :].partition("/")
     # Bucket naming rules: 3-63 characters (222 with dots, 63 per dot-separated part).
     too_long = len(bucket) > 222 or any(len(part) > 63 for part in bucket.split("."))
     if len(bucket) < 3 or too_long or not _BUCKET_RE.match(bucket):
-        return (f"names bucket {bucket!r}, which cannot exist: bucket names have 3-63 lower-case letters, digits, "
-                "'-', '_' or '.', starting and ending with a letter or digit")
+        return (
+            f"names bucket {bucket!r}, which cannot exist: bucket names have 3-63 lower-case letters, digits, "
+            "'-', '_' or '.', starting and ending with a letter or digit"
+        )
     if "\n" in prefix or "\r" in prefix:
         return "has a line break in its object prefix"
     return None

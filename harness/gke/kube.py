@@ -70,8 +70,12 @@ class PodState:
 class Kube:
     """Small, typed wrapper over the calls the launcher makes."""
 
-    def __init__(self, api_client: client.ApiClient, retry: RetryPolicy | None = None,
-                 log: Callable[[str], None] = lambda _msg: None) -> None:
+    def __init__(
+        self,
+        api_client: client.ApiClient,
+        retry: RetryPolicy | None = None,
+        log: Callable[[str], None] = lambda _msg: None,
+    ) -> None:
         self._custom = client.CustomObjectsApi(api_client)
         self._core = client.CoreV1Api(api_client)
         self._retry_policy = retry or RetryPolicy()
@@ -91,8 +95,10 @@ class Kube:
                     raise
                 config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException as exc:
-            raise HarnessUsageError(f"no usable Kubernetes credentials ({exc}); run `gcloud container clusters "
-                              "get-credentials CLUSTER` or pass --kubeconfig/--context") from exc
+            raise HarnessUsageError(
+                f"no usable Kubernetes credentials ({exc}); run `gcloud container clusters "
+                "get-credentials CLUSTER` or pass --kubeconfig/--context"
+            ) from exc
         return cls(client.ApiClient(configuration), **kwargs)
 
     # -- generic retry ---------------------------------------------------------------------------
@@ -111,8 +117,9 @@ class Kube:
                 delay = policy.delay(attempt)
                 self._log(f"{what}: {_describe(error)}; retrying in {delay:.1f}s ({attempt + 1}/{policy.attempts})")
                 policy.sleep(delay)
-        raise KubeApiError(f"{what} still failing after {policy.attempts} attempts: {_describe(error)}",
-                           getattr(error, "status", None))
+        raise KubeApiError(
+            f"{what} still failing after {policy.attempts} attempts: {_describe(error)}", getattr(error, "status", None)
+        )
 
     # -- prerequisites -----------------------------------------------------------------------------
     def check_jobset_installed(self) -> None:
@@ -126,8 +133,10 @@ class Kube:
             if exc.status == 404:
                 raise JobSetNotInstalledError(prerequisites.not_installed(), 404) from exc
             if exc.status in (401, 403):
-                self._log(f"[kube] cannot read CustomResourceDefinition {JOBSET_CRD} (HTTP {exc.status}); "
-                          "assuming JobSet is installed")
+                self._log(
+                    f"[kube] cannot read CustomResourceDefinition {JOBSET_CRD} (HTTP {exc.status}); "
+                    "assuming JobSet is installed"
+                )
                 return
             raise _api_error(f"read CustomResourceDefinition {JOBSET_CRD}", exc) from exc
         problem = prerequisites.jobset_crd_problem(crd)
@@ -137,8 +146,10 @@ class Kube:
     def _read_jobset_crd(self) -> Manifest:
         # Raw JSON: the typed model would turn the schema into nested objects for one lookup.
         api = client.ApiextensionsV1Api(self._core.api_client)
-        response = self._retry(f"read CustomResourceDefinition {JOBSET_CRD}", lambda: api.read_custom_resource_definition(
-            JOBSET_CRD, _preload_content=False))
+        response = self._retry(
+            f"read CustomResourceDefinition {JOBSET_CRD}",
+            lambda: api.read_custom_resource_definition(JOBSET_CRD, _preload_content=False),
+        )
         return json.loads(response.data)
 
     # -- namespace and service account -----------------------------------------------------------
@@ -178,7 +189,9 @@ class Kube:
                     f"{kind} {name} does not exist and this account may not create it: it lacks `create` on "
                     f"{kind.lower()}s {scope}. Create it once with an account that may "
                     f"(kubectl create {kind.lower()} {name}{' -n ' + ns if ns else ''}), or use one that exists "
-                    f"(--namespace).", 403) from exc
+                    f"(--namespace).",
+                    403,
+                ) from exc
             raise _api_error(f"create {kind} {name}", exc) from exc
 
     # -- JobSet ----------------------------------------------------------------------------------
@@ -186,7 +199,8 @@ class Kube:
         ns, name = jobset["metadata"]["namespace"], jobset["metadata"]["name"]
         run_id = jobset["metadata"].get("annotations", {}).get(RUN_ID_ANNOTATION)
         create = lambda: self._custom.create_namespaced_custom_object(  # noqa: E731 - the call _retry repeats
-            JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, jobset)
+            JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, jobset
+        )
         policy = self._retry_policy
         for attempt in range(policy.attempts):
             try:
@@ -198,7 +212,9 @@ class Kube:
                     raise KubeApiError(
                         f"create JobSet {ns}/{name}: HTTP 403: this account lacks `create` on "
                         f"jobsets.{JOBSET_GROUP} in namespace {ns} (and get/list/watch/delete for the rest of "
-                        "the run); grant it a Role there (see k8s/README.md)", 403) from exc
+                        "the run); grant it a Role there (see k8s/README.md)",
+                        403,
+                    ) from exc
                 if exc.status != 409:
                     raise _api_error(f"create JobSet {ns}/{name}", exc) from exc
             existing = self.get_jobset(ns, name)
@@ -208,7 +224,9 @@ class Kube:
             if existing is not None and not existing["metadata"].get("deletionTimestamp"):
                 raise JobSetExistsError(
                     f"JobSet {ns}/{name} already exists and belongs to another run; pick another --name "
-                    f"or delete it: kubectl delete jobset {name} -n {ns}", 409)
+                    f"or delete it: kubectl delete jobset {name} -n {ns}",
+                    409,
+                )
             self._log(f"JobSet {ns}/{name}: conflict while the old one is going away; retrying")
             policy.sleep(policy.delay(attempt))
         raise KubeApiError(f"create JobSet {ns}/{name}: still conflicting after {policy.attempts} attempts", 409)
@@ -223,14 +241,23 @@ class Kube:
             return KubeApiError(
                 f"creating a JobSet in namespace {ns} answered HTTP 404: either JobSet is not installed "
                 f"(install JobSet {JOBSET_MIN_VERSION}+; the CRD {JOBSET_CRD} could not be read here: HTTP "
-                f"{exc.status}) or namespace {ns} does not exist", 404)
-        return KubeApiError(f"creating a JobSet answered HTTP 404 although JobSet is installed: namespace {ns} "
-                            "does not exist; create it or pass --namespace of one that does", 404)
+                f"{exc.status}) or namespace {ns} does not exist",
+                404,
+            )
+        return KubeApiError(
+            f"creating a JobSet answered HTTP 404 although JobSet is installed: namespace {ns} "
+            "does not exist; create it or pass --namespace of one that does",
+            404,
+        )
 
     def get_jobset(self, ns: str, name: str) -> Manifest | None:
         try:
-            return self._retry(f"get JobSet {ns}/{name}", lambda: self._custom.get_namespaced_custom_object(
-                JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, name))
+            return self._retry(
+                f"get JobSet {ns}/{name}",
+                lambda: self._custom.get_namespaced_custom_object(
+                    JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, name
+                ),
+            )
         except client.ApiException as exc:
             if exc.status == 404:
                 return None
@@ -240,8 +267,12 @@ class Kube:
         """Delete with its pods (foreground propagation); False if it was already gone."""
         body = client.V1DeleteOptions(propagation_policy="Foreground")
         try:
-            self._retry(f"delete JobSet {ns}/{name}", lambda: self._custom.delete_namespaced_custom_object(
-                JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, name, body=body))
+            self._retry(
+                f"delete JobSet {ns}/{name}",
+                lambda: self._custom.delete_namespaced_custom_object(
+                    JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, name, body=body
+                ),
+            )
         except client.ApiException as exc:
             if exc.status == 404:
                 return False
@@ -255,14 +286,25 @@ class Kube:
         or a dropped connection; the caller calls again, which re-lists: the list is what makes a
         watch restart safe.
         """
-        listing = self._retry(f"list JobSet {ns}/{name}", lambda: self._custom.list_namespaced_custom_object(
-            JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, field_selector=f"metadata.name={name}"))
+        listing = self._retry(
+            f"list JobSet {ns}/{name}",
+            lambda: self._custom.list_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, field_selector=f"metadata.name={name}"
+            ),
+        )
         items = [i for i in listing.get("items", []) if i["metadata"]["name"] == name]
         yield items[0] if items else None
         stream = watch.Watch().stream(
-            self._custom.list_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL,
-            field_selector=f"metadata.name={name}", resource_version=listing["metadata"].get("resourceVersion"),
-            timeout_seconds=max(1, int(segment_s)), _request_timeout=segment_s + 10)
+            self._custom.list_namespaced_custom_object,
+            JOBSET_GROUP,
+            JOBSET_VERSION,
+            ns,
+            JOBSET_PLURAL,
+            field_selector=f"metadata.name={name}",
+            resource_version=listing["metadata"].get("resourceVersion"),
+            timeout_seconds=max(1, int(segment_s)),
+            _request_timeout=segment_s + 10,
+        )
         try:
             for event in stream:
                 yield None if event["type"] == "DELETED" else event["object"]
@@ -278,16 +320,20 @@ class Kube:
     # -- pods and logs ---------------------------------------------------------------------------
     def list_pods(self, ns: str, jobset_name: str) -> list[PodState]:
         selector = f"{JOBSET_NAME_LABEL}={jobset_name}"
-        pods = self._retry(f"list pods of {ns}/{jobset_name}",
-                           lambda: self._core.list_namespaced_pod(ns, label_selector=selector))
-        return sorted((_pod_state(p) for p in pods.items if (p.metadata.labels or {}).get(JOBSET_NAME_LABEL) == jobset_name),
-                      key=lambda p: (p.slice_id, p.host_id, p.name))
+        pods = self._retry(
+            f"list pods of {ns}/{jobset_name}", lambda: self._core.list_namespaced_pod(ns, label_selector=selector)
+        )
+        return sorted(
+            (_pod_state(p) for p in pods.items if (p.metadata.labels or {}).get(JOBSET_NAME_LABEL) == jobset_name),
+            key=lambda p: (p.slice_id, p.host_id, p.name),
+        )
 
     def read_log(self, ns: str, pod: str) -> str | None:
         """The worker container's log, or None if it cannot be read (pod gone, never started)."""
         try:
-            return self._retry(f"read log of {ns}/{pod}", lambda: self._core.read_namespaced_pod_log(
-                pod, ns, container=CONTAINER))
+            return self._retry(
+                f"read log of {ns}/{pod}", lambda: self._core.read_namespaced_pod_log(pod, ns, container=CONTAINER)
+            )
         except (client.ApiException, KubeApiError) as exc:
             self._log(f"read log of {ns}/{pod}: {_describe(exc)}")
             return None
@@ -299,8 +345,14 @@ def _pod_state(pod: client.V1Pod) -> PodState:
     index = annotations.get(COMPLETION_INDEX) or labels.get(COMPLETION_INDEX) or "-1"
     status = pod.status or client.V1PodStatus()
     waiting = _waiting(pod)
-    return PodState(name=meta.name, slice_id=int(labels.get(JOB_INDEX_LABEL, "-1")), host_id=int(index),
-                    phase=status.phase or "Unknown", detail=_termination(status, waiting), waiting=waiting)
+    return PodState(
+        name=meta.name,
+        slice_id=int(labels.get(JOB_INDEX_LABEL, "-1")),
+        host_id=int(index),
+        phase=status.phase or "Unknown",
+        detail=_termination(status, waiting),
+        waiting=waiting,
+    )
 
 
 def _termination(status: client.V1PodStatus, waiting: tuple[ContainerWaiting, ...]) -> str:
@@ -317,10 +369,12 @@ def _waiting(pod: client.V1Pod) -> tuple[ContainerWaiting, ...]:
     spec, status = pod.spec, pod.status or client.V1PodStatus()
     images = {c.name: c.image for c in [*(spec.init_containers or []), *(spec.containers or [])]} if spec else {}
     return tuple(
-        ContainerWaiting(cs.name, images.get(cs.name) or cs.image or "", cs.state.waiting.reason,
-                         cs.state.waiting.message or "")
+        ContainerWaiting(
+            cs.name, images.get(cs.name) or cs.image or "", cs.state.waiting.reason, cs.state.waiting.message or ""
+        )
         for cs in [*(status.init_container_statuses or []), *(status.container_statuses or [])]
-        if cs.state and cs.state.waiting and cs.state.waiting.reason)
+        if cs.state and cs.state.waiting and cs.state.waiting.reason
+    )
 
 
 def _run_id(obj: Manifest) -> str | None:
@@ -334,6 +388,9 @@ def _describe(error: Exception) -> str:
 
 
 def _api_error(what: str, exc: client.ApiException) -> KubeApiError:
-    hint = " (check RBAC: the launcher needs create/get/list/watch/delete on jobsets and list on pods)" \
-        if exc.status in (401, 403) else ""
+    hint = (
+        " (check RBAC: the launcher needs create/get/list/watch/delete on jobsets and list on pods)"
+        if exc.status in (401, 403)
+        else ""
+    )
     return KubeApiError(f"{what}: {_describe(exc)}{hint}", exc.status)

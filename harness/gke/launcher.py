@@ -48,8 +48,9 @@ class RunConfig:
 
 
 def render(cfg: RunConfig) -> list[manifest.Manifest]:
-    return manifest.render(cfg.accel, cfg.slices, cfg.image, name=cfg.name, namespace=cfg.namespace,
-                           gcs_uri=cfg.gcs_uri)
+    return manifest.render(
+        cfg.accel, cfg.slices, cfg.image, name=cfg.name, namespace=cfg.namespace, gcs_uri=cfg.gcs_uri
+    )
 
 
 def run(cfg: RunConfig, kube: Kube, out: IO[str]) -> agg.Aggregate:
@@ -68,8 +69,11 @@ def run(cfg: RunConfig, kube: Kube, out: IO[str]) -> agg.Aggregate:
     except BaseException:
         _cleanup(cfg, kube, out)
         raise
-    _say(out, f"created JobSet {cfg.namespace}/{cfg.name}: {cfg.slices} x {cfg.accel.name} {cfg.accel.topology} "
-              f"({cfg.accel.hosts_per_slice} hosts per slice)")
+    _say(
+        out,
+        f"created JobSet {cfg.namespace}/{cfg.name}: {cfg.slices} x {cfg.accel.name} {cfg.accel.topology} "
+        f"({cfg.accel.hosts_per_slice} hosts per slice)",
+    )
     try:
         problems = wait_for_end(cfg, kube, out)
         reports = collect(cfg, kube, out)
@@ -81,9 +85,15 @@ def run(cfg: RunConfig, kube: Kube, out: IO[str]) -> agg.Aggregate:
 
 
 def run_meta(cfg: RunConfig) -> dict[str, Any]:
-    return {"mode": "gke", "jobset": f"{cfg.namespace}/{cfg.name}", "accelerator": cfg.accel.gke_accelerator,
-            "topology": cfg.accel.topology, "slices": cfg.slices, "hosts_per_slice": cfg.accel.hosts_per_slice,
-            "image": cfg.image}
+    return {
+        "mode": "gke",
+        "jobset": f"{cfg.namespace}/{cfg.name}",
+        "accelerator": cfg.accel.gke_accelerator,
+        "topology": cfg.accel.topology,
+        "slices": cfg.slices,
+        "hosts_per_slice": cfg.accel.hosts_per_slice,
+        "image": cfg.image,
+    }
 
 
 def wait_for_end(cfg: RunConfig, kube: Kube, out: IO[str]) -> list[str]:
@@ -145,8 +155,11 @@ def _cleanup(cfg: RunConfig, kube: Kube, out: IO[str]) -> None:
     try:
         deleted = kube.delete_jobset(cfg.namespace, cfg.name)
     except Exception as exc:  # noqa: BLE001 - never mask the run's own outcome or exception
-        _say(out, f"WARNING: could not delete JobSet {cfg.namespace}/{cfg.name}: {exc}; "
-                  f"run: kubectl delete jobset {cfg.name} -n {cfg.namespace}")
+        _say(
+            out,
+            f"WARNING: could not delete JobSet {cfg.namespace}/{cfg.name}: {exc}; "
+            f"run: kubectl delete jobset {cfg.name} -n {cfg.namespace}",
+        )
         return
     _say(out, f"deleted JobSet {cfg.namespace}/{cfg.name}" if deleted else "JobSet already gone")
 

@@ -97,8 +97,14 @@ def worker_argv(cfg: LocalConfig, container: manifest.Manifest, results_dir: Pat
     """The container's command with this interpreter and a local results dir, plus --local's options."""
     argv = [sys.executable if a == "python" else a for a in container["command"]]
     argv[argv.index("--results-dir") + 1] = str(results_dir)
-    argv += ["--backend", cfg.backend, "--suite-command", cfg.suite_command,
-             "--suite-timeout", str(cfg.suite_timeout_s)]
+    argv += [
+        "--backend",
+        cfg.backend,
+        "--suite-command",
+        cfg.suite_command,
+        "--suite-timeout",
+        str(cfg.suite_timeout_s),
+    ]
     return argv + (["--", *cfg.extra_args] if cfg.extra_args else [])
 
 
@@ -106,14 +112,26 @@ def run_local(cfg: LocalConfig, out: IO[str]) -> agg.Aggregate:
     jobset = manifest.find(manifest.render(cfg.accel, cfg.slices, "local", name=cfg.name), "JobSet")
     container = manifest.worker_container(jobset)
     places = [(s, h) for s in range(cfg.slices) for h in range(cfg.accel.hosts_per_slice)]
-    _say(out, f"--local: {cfg.slices} slices x {cfg.accel.hosts_per_slice} hosts, {cfg.parallel} at a time, "
-              f"backend {cfg.backend}; logs in {cfg.out_dir}")
+    _say(
+        out,
+        f"--local: {cfg.slices} slices x {cfg.accel.hosts_per_slice} hosts, {cfg.parallel} at a time, "
+        f"backend {cfg.backend}; logs in {cfg.out_dir}",
+    )
     with concurrent.futures.ThreadPoolExecutor(max_workers=cfg.parallel) as pool:
         reports = list(pool.map(lambda p: _run_host(cfg, container, p[0], p[1], out), places))
     result = agg.aggregate(reports, cfg.slices, cfg.accel.hosts_per_slice)
-    agg.write_all(result, cfg.out_dir, {"mode": "local", "accelerator": cfg.accel.gke_accelerator,
-                                        "topology": cfg.accel.topology, "slices": cfg.slices,
-                                        "hosts_per_slice": cfg.accel.hosts_per_slice, "backend": cfg.backend})
+    agg.write_all(
+        result,
+        cfg.out_dir,
+        {
+            "mode": "local",
+            "accelerator": cfg.accel.gke_accelerator,
+            "topology": cfg.accel.topology,
+            "slices": cfg.slices,
+            "hosts_per_slice": cfg.accel.hosts_per_slice,
+            "backend": cfg.backend,
+        },
+    )
     return result
 
 

@@ -76,17 +76,26 @@ def check_name(name: str, jobset: Manifest | None = None) -> str:
     if not _NAME_RE.match(name):
         raise HarnessUsageError(
             f"JobSet name {name!r} must be a DNS label: lower-case letters, digits and '-', starting "
-            f"with a letter and ending with a letter or digit, at most {limit} characters")
+            f"with a letter and ending with a letter or digit, at most {limit} characters"
+        )
     if len(name) > limit:
         raise HarnessUsageError(
             f"JobSet name {name!r} has {len(name)} characters; at most {limit} fit: JobSet labels every pod "
             f"with the coordinator address {coordinator_label(template, name)!r} "
-            f"({len(coordinator_label(template, name))} characters), and a label value may have {DNS_LABEL_MAX}")
+            f"({len(coordinator_label(template, name))} characters), and a label value may have {DNS_LABEL_MAX}"
+        )
     return name
 
 
-def render(accel: AcceleratorType, slices: int, image: str, *, name: str = BASE_NAME,
-           namespace: str = BASE_NAME, gcs_uri: str | None = None) -> list[Manifest]:
+def render(
+    accel: AcceleratorType,
+    slices: int,
+    image: str,
+    *,
+    name: str = BASE_NAME,
+    namespace: str = BASE_NAME,
+    gcs_uri: str | None = None,
+) -> list[Manifest]:
     """Namespace, ServiceAccount and JobSet for `slices` slices of `accel`."""
     docs = copy.deepcopy(load_base())
     for doc in docs:

@@ -74,7 +74,7 @@ def bucket_outcome(log: str) -> str | None:
     """What the upload after the last block did, if the worker got to say so."""
     lines = log.splitlines()
     after = max((i for i, line in enumerate(lines) if line == _END), default=len(lines))
-    outcomes = [line[len(BUCKET_LINE):] for line in lines[after + 1:] if line.startswith(BUCKET_LINE)]
+    outcomes = [line[len(BUCKET_LINE) :] for line in lines[after + 1 :] if line.startswith(BUCKET_LINE)]
     return outcomes[-1] if outcomes else None
 
 
@@ -86,7 +86,8 @@ def _unpack(text: str, digest: str, size: int) -> dict[str, Any]:
     if len(packed) != size or hashlib.sha256(packed).hexdigest() != digest:
         raise ReportCorrupt(
             f"report block checksum mismatch ({len(packed)} bytes, header says {size}): "
-            "the log was altered or interleaved")
+            "the log was altered or interleaved"
+        )
     try:
         report = json.loads(gzip.decompress(packed))
     except (OSError, ValueError) as exc:

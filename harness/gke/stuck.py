@@ -23,8 +23,10 @@ from harness.gke.errors import PodStuckError
 from harness.gke.kube import ContainerWaiting, PodState
 
 PULL_ERROR_GRACE_S = 30.0  # longer than a watch segment, far shorter than a run
-_PULL_HINT = ("check that the image exists and that the TPU node pools' service account may pull it "
-              "(roles/artifactregistry.reader on the repository, k8s/README.md)")
+_PULL_HINT = (
+    "check that the image exists and that the TPU node pools' service account may pull it "
+    "(roles/artifactregistry.reader on the repository, k8s/README.md)"
+)
 # Waiting reason -> what to do. Every one of them is final for this run.
 TERMINAL = {
     "InvalidImageName": "the node cannot parse the image reference: fix --image",
@@ -33,7 +35,7 @@ TERMINAL = {
     "ImageInspectError": "the node's runtime cannot read the image: rebuild and push it (scripts/build-worker-image.sh)",
     "SignatureValidationFailed": "the image's signature did not verify: use a signed image",
     "CreateContainerConfigError": "the pod refers to a Secret or ConfigMap (or a key of one) that does not exist, "
-                                  "or to an invalid env/volume source: create it or fix the manifest in k8s/base",
+    "or to an invalid env/volume source: create it or fix the manifest in k8s/base",
     "CreateContainerError": "the container runtime could not create the container: see its message",
     "RunContainerError": "the container runtime could not start the container: see its message",
     "PreStartHookError": "the container's pre-start hook failed: see its message",
@@ -50,8 +52,9 @@ TRANSIENT = {
 class StuckWatch:
     """Remembers since when each container has shown a transient reason; check() raises PodStuckError."""
 
-    def __init__(self, namespace: str, grace_s: float = PULL_ERROR_GRACE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, namespace: str, grace_s: float = PULL_ERROR_GRACE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._namespace, self._grace_s, self._clock = namespace, grace_s, clock
         self._since: dict[tuple[str, str, str], float] = {}  # (pod, container, reason) -> first seen
 
@@ -72,5 +75,7 @@ class StuckWatch:
 
     def _describe(self, pod: PodState, waiting: ContainerWaiting, what: str, hint: str) -> str:
         message = f": {waiting.message}" if waiting.message else ""
-        return (f"pod {self._namespace}/{pod.name}: container {waiting.container} (image {waiting.image!r}) "
-                f"cannot start: {what}{message}; {hint}")
+        return (
+            f"pod {self._namespace}/{pod.name}: container {waiting.container} (image {waiting.image!r}) "
+            f"cannot start: {what}{message}; {hint}"
+        )

@@ -84,8 +84,13 @@ def suite_argv(opts: WorkerOptions) -> list[str]:
     results = str(opts.results_dir)
     # --opt=value: pytest picks its rootdir and config before plugin options exist, so a separate
     # value (/results) would be read as a test path and the repo's pytest config dropped.
-    return [*base, f"--spmd-backend={opts.backend}", f"--spmd-results-dir={results}",
-            f"--junitxml={opts.results_dir / runfolder.JUNIT_NAME}", *opts.extra_args]
+    return [
+        *base,
+        f"--spmd-backend={opts.backend}",
+        f"--spmd-results-dir={results}",
+        f"--junitxml={opts.results_dir / runfolder.JUNIT_NAME}",
+        *opts.extra_args,
+    ]
 
 
 def run_worker(opts: WorkerOptions, env: dict[str, str], out: IO[str]) -> int:
@@ -99,8 +104,12 @@ def run_worker(opts: WorkerOptions, env: dict[str, str], out: IO[str]) -> int:
         placement = Placement.from_env(env)
         _check_results_dir(opts.results_dir)
         argv = suite_argv(opts)
-        print(f"[worker] {placement.pod}: slice {placement.slice_id} of {placement.num_slices}, "
-              f"host {placement.host_id}: {shlex.join(argv)}", file=out, flush=True)
+        print(
+            f"[worker] {placement.pod}: slice {placement.slice_id} of {placement.num_slices}, "
+            f"host {placement.host_id}: {shlex.join(argv)}",
+            file=out,
+            flush=True,
+        )
         report = _run_suite(argv, placement, opts, env, out)
         report.records = _tagged_records(opts.results_dir, placement)
         report.error = report.error or _suite_error(report)
@@ -117,8 +126,9 @@ def _check_results_dir(results_dir: Path) -> None:
         raise HarnessUsageError(f"{results_dir} already holds verdicts; give the worker an empty --results-dir")
 
 
-def _run_suite(argv: list[str], placement: Placement, opts: WorkerOptions, env: dict[str, str],
-               out: IO[str]) -> HostReport:
+def _run_suite(
+    argv: list[str], placement: Placement, opts: WorkerOptions, env: dict[str, str], out: IO[str]
+) -> HostReport:
     report = HostReport(slice_id=placement.slice_id, host_id=placement.host_id, pod=placement.pod, suite_command=argv)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     start = time.monotonic()
@@ -197,8 +207,10 @@ def _publish(report: HostReport, opts: WorkerOptions, out: IO[str]) -> None:
     line the launcher reads after the block (report_channel.BUCKET_LINE)."""
     name = f"slice{report.slice_id}-host{report.host_id}.json"
     skipped = bucket.skip_reason(opts.gcs_uri)
-    report.bucket = skipped or (f"uploading to {bucket.object_uri(opts.gcs_uri or '', name)} after the report was "
-                                "printed; the outcome is on the line after the block")
+    report.bucket = skipped or (
+        f"uploading to {bucket.object_uri(opts.gcs_uri or '', name)} after the report was "
+        "printed; the outcome is on the line after the block"
+    )
     payload = json.dumps(report.to_dict(), sort_keys=True, indent=1)
     try:
         (opts.results_dir / "report.json").write_text(payload)

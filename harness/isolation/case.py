@@ -82,7 +82,8 @@ def body_ref(body: Callable[..., Any]) -> BodyRef:
     if not inspect.isfunction(body) or module_name in (None, "__main__") or "<" in name:
         raise HarnessUsageError(
             f"case body {name} must be a module-level function (def, not a lambda or a nested "
-            f"function) in an importable file: the child imports it by name")
+            f"function) in an importable file: the child imports it by name"
+        )
     module = sys.modules.get(module_name)
     if module is None or getattr(module, name.split(".")[0], None) is None:
         raise HarnessUsageError(f"case body {name} cannot be found as {module_name}.{name}")
@@ -99,7 +100,8 @@ def checked_kwargs(body: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str
         if problem:
             raise HarnessUsageError(
                 f"argument {key}={value!r:.80} of case body {body.__qualname__} is not strict JSON ({problem}); "
-                f"pass numbers, text, lists and dicts of them (the body runs in another process)")
+                f"pass numbers, text, lists and dicts of them (the body runs in another process)"
+            )
     return kwargs
 
 
@@ -109,12 +111,14 @@ def failure_from_answer(case: str, answer: ChildAnswer, tail: str) -> CaseFailed
     return CaseFailed(
         f"{headline(exc.line, 1000)}\n(raised by case {case} in its child)\n{exc.traceback}"
         f"--- child log (this case) ---\n{tail}",
-        evidence=exc.line, log_tail=tail,
+        evidence=exc.line,
+        log_tail=tail,
     )
 
 
-def child_spec(backend: Backend, functionalization: bool = True, preload: bool = True,
-               env: dict[str, str] | None = None) -> ChildSpec:
+def child_spec(
+    backend: Backend, functionalization: bool = True, preload: bool = True, env: dict[str, str] | None = None
+) -> ChildSpec:
     """The one place a child's spec is built from a backend and a case's wishes."""
     child_env = {**backend.child_env(functionalization), **(env or {})}
     return ChildSpec.build(child_env, backend.preload() if preload else (), fork_imports=backend.fork_imports(preload))
@@ -122,7 +126,12 @@ def child_spec(backend: Backend, functionalization: bool = True, preload: bool =
 
 class SpmdRunner:
     def __init__(
-        self, pool: ChildPool, backend: Backend, case_timeout: float, case_id: str, journal: Path | None = None,
+        self,
+        pool: ChildPool,
+        backend: Backend,
+        case_timeout: float,
+        case_id: str,
+        journal: Path | None = None,
         late_faults: LateFaultSink | None = None,
     ) -> None:
         self.pool = pool
@@ -133,7 +142,9 @@ class SpmdRunner:
         self.late_faults = late_faults or _raise_late_fault
         self.results: list[CaseResult] = []  # what the plugin reports for this test
 
-    def spec(self, functionalization: bool = True, preload: bool = True, env: dict[str, str] | None = None) -> ChildSpec:
+    def spec(
+        self, functionalization: bool = True, preload: bool = True, env: dict[str, str] | None = None
+    ) -> ChildSpec:
         return child_spec(self.backend, functionalization, preload, env)
 
     def run(
@@ -182,8 +193,9 @@ class SpmdRunner:
         with self.journal.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(entry) + "\n")
 
-    def _run_in(self, child: ChildProcess, spec: ChildSpec, ref: dict[str, str], kwargs: dict[str, Any],
-                timeout: float) -> tuple[CaseResult, ChildProcess]:
+    def _run_in(
+        self, child: ChildProcess, spec: ChildSpec, ref: dict[str, str], kwargs: dict[str, Any], timeout: float
+    ) -> tuple[CaseResult, ChildProcess]:
         case = self.case_id
         deadline = time.monotonic() + timeout
         try:
@@ -202,9 +214,15 @@ class SpmdRunner:
             return CaseResult(case, err.outcome, child.torch_xla, 0.0, log_tail=err.log_tail, error=err), child
         tail = evidence.log_tail(child.log_path, offset)
         result = CaseResult(
-            case, answer.outcome, child.torch_xla, answer.duration_s,
-            exception=ChildException.from_dict(answer.exception), observations=answer.observations,
-            log_tail=tail, reusable=answer.reusable, poisoned=answer.poisoned,
+            case,
+            answer.outcome,
+            child.torch_xla,
+            answer.duration_s,
+            exception=ChildException.from_dict(answer.exception),
+            observations=answer.observations,
+            log_tail=tail,
+            reusable=answer.reusable,
+            poisoned=answer.poisoned,
         )
         if result.outcome == "error":
             result.error = failure_from_answer(case, answer, tail)

@@ -153,8 +153,20 @@ class ProcessState:
         return problems
 
 
-_LIMIT_NAMES = tuple(n for n in ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_NOFILE", "RLIMIT_CPU", "RLIMIT_FSIZE",
-                                 "RLIMIT_STACK", "RLIMIT_CORE", "RLIMIT_NPROC") if hasattr(resource, n))
+_LIMIT_NAMES = tuple(
+    n
+    for n in (
+        "RLIMIT_AS",
+        "RLIMIT_DATA",
+        "RLIMIT_NOFILE",
+        "RLIMIT_CPU",
+        "RLIMIT_FSIZE",
+        "RLIMIT_STACK",
+        "RLIMIT_CORE",
+        "RLIMIT_NPROC",
+    )
+    if hasattr(resource, n)
+)
 
 
 def _helpers_left() -> list[int]:
@@ -213,9 +225,15 @@ def run_request(request: protocol.Request) -> protocol.ChildAnswer:
     unquiet = state.unquiet()
     problems = state.restore() + unquiet + ctx.poisoned
     return protocol.ChildAnswer(
-        id=request.id, case=request.case, outcome=outcome, exception=exception,
-        observations=ctx.observations(), duration_s=round(time.monotonic() - started, 3),
-        reusable=not problems, poisoned="; ".join(problems), quiet=not unquiet,
+        id=request.id,
+        case=request.case,
+        outcome=outcome,
+        exception=exception,
+        observations=ctx.observations(),
+        duration_s=round(time.monotonic() - started, 3),
+        reusable=not problems,
+        poisoned="; ".join(problems),
+        quiet=not unquiet,
     )
 
 
@@ -226,10 +244,15 @@ def encode_answer(answer: protocol.ChildAnswer) -> bytes:
     except (TypeError, ValueError):  # CaseContext checks each value as recorded; this is the backstop
         return _replace_observations(answer, "HarnessUsageError", _not_json(answer.observations))
     if len(data) > protocol.MAX_MESSAGE_BYTES:
-        return _replace_observations(answer, "ObservationsTooLarge", (
-            f"the verdict is {len(data) / 1e6:.1f} MB, over the harness's limit of "
-            f"{protocol.MAX_MESSAGE_BYTES / 1e6:.0f} MB (harness.isolation.protocol.MAX_MESSAGE_BYTES): record less "
-            f"(sizes: {_observation_sizes(answer.observations)})"))
+        return _replace_observations(
+            answer,
+            "ObservationsTooLarge",
+            (
+                f"the verdict is {len(data) / 1e6:.1f} MB, over the harness's limit of "
+                f"{protocol.MAX_MESSAGE_BYTES / 1e6:.0f} MB (harness.isolation.protocol.MAX_MESSAGE_BYTES): record less "
+                f"(sizes: {_observation_sizes(answer.observations)})"
+            ),
+        )
     return data
 
 
@@ -239,8 +262,10 @@ def _not_json(observations: dict[str, Any]) -> str:
         for key, value in entries.items():
             problem = protocol.json_problem(value)
             if problem:
-                return (f"ctx {kind} {key!r} is not strict JSON ({problem}); record numbers, text, lists and "
-                        f"dicts of them, and write NaN/Infinity as text")
+                return (
+                    f"ctx {kind} {key!r} is not strict JSON ({problem}); record numbers, text, lists and "
+                    f"dicts of them, and write NaN/Infinity as text"
+                )
     return "the observations are not strict JSON"
 
 
@@ -254,10 +279,15 @@ def _observation_sizes(observations: dict[str, Any]) -> str:
 
 def _replace_observations(answer: protocol.ChildAnswer, error_type: str, message: str) -> bytes:
     replaced = protocol.ChildAnswer(
-        id=answer.id, case=answer.case, outcome="error",
+        id=answer.id,
+        case=answer.case,
+        outcome="error",
         exception={"type": f"harness.errors.{error_type}", "message": message, "traceback": message + "\n"},
-        observations={"shardings": {}, "hlo": {}, "values": {}}, duration_s=answer.duration_s,
-        reusable=answer.reusable, poisoned=answer.poisoned, quiet=answer.quiet,
+        observations={"shardings": {}, "hlo": {}, "values": {}},
+        duration_s=answer.duration_s,
+        reusable=answer.reusable,
+        poisoned=answer.poisoned,
+        quiet=answer.quiet,
     )
     return protocol.encode(replaced)
 
@@ -272,7 +302,7 @@ class ResultChannel:
     def send_bytes(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            view = view[os.write(self.fd, view):]
+            view = view[os.write(self.fd, view) :]
 
 
 def serve(channel: ResultChannel) -> None:
@@ -317,10 +347,14 @@ def main() -> int:
     except BaseException as exc:
         channel.send(protocol.StartupFailed(exception=describe_exception(exc)))
         return 3
-    channel.send(protocol.Ready(
-        pid=os.getpid(), torch_xla=installed_torch_xla_version(), preloaded=preloaded,
-        startup_s=round(time.monotonic() - started, 3),
-    ))
+    channel.send(
+        protocol.Ready(
+            pid=os.getpid(),
+            torch_xla=installed_torch_xla_version(),
+            preloaded=preloaded,
+            startup_s=round(time.monotonic() - started, 3),
+        )
+    )
     serve(channel)
     return 0
 

@@ -55,8 +55,13 @@ class ChildSpec:
     fork_imports: tuple[str, ...] | None = None
 
     @classmethod
-    def build(cls, env: dict[str, str], preload: tuple[str, ...] = (), python: str | None = None,
-              fork_imports: tuple[str, ...] | None = None) -> ChildSpec:
+    def build(
+        cls,
+        env: dict[str, str],
+        preload: tuple[str, ...] = (),
+        python: str | None = None,
+        fork_imports: tuple[str, ...] | None = None,
+    ) -> ChildSpec:
         return cls(tuple(sorted(env.items())), tuple(preload), python or sys.executable, fork_imports)
 
     def describe(self) -> str:
@@ -199,11 +204,14 @@ class ChildProcess:
             raise ChildStartError(
                 f"child ({self.spec.describe()}) was not ready after {timeout:.0f}s; "
                 f"raise --spmd-case-timeout if start-up is slow here.\n--- log tail ---\n"
-                f"{evidence.log_tail(self.log_path)}") from None
+                f"{evidence.log_tail(self.log_path)}"
+            ) from None
         except protocol.ProtocolError as exc:
             self.end()
-            raise ChildStartError(f"child ({self.spec.describe()}) sent {exc} instead of 'ready'.\n"
-                                  f"--- log tail ---\n{evidence.log_tail(self.log_path)}") from None
+            raise ChildStartError(
+                f"child ({self.spec.describe()}) sent {exc} instead of 'ready'.\n"
+                f"--- log tail ---\n{evidence.log_tail(self.log_path)}"
+            ) from None
         if isinstance(message, protocol.Ready):
             self.ready = message
             return
@@ -241,23 +249,33 @@ class ChildProcess:
         try:
             message = self._next_message(min(deadline, time.monotonic() + ACK_TIMEOUT_S) if previous else deadline)
         except TimeoutError:
-            raise self._charge(previous, f"the child did not acknowledge the next request within {ACK_TIMEOUT_S:.0f}s "
-                               "(stuck in what this case left running)",
-                               lambda: self._timed_out(case, deadline, offset)) from None
+            raise self._charge(
+                previous,
+                f"the child did not acknowledge the next request within {ACK_TIMEOUT_S:.0f}s "
+                "(stuck in what this case left running)",
+                lambda: self._timed_out(case, deadline, offset),
+            ) from None
         except protocol.ProtocolError as exc:
             sent = f"sent {exc}"
-            raise self._charge(previous, f"protocol failure: the child {sent} after its verdict",
-                               lambda: self._protocol_failure(case, sent, offset)) from None
+            raise self._charge(
+                previous,
+                f"protocol failure: the child {sent} after its verdict",
+                lambda: self._protocol_failure(case, sent, offset),
+            ) from None
         if isinstance(message, protocol.Started) and message.id == request.id:
             self.cases_run += 1
             return request.id, offset
         if message is EXITED:
             how = self._exit_description()
-            raise self._charge(previous, f"{how} after the verdict of this case, before the next case started",
-                               lambda: self._crashed(case, how, offset))
+            raise self._charge(
+                previous,
+                f"{how} after the verdict of this case, before the next case started",
+                lambda: self._crashed(case, how, offset),
+            )
         what = f"sent {_describe(message)} when request {request.id} was due to be acknowledged"
-        raise self._charge(previous, f"protocol failure: the child {what}",
-                           lambda: self._protocol_failure(case, what, offset))
+        raise self._charge(
+            previous, f"protocol failure: the child {what}", lambda: self._protocol_failure(case, what, offset)
+        )
 
     def _charge(self, previous: str | None, late: str, own: Callable[[], CaseError]) -> LateFault | CaseError:
         """Who is charged with a fault seen before the child acknowledged a request, in one place.
@@ -285,8 +303,9 @@ class ChildProcess:
             raise self._protocol_failure(case, f"sent {_describe(message)} instead of verdict {request_id}", offset)
         self._drain()
         if self.buffer.pending():
-            raise self._protocol_failure(case, "sent more after its verdict (a second answer, or a forked "
-                                         "copy of the child answering)", offset)
+            raise self._protocol_failure(
+                case, "sent more after its verdict (a second answer, or a forked copy of the child answering)", offset
+            )
         code = self.proc.poll()
         if code not in (None, 0):
             raise self._crashed(case, f"{processes.describe_exit(code)} right after its verdict", offset)
@@ -304,8 +323,10 @@ class ChildProcess:
             return self._late_fault(self.last_case, "protocol failure: the child answered again after its verdict")
         code = self.proc.poll()
         if code is not None and not (released and code == 0):
-            return self._late_fault(self.last_case, f"{processes.describe_exit(code)} after the verdict of this "
-                                    "case, while the child was idle")
+            return self._late_fault(
+                self.last_case,
+                f"{processes.describe_exit(code)} after the verdict of this case, while the child was idle",
+            )
         return None
 
     # ---------------------------------------------------------------- failures
@@ -318,15 +339,20 @@ class ChildProcess:
     def _timed_out(self, case: str, deadline: float, offset: int) -> CaseTimedOut:
         self.end(grace_s=processes.TERMINATE_GRACE_S)  # SIGTERM first: faulthandler writes the stacks
         cause, tail = evidence.crash_evidence(f"timeout after {self.timeout_s:.0f}s", self.log_path, offset)
-        return CaseTimedOut(_message(cause, f"case {case} ran too long; the child's process group got SIGTERM, "
-                                     "then SIGKILL"), evidence=cause, log_tail=tail)
+        return CaseTimedOut(
+            _message(cause, f"case {case} ran too long; the child's process group got SIGTERM, then SIGKILL"),
+            evidence=cause,
+            log_tail=tail,
+        )
 
     def _protocol_failure(self, case: str, what: str, offset: int) -> CaseProtocolError:
         self.end()
         tail = evidence.log_tail(self.log_path, offset)
         cause = f"protocol failure: the child {what}"
         cause = f"{cause}\n--- log tail ---\n{tail}"
-        return CaseProtocolError(_message(cause, f"case {case}; the child was discarded"), evidence=cause, log_tail=tail)
+        return CaseProtocolError(
+            _message(cause, f"case {case}; the child was discarded"), evidence=cause, log_tail=tail
+        )
 
     def _late_fault(self, case: str, what: str) -> LateFault:
         self.end()

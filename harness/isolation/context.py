@@ -63,4 +63,5 @@ def _check_json(method: str, key: str, value: Any) -> None:
     if problem:
         raise HarnessUsageError(
             f"ctx.{method}({key!r}, ...): the value is not strict JSON ({problem}); record numbers, text, "
-            f"lists and dicts of them, and write NaN/Infinity as text (e.g. str(loss))")
+            f"lists and dicts of them, and write NaN/Infinity as text (e.g. str(loss))"
+        )

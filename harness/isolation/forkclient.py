@@ -100,12 +100,19 @@ class ForkServer:
         with self._lock:
             if self.proc is not None or self._closed:
                 return
-            env = {**self._env, IMPORTS_ENV: ",".join(self.imports),
-                   LISTEN_FD_ENV: str(self._listener.fileno()), CONTROL_FD_ENV: str(self._control_theirs.fileno())}
+            env = {
+                **self._env,
+                IMPORTS_ENV: ",".join(self.imports),
+                LISTEN_FD_ENV: str(self._listener.fileno()),
+                CONTROL_FD_ENV: str(self._control_theirs.fileno()),
+            }
             with self.log_path.open("ab") as log:
                 self.proc = processes.start_in_session(
-                    [self.python, "-u", "-m", "harness.isolation.forkserver"], env=env, stdout=log,
-                    pass_fds=(self._listener.fileno(), self._control_theirs.fileno()))
+                    [self.python, "-u", "-m", "harness.isolation.forkserver"],
+                    env=env,
+                    stdout=log,
+                    pass_fds=(self._listener.fileno(), self._control_theirs.fileno()),
+                )
             self._listener.close()
             self._control_theirs.close()
 
@@ -231,8 +238,9 @@ class ForkServerClient:
             raise self._start_error(f"cannot be reached at {address.path} ({exc.strerror or exc})") from None
 
     def _start_error(self, what: str) -> ChildStartError:
-        return ChildStartError(f"fork server {what}; log: {self.address.log_path}\n"
-                               f"{logtail.tail_file(Path(self.address.log_path))}")
+        return ChildStartError(
+            f"fork server {what}; log: {self.address.log_path}\n{logtail.tail_file(Path(self.address.log_path))}"
+        )
 
     def _receive(self, what: str, timeout: float, *expected: type) -> Any:
         """The server's next message, of one of the `expected` types; a SpawnFailed it sends
@@ -260,8 +268,9 @@ class ForkServerClient:
         readable, _, _ = select.select([self.sock], [], [], 0)
         return not readable  # a ready server says nothing unasked: readable means closed
 
-    def spawn(self, env: Mapping[str, str], log_fd: int, pass_fds: tuple[int, ...],
-              argv: list[str] | None = None) -> ForkedProcess:
+    def spawn(
+        self, env: Mapping[str, str], log_fd: int, pass_fds: tuple[int, ...], argv: list[str] | None = None
+    ) -> ForkedProcess:
         """A new child with `env` (post-fork variables), stdout/stderr on log_fd, `pass_fds` open;
         with `argv`, a fresh process: the child execs argv with the whole of `env`."""
         if self.ready is None:
@@ -271,12 +280,12 @@ class ForkServerClient:
         if argv:
             request = forkwire.SpawnRequest(env=dict(env), fds=list(pass_fds), argv=list(argv))
         else:
-            request = forkwire.SpawnRequest(env={k: v for k, v in env.items() if k in POST_FORK_VARIABLES},
-                                            fds=list(pass_fds), argv=None)
+            request = forkwire.SpawnRequest(
+                env={k: v for k, v in env.items() if k in POST_FORK_VARIABLES}, fds=list(pass_fds), argv=None
+            )
         try:
             try:
-                socket.send_fds(self.sock, [forkwire.encode(request)],
-                                [stdin_read, log_fd, status_write, *pass_fds])
+                socket.send_fds(self.sock, [forkwire.encode(request)], [stdin_read, log_fd, status_write, *pass_fds])
             except OSError as exc:
                 self.close()
                 raise self._start_error(f"closed the connection ({exc.strerror or exc})") from None

@@ -59,8 +59,10 @@ from harness.isolation.forkwire import (
 from harness.isolation.protocol import KEEPER_PID_ENV
 
 # Modules that read the environment once at import; a server must never hold them.
-FORBIDDEN_IN_SERVER = ("torch_xla.distributed.fsdp.xla_fully_sharded_data_parallel",
-                       "torch_xla.experimental.spmd_fully_sharded_data_parallel")
+FORBIDDEN_IN_SERVER = (
+    "torch_xla.distributed.fsdp.xla_fully_sharded_data_parallel",
+    "torch_xla.experimental.spmd_fully_sharded_data_parallel",
+)
 XLA_IMPORTS = ("torch", "torch_xla", "torch_xla.runtime", "torch_xla.distributed.spmd", "jax?")
 TORCH_IMPORTS = ("torch",)
 KEEPER_REPORTED = 0  # a keeper's exit code once the child's status is on the client's pipe
@@ -372,15 +374,22 @@ def main() -> int:
     held = [m for m in FORBIDDEN_IN_SERVER if m in sys.modules]
     if held:
         # Printed to the server's log; clients see the server gone and show that log's tail.
-        print(f"fork server: the imports pulled in {held}, which read the environment at import; "
-              "forked children could not change it", file=sys.stderr, flush=True)
+        print(
+            f"fork server: the imports pulled in {held}, which read the environment at import; "
+            "forked children could not change it",
+            file=sys.stderr,
+            flush=True,
+        )
         return 2
     # Without a subreaper, escaped helpers go to init: the log and every client say so.
     containment = processes.become_subreaper()
     ready = forkwire.ServerReady(
-        pid=os.getpid(), imported=imported, threads=len(os.listdir("/proc/self/task")),
+        pid=os.getpid(),
+        imported=imported,
+        threads=len(os.listdir("/proc/self/task")),
         startup_s=round(time.monotonic() - started, 3),
-        containment="subreaper" if containment is None else processes.SUBREAPER_UNAVAILABLE.format(why=containment))
+        containment="subreaper" if containment is None else processes.SUBREAPER_UNAVAILABLE.format(why=containment),
+    )
     # Clients receive it on connecting.
     print(f"fork server ready: {forkwire.encode(ready).decode()}", flush=True)
     Server(listener, control, ready).serve()

@@ -38,11 +38,19 @@ CONTROL_FD_ENV = "HARNESS_FORKSERVER_CONTROL_FD"  # the server's lifeline: it en
 # either changed give the same shardings, outputs and losses as fresh processes. Every other
 # variable keys the server (forkclient.server_key). A spawn request for a forked child carries
 # these only; one for a fresh child (argv) carries the whole environment.
-POST_FORK_VARIABLES = frozenset({
-    "XLA_DISABLE_FUNCTIONALIZATION", "CPU_NUM_DEVICES", "MASTER_ADDR", "MASTER_PORT",
-    protocol.BACKEND_ENV, protocol.DEVICES_ENV, protocol.PRELOAD_ENV, protocol.RESULT_FD_ENV,
-    protocol.LIFELINE_FD_ENV,
-})
+POST_FORK_VARIABLES = frozenset(
+    {
+        "XLA_DISABLE_FUNCTIONALIZATION",
+        "CPU_NUM_DEVICES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        protocol.BACKEND_ENV,
+        protocol.DEVICES_ENV,
+        protocol.PRELOAD_ENV,
+        protocol.RESULT_FD_ENV,
+        protocol.LIFELINE_FD_ENV,
+    }
+)
 
 SOCKET_FOLDER_PREFIX = "spmd-fork-"  # the private temp folder holding a server's socket
 LISTEN_BACKLOG = 64
@@ -123,8 +131,11 @@ def decode(packet: bytes, *expected: type[Any]) -> Any:
     unknown = sorted(set(data) - set(names))
     wrong = [name for name in names if name in data and not _conforms(data[name], hints[name])]
     if missing or unknown or wrong:
-        problems = [f"{what} {', '.join(found)}" for what, found in
-                    (("missing", missing), ("unknown", unknown), ("wrong type of", wrong)) if found]
+        problems = [
+            f"{what} {', '.join(found)}"
+            for what, found in (("missing", missing), ("unknown", unknown), ("wrong type of", wrong))
+            if found
+        ]
         raise ForkWireError(f"malformed {cls.kind!r} message ({'; '.join(problems)}): {preview(packet)}")
     return cls(**data)
 
@@ -152,7 +163,9 @@ def _conforms(value: Any, hint: Any) -> bool:
     if origin is list:
         return isinstance(value, list) and all(_conforms(item, args[0]) for item in value)
     if origin is dict:
-        return isinstance(value, dict) and all(_conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items())
+        return isinstance(value, dict) and all(
+            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
+        )
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:

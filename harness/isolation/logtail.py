@@ -31,7 +31,7 @@ def tail_text(text: str, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -
         cost = len(line.encode("utf-8", "replace")) + 1
         if size + cost > max_bytes:
             if not out:  # one huge line: keep its end
-                keep = line[-max(0, max_bytes - 100):]
+                keep = line[-max(0, max_bytes - 100) :]
                 out.append(f"[... {len(line) - len(keep)} characters of this line cut ...]{keep}")
             break
         out.append(line)
@@ -43,8 +43,13 @@ def tail_text(text: str, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES) -
     return "\n".join(out)
 
 
-def tail_file(path: Path, since: int = 0, lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES,
-              fold: Callable[[str], str] | None = None) -> str:
+def tail_file(
+    path: Path,
+    since: int = 0,
+    lines: int = TAIL_LINES,
+    max_bytes: int = TAIL_BYTES,
+    fold: Callable[[str], str] | None = None,
+) -> str:
     """tail_text of the part of a log file after byte `since`, `fold` applied first; reads only
     the last TAIL_READ_BYTES of a big file."""
     try:

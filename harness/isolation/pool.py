@@ -40,8 +40,15 @@ CLOSE_WAIT_S = KEEPER_REPORT_S + 5.0
 
 
 class ChildPool:
-    def __init__(self, log_dir: Path, startup_timeout: float, exclusive: bool = False, spares: bool = False,
-                 fork: bool = False, servers: Mapping[str, ServerAddress] | None = None) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        startup_timeout: float,
+        exclusive: bool = False,
+        spares: bool = False,
+        fork: bool = False,
+        servers: Mapping[str, ServerAddress] | None = None,
+    ) -> None:
         self.log_dir = log_dir
         self.startup_timeout = startup_timeout
         self.exclusive = exclusive
@@ -90,7 +97,9 @@ class ChildPool:
 
     def _server_for(self, spec: ChildSpec, own: bool = False) -> ForkServerClient:
         imports = spec.fork_imports
-        if self._fresh(spec) or imports is None:  # one exec server per interpreter: its children take their own environment
+        if (
+            self._fresh(spec) or imports is None
+        ):  # one exec server per interpreter: its children take their own environment
             key, imports = "exec-" + server_key(spec.python, {}, EXEC_IMPORTS), EXEC_IMPORTS
         else:
             key = server_key(spec.python, dict(spec.env), imports)

@@ -38,8 +38,10 @@ TERMINATE_GRACE_S = 5.0
 # disk wait holds them.
 END_CHILDREN_S = 5.0
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
-SUBREAPER_UNAVAILABLE = ("no child subreaper on this system ({why}): a helper a case body starts in a "
-                         "session of its own, or double-forks, is not ended with its child")
+SUBREAPER_UNAVAILABLE = (
+    "no child subreaper on this system ({why}): a helper a case body starts in a "
+    "session of its own, or double-forks, is not ended with its child"
+)
 
 
 class ProcessHandle(Protocol):
@@ -64,15 +66,26 @@ class ProcessHandle(Protocol):
 
 
 def start_in_session(
-    cmd: Sequence[str], *, env: Mapping[str, str] | None = None, stdout: IO | int | None = None,
-    stdin: IO | int | None = subprocess.DEVNULL, pass_fds: Sequence[int] = (), cwd: str | Path | None = None,
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    stdout: IO | int | None = None,
+    stdin: IO | int | None = subprocess.DEVNULL,
+    pass_fds: Sequence[int] = (),
+    cwd: str | Path | None = None,
     text: bool = False,
 ) -> subprocess.Popen:
     """Popen in a new session (its own process group, pgid == pid); stderr goes with stdout."""
     return subprocess.Popen(
-        [str(c) for c in cmd], env=dict(env) if env is not None else None, cwd=cwd,
-        stdin=stdin, stdout=stdout, stderr=subprocess.STDOUT, pass_fds=tuple(pass_fds),
-        start_new_session=True, text=text,
+        [str(c) for c in cmd],
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+        stdin=stdin,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        pass_fds=tuple(pass_fds),
+        start_new_session=True,
+        text=text,
     )
 
 

@@ -205,7 +205,7 @@ class LineBuffer:
             if self._scanned > self.max_bytes:
                 raise ProtocolError(f"a message longer than the {self.max_bytes} byte limit")
             return None
-        line = bytes(self._data[self._start:at])
+        line = bytes(self._data[self._start : at])
         self._start = at + 1
         self._scanned = 0
         if len(line) > self.max_bytes:

@@ -37,7 +37,9 @@ def selection_may_hold_spmd_cases(options: argparse.Namespace, rootpath: Path, t
     paths = list(getattr(options, "file_or_dir", None) or []) or list(testpaths) or ["."]
     cases = (rootpath / CASES_DIR).resolve()
     for arg in paths:
-        path = (rootpath / arg.split("::", 1)[0]).resolve() if not Path(arg).is_absolute() else Path(arg.split("::", 1)[0])
+        path = (
+            (rootpath / arg.split("::", 1)[0]).resolve() if not Path(arg).is_absolute() else Path(arg.split("::", 1)[0])
+        )
         if path == cases or cases in path.parents or path in cases.parents:
             return True
     return False

@@ -62,45 +62,97 @@ class _Parser(cli.PlainParser):
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results-dir", dest="out", type=Path, default=Path(DEFAULT_RESULTS_DIR), metavar="DIR",
-                   help=f"where each column's results folder and pytest log go (default: ./{DEFAULT_RESULTS_DIR})")
+    p.add_argument(
+        "--results-dir",
+        dest="out",
+        type=Path,
+        default=Path(DEFAULT_RESULTS_DIR),
+        metavar="DIR",
+        help=f"where each column's results folder and pytest log go (default: ./{DEFAULT_RESULTS_DIR})",
+    )
     cli.add_hidden_alias(p, "--out", dest="out", type=Path)  # the 0.1.0 spelling
-    p.add_argument("--cache", type=Path, default=envs.default_cache_root(),
-                   help=f"where environments are built and kept (default: {envs.default_cache_root()})")
-    p.add_argument("--workers", "--jobs-per-env", dest="jobs_per_env", type=argtypes.positive_int, default=1,
-                   metavar="N",
-                   help="pytest-xdist workers inside each suite run (default 1: the 2-core machines here are shared)")
-    p.add_argument("--suite-timeout", type=argtypes.positive_seconds, default=3600.0, metavar="SECONDS",
-                   help="stop a suite run that takes longer (default 3600)")
+    p.add_argument(
+        "--cache",
+        type=Path,
+        default=envs.default_cache_root(),
+        help=f"where environments are built and kept (default: {envs.default_cache_root()})",
+    )
+    p.add_argument(
+        "--workers",
+        "--jobs-per-env",
+        dest="jobs_per_env",
+        type=argtypes.positive_int,
+        default=1,
+        metavar="N",
+        help="pytest-xdist workers inside each suite run (default 1: the 2-core machines here are shared)",
+    )
+    p.add_argument(
+        "--suite-timeout",
+        type=argtypes.positive_seconds,
+        default=3600.0,
+        metavar="SECONDS",
+        help="stop a suite run that takes longer (default 3600)",
+    )
     p.add_argument("--registry", type=Path, default=REGISTRY_PATH, help=argparse.SUPPRESS)
     cli.add_version(p, "spmd-matrix")
 
 
 def run_parser() -> _Parser:
-    p = _Parser(prog=cli.prog("harness.matrix", "spmd-matrix"), description=__doc__,
-                epilog="Commands: (none) run the matrix; compare: bisect help, see `compare --help`. "
-                       "Arguments after -- go to pytest.")
+    p = _Parser(
+        prog=cli.prog("harness.matrix", "spmd-matrix"),
+        description=__doc__,
+        epilog="Commands: (none) run the matrix; compare: bisect help, see `compare --help`. "
+        "Arguments after -- go to pytest.",
+    )
     p.add_argument("--releases", help="comma-separated torch_xla releases, e.g. 2.6.0,2.7.0,2.9.0")
-    p.add_argument("--wheels", type=Path, action="append", default=[], metavar="DIR",
-                   help="a folder with torch and torch_xla wheels (PR build or nightly); a column named after the "
-                        "torch_xla version in the wheel's filename. May be repeated.")
-    p.add_argument("--env", action="append", default=[], metavar="RELEASE=VENV",
-                   help="use this existing venv for a listed release instead of building one (saves the "
-                        "download; the column says 'existing venv')")
-    p.add_argument("--results", action="append", default=[], metavar="NAME=DIR",
-                   help="a column read from an earlier run's results folder (nothing is run for it)")
-    p.add_argument("--table", type=Path, default=None, metavar="FILE.md",
-                   help=f"write the Markdown table here and the JSON beside it (default: OUT/{TABLE_NAME})")
-    p.add_argument("--readme", type=Path, default=None, metavar="README.md",
-                   help="also write the entry table into this file, between its release-matrix markers")
+    p.add_argument(
+        "--wheels",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder with torch and torch_xla wheels (PR build or nightly); a column named after the "
+        "torch_xla version in the wheel's filename. May be repeated.",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="RELEASE=VENV",
+        help="use this existing venv for a listed release instead of building one (saves the "
+        "download; the column says 'existing venv')",
+    )
+    p.add_argument(
+        "--results",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a column read from an earlier run's results folder (nothing is run for it)",
+    )
+    p.add_argument(
+        "--table",
+        type=Path,
+        default=None,
+        metavar="FILE.md",
+        help=f"write the Markdown table here and the JSON beside it (default: OUT/{TABLE_NAME})",
+    )
+    p.add_argument(
+        "--readme",
+        type=Path,
+        default=None,
+        metavar="README.md",
+        help="also write the entry table into this file, between its release-matrix markers",
+    )
     _common(p)
     return p
 
 
 def compare_parser() -> _Parser:
-    p = _Parser(prog=cli.prog("harness.matrix", "spmd-matrix") + " compare",
-                description="Name the registry entries whose verdict changed between a good and a bad build.\n\n"
-                            + __doc__[__doc__.index("Exit codes:"):])
+    p = _Parser(
+        prog=cli.prog("harness.matrix", "spmd-matrix") + " compare",
+        description="Name the registry entries whose verdict changed between a good and a bad build.\n\n"
+        + __doc__[__doc__.index("Exit codes:") :],
+    )
     p.add_argument("--good", type=Path, required=True, help="last good: a wheel folder or a results folder")
     p.add_argument("--bad", type=Path, required=True, help="first bad: a wheel folder or a results folder")
     _common(p)
@@ -139,10 +191,14 @@ def shown_arguments(argv: Sequence[str]) -> list[str]:
 class Deps:
     """What main() talks to; tests swap the installer, the suite runner and the disk probe."""
 
-    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 installer: Callable[[Callable[[str], None]], Installer] = PipInstaller,
-                 suite: Callable[..., SuiteRunner] = PytestSuite,
-                 free_bytes: Callable[[Path], int] | None = None) -> None:
+    def __init__(
+        self,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+        installer: Callable[[Callable[[str], None]], Installer] = PipInstaller,
+        suite: Callable[..., SuiteRunner] = PytestSuite,
+        free_bytes: Callable[[Path], int] | None = None,
+    ) -> None:
         # Looked up now, not at import: whoever redirected sys.stdout since (pytest's capture) gets the output.
         self.stdout, self.stderr = stdout or sys.stdout, stderr or sys.stderr
         self.installer, self.suite, self.free_bytes = installer, suite, free_bytes
@@ -155,7 +211,7 @@ def main(argv: Sequence[str] | None = None, deps: Deps | None = None) -> int:
     try:
         if argv[:1] == ["compare"]:
             return _compare(compare_parser().parse_args(argv[1:]), deps)
-        head, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+        head, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
         return _run(run_parser().parse_args(head), extra, command, deps)
     except _HelpShown:
         return EXIT_AGREE
@@ -166,7 +222,10 @@ def main(argv: Sequence[str] | None = None, deps: Deps | None = None) -> int:
         print(f"harness.matrix: {type(exc).__name__}: {exc}", file=deps.stderr)
         return EXIT_ENV
     except KeyboardInterrupt:
-        print("harness.matrix: interrupted (an environment still being built stays unmarked and is rebuilt next time)", file=deps.stderr)
+        print(
+            "harness.matrix: interrupted (an environment still being built stays unmarked and is rebuilt next time)",
+            file=deps.stderr,
+        )
         return EXIT_INTERRUPTED
 
 
@@ -187,8 +246,12 @@ def _prepare(specs: Sequence[cols.ColumnSpec], cache: EnvCache, progress: Progre
 
 def _run(args: argparse.Namespace, extra: Sequence[str], command: str, deps: Deps) -> int:
     registry = load_registry(args.registry)
-    specs = cols.build_columns(cols.parse_releases(args.releases), cols.parse_assignments("--env", args.env),
-                               args.wheels, cols.parse_assignments("--results", args.results))
+    specs = cols.build_columns(
+        cols.parse_releases(args.releases),
+        cols.parse_assignments("--env", args.env),
+        args.wheels,
+        cols.parse_assignments("--results", args.results),
+    )
     progress, cache, suite = _setup(args, extra, deps)
     steps = _prepare(specs, cache, progress, deps)
     # Absolute: pytest runs from the repo root and writes the verdicts there, this process reads them here.
@@ -208,7 +271,9 @@ def _run(args: argparse.Namespace, extra: Sequence[str], command: str, deps: Dep
             raise HarnessUsageError(f"--readme {args.readme}: {exc}") from None
         progress.say(f"wrote the table into {args.readme}")
     if not matrix.agrees:
-        progress.say(f"{render.DISAGREE} {len(matrix.disagreements)} disagreement(s) with the registry (listed under the table)")
+        progress.say(
+            f"{render.DISAGREE} {len(matrix.disagreements)} disagreement(s) with the registry (listed under the table)"
+        )
         return EXIT_DISAGREE
     return EXIT_AGREE
 
@@ -219,17 +284,26 @@ def _compare(args: argparse.Namespace, deps: Deps) -> int:
     bad = cols.dir_column("bad", args.bad, "--bad")
     if good.kind == bad.kind == "wheels" and good.name == bad.name:
         # Same torch_xla version string (two PR builds): keep both columns apart in the output folder.
-        good, bad = (cols.ColumnSpec(f"{s.name}-{role}", s.kind, s.declared, s.path) for s, role in ((good, "good"), (bad, "bad")))
+        good, bad = (
+            cols.ColumnSpec(f"{s.name}-{role}", s.kind, s.declared, s.path)
+            for s, role in ((good, "good"), (bad, "bad"))
+        )
     progress, cache, suite = _setup(args, [], deps)
     steps = _prepare([good, bad], cache, progress, deps)
     measured_good, measured_bad = measure.measure(steps, cache, suite, args.out.absolute(), progress.say)
     damaged = [(c.name, c.run) for c in (measured_good, measured_bad) if c.run.unreadable]
     if damaged:
         for role, run in damaged:
-            print(f"harness.matrix compare: {role}: {len(run.unreadable)} damaged record line(s), cut short by a crash "
-                  f"or not a case record: {run.damaged_lines()}", file=deps.stderr)
-        print("harness.matrix compare: a column with damaged records cannot be compared; rerun it (git bisect run: "
-              f"exit {EXIT_SKIP}, skip this commit)", file=deps.stderr)
+            print(
+                f"harness.matrix compare: {role}: {len(run.unreadable)} damaged record line(s), cut short by a crash "
+                f"or not a case record: {run.damaged_lines()}",
+                file=deps.stderr,
+            )
+        print(
+            "harness.matrix compare: a column with damaged records cannot be compared; rerun it (git bisect run: "
+            f"exit {EXIT_SKIP}, skip this commit)",
+            file=deps.stderr,
+        )
         return EXIT_SKIP
     changes = cmp.compare(registry, measured_good, measured_bad)
     print(cmp.to_text(changes, measured_good, measured_bad), file=deps.stdout, end="")

@@ -1,8 +1,8 @@
 """What the command line asked for, as a list of columns, each knowing where its results come from.
 
-    release  torch==X + torch_xla[pallas]==X in a cached env (or an existing venv given with --env)
-    wheels   the torch/torch_xla wheels in a folder (a PR build or a nightly), in a cached env
-    results  a results folder from an earlier run: read, not run
+release  torch==X + torch_xla[pallas]==X in a cached env (or an existing venv given with --env)
+wheels   the torch/torch_xla wheels in a folder (a PR build or a nightly), in a cached env
+results  a results folder from an earlier run: read, not run
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ def parse_releases(text: str | None) -> list[str]:
         try:
             Version(release)
         except InvalidVersion:
-            raise HarnessUsageError(f"--releases: {release!r} is not a version; give torch_xla releases like 2.6.0,2.7.0,2.9.0") from None
+            raise HarnessUsageError(
+                f"--releases: {release!r} is not a version; give torch_xla releases like 2.6.0,2.7.0,2.9.0"
+            ) from None
     duplicates = sorted({r for r in releases if releases.count(r) > 1})
     if duplicates:
         raise HarnessUsageError(f"--releases names {', '.join(duplicates)} twice")
@@ -70,12 +72,15 @@ def is_wheel_dir(path: Path) -> bool:
     return path.is_dir() and any(path.glob("*.whl"))
 
 
-def build_columns(releases: Sequence[str], envs: dict[str, Path], wheels: Sequence[Path],
-                  results: dict[str, Path]) -> list[ColumnSpec]:
+def build_columns(
+    releases: Sequence[str], envs: dict[str, Path], wheels: Sequence[Path], results: dict[str, Path]
+) -> list[ColumnSpec]:
     unknown = sorted(set(envs) - set(releases))
     if unknown:
-        raise HarnessUsageError(f"--env names {', '.join(unknown)}, which --releases does not list "
-                               f"({', '.join(releases) or 'none'}); --env replaces the build of a listed release")
+        raise HarnessUsageError(
+            f"--env names {', '.join(unknown)}, which --releases does not list "
+            f"({', '.join(releases) or 'none'}); --env replaces the build of a listed release"
+        )
     columns = []
     for release in releases:
         if release in envs:
@@ -93,8 +98,10 @@ def build_columns(releases: Sequence[str], envs: dict[str, Path], wheels: Sequen
     names = [c.name for c in columns]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise HarnessUsageError(f"two columns are both named {', '.join(duplicates)} (a release and a wheel folder "
-                               f"of the same torch_xla?); keep one")
+        raise HarnessUsageError(
+            f"two columns are both named {', '.join(duplicates)} (a release and a wheel folder "
+            f"of the same torch_xla?); keep one"
+        )
     if not columns:
         raise HarnessUsageError("nothing to measure: give --releases, --wheels DIR or --results NAME=DIR")
     return columns

@@ -23,8 +23,9 @@ class Change:
 
 def compare(registry: Mapping[str, KnownBug], good: ColumnResult, bad: ColumnResult) -> list[Change]:
     changes = []
-    ids = list(registry) + sorted({r.known_bug for c in (good, bad) for r in c.run.records
-                                   if r.known_bug and r.known_bug not in registry})
+    ids = list(registry) + sorted(
+        {r.known_bug for c in (good, bad) for r in c.run.records if r.known_bug and r.known_bug not in registry}
+    )
     for entry_id in ids:
         entry = registry.get(entry_id)
         before, after = _observe(entry, entry_id, good), _observe(entry, entry_id, bad)
@@ -32,9 +33,11 @@ def compare(registry: Mapping[str, KnownBug], good: ColumnResult, bad: ColumnRes
             continue
         kinds_before = {c.nodeid: c.kind for c in before.cases}
         kinds_after = {c.nodeid: c.kind for c in after.cases}
-        cases = tuple((n, kinds_before.get(n, "absent"), kinds_after.get(n, "absent"))
-                      for n in sorted(kinds_before.keys() | kinds_after.keys())
-                      if kinds_before.get(n) != kinds_after.get(n))
+        cases = tuple(
+            (n, kinds_before.get(n, "absent"), kinds_after.get(n, "absent"))
+            for n in sorted(kinds_before.keys() | kinds_after.keys())
+            if kinds_before.get(n) != kinds_after.get(n)
+        )
         changes.append(Change(entry_id, before, after, cases))
     return changes
 
@@ -53,7 +56,9 @@ def to_text(changes: list[Change], good: ColumnResult, bad: ColumnResult) -> str
         return f"{head}\nNo registry entry changed verdict.\n"
     lines = [head, f"{len(changes)} entr{'y' if len(changes) == 1 else 'ies'} changed verdict:", ""]
     for change in changes:
-        lines.append(f"- {change.entry}: {change.good.state.value} ({change.good.detail}) -> "
-                     f"{change.bad.state.value} ({change.bad.detail})")
+        lines.append(
+            f"- {change.entry}: {change.good.state.value} ({change.good.detail}) -> "
+            f"{change.bad.state.value} ({change.bad.detail})"
+        )
         lines += [f"    {nodeid}: {before} -> {after}" for nodeid, before, after in change.cases]
     return "\n".join(lines) + "\n"

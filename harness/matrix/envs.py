@@ -76,9 +76,12 @@ def harness_deps(repo: Path) -> tuple[str, ...]:
 
 
 def release_request(release: str, repo: Path) -> EnvRequest:
-    return EnvRequest(key=f"torch_xla-{release}-{python_tag()}", label=release,
-                      requirements=(f"torch=={release}", f"torch_xla[pallas]=={release}", *harness_deps(repo)),
-                      torch_xla=release)
+    return EnvRequest(
+        key=f"torch_xla-{release}-{python_tag()}",
+        label=release,
+        requirements=(f"torch=={release}", f"torch_xla[pallas]=={release}", *harness_deps(repo)),
+        torch_xla=release,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +93,9 @@ class WheelFolder:
 
 def read_wheel_folder(folder: Path) -> WheelFolder:
     if not folder.is_dir():
-        raise HarnessUsageError(f"--wheels {folder}: not a folder. Give the folder that holds the torch and torch_xla wheels.")
+        raise HarnessUsageError(
+            f"--wheels {folder}: not a folder. Give the folder that holds the torch and torch_xla wheels."
+        )
     wheels = tuple(sorted(folder.glob("*.whl")))
     xla = []
     for wheel in wheels:
@@ -102,8 +107,10 @@ def read_wheel_folder(folder: Path) -> WheelFolder:
             xla.append((wheel, str(version)))
     if len(xla) != 1:
         found = ", ".join(w.name for w in wheels) or "no .whl files"
-        raise HarnessUsageError(f"--wheels {folder}: needs exactly one torch_xla wheel, found {len(xla)} ({found}). "
-                               f"Download the build's wheel artifact (torch and torch_xla) into its own folder.")
+        raise HarnessUsageError(
+            f"--wheels {folder}: needs exactly one torch_xla wheel, found {len(xla)} ({found}). "
+            f"Download the build's wheel artifact (torch and torch_xla) into its own folder."
+        )
     return WheelFolder(path=folder, torch_xla_version=xla[0][1], wheels=wheels)
 
 
@@ -112,9 +119,15 @@ def wheels_request(folder: WheelFolder, repo: Path) -> EnvRequest:
     for wheel in folder.wheels:
         name = parse_wheel_filename(wheel.name)[0]
         # The pallas extra is what pins jax; a bare path would install torch_xla without it.
-        requirements.append(f"torch_xla[pallas] @ {wheel.resolve().as_uri()}" if name == "torch-xla" else str(wheel.resolve()))
-    return EnvRequest(key=f"wheels-{_wheels_hash(folder.wheels)}-{python_tag()}", label=folder.torch_xla_version,
-                      requirements=(*requirements, *harness_deps(repo)), torch_xla=folder.torch_xla_version)
+        requirements.append(
+            f"torch_xla[pallas] @ {wheel.resolve().as_uri()}" if name == "torch-xla" else str(wheel.resolve())
+        )
+    return EnvRequest(
+        key=f"wheels-{_wheels_hash(folder.wheels)}-{python_tag()}",
+        label=folder.torch_xla_version,
+        requirements=(*requirements, *harness_deps(repo)),
+        torch_xla=folder.torch_xla_version,
+    )
 
 
 def _wheels_hash(wheels: Sequence[Path]) -> str:
@@ -157,7 +170,9 @@ class PipInstaller:
 
     def _run(self, cmd: Sequence[str], log: Path, what: str) -> None:
         def heartbeat(elapsed: float) -> str | None:
-            line = last_line_matching(log, ("Collecting", "Downloading", "Installing collected", "Building", "Processing"))
+            line = last_line_matching(
+                log, ("Collecting", "Downloading", "Installing collected", "Building", "Processing")
+            )
             return f"  {what}: {elapsed:.0f}s, {line or 'working'}"
 
         try:
@@ -170,9 +185,11 @@ class PipInstaller:
 
 def installed_versions(python: Path) -> dict[str, str]:
     """Versions of torch/torch_xla/jax in an environment, read from metadata (no torch import: fast)."""
-    code = ("import importlib.metadata as m, json\nout = {}\n"
-            f"for name in {list(VERSION_PACKAGES)!r}:\n"
-            "    try: out[name] = m.version(name)\n    except m.PackageNotFoundError: pass\nprint(json.dumps(out))")
+    code = (
+        "import importlib.metadata as m, json\nout = {}\n"
+        f"for name in {list(VERSION_PACKAGES)!r}:\n"
+        "    try: out[name] = m.version(name)\n    except m.PackageNotFoundError: pass\nprint(json.dumps(out))"
+    )
     try:
         done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120, check=True)
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -232,7 +249,9 @@ class EnvCache:
             self.say(f"{request.label}: reusing cached environment {env}")
             return env
         if env.exists():
-            self.say(f"{request.label}: {env} has no completion marker (an earlier build stopped halfway); deleting and rebuilding")
+            self.say(
+                f"{request.label}: {env} has no completion marker (an earlier build stopped halfway); deleting and rebuilding"
+            )
             shutil.rmtree(env)
         started = time.monotonic()
         env.parent.mkdir(parents=True, exist_ok=True)
@@ -249,22 +268,35 @@ class EnvCache:
         verify_versions(request.label, env, versions, request.torch_xla)
         freed = share_identical_files(env, [p for p in self.root.iterdir() if (p / MARKER).exists()])
         if freed:
-            self.say(f"{request.label}: {freed / 1e9:.1f} GB of files identical to other cached environments now shared (hard links)")
-        marker = {"key": request.key, "requirements": list(request.requirements), "versions": versions,
-                  "built_s": round(time.monotonic() - started, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            self.say(
+                f"{request.label}: {freed / 1e9:.1f} GB of files identical to other cached environments now shared (hard links)"
+            )
+        marker = {
+            "key": request.key,
+            "requirements": list(request.requirements),
+            "versions": versions,
+            "built_s": round(time.monotonic() - started, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
         tmp = env / (MARKER + ".tmp")
         tmp.write_text(json.dumps(marker, indent=2, sort_keys=True))
         tmp.replace(env / MARKER)  # atomic: a marker is either absent or complete
         if log.exists():
             log.replace(env / INSTALL_LOG)
-        self.say(f"{request.label}: built in {time.monotonic() - started:.0f}s: "
-                 + ", ".join(f"{k} {v}" for k, v in versions.items()))
+        self.say(
+            f"{request.label}: built in {time.monotonic() - started:.0f}s: "
+            + ", ".join(f"{k} {v}" for k, v in versions.items())
+        )
         return env
 
 
 def verify_versions(label: str, env: Path, versions: dict[str, str], torch_xla: str | None) -> None:
     if "torch_xla" not in versions:
-        raise EnvMismatchError(f"{label}: {env} has no torch_xla installed. Install torch_xla there or drop --env for it.")
+        raise EnvMismatchError(
+            f"{label}: {env} has no torch_xla installed. Install torch_xla there or drop --env for it."
+        )
     if torch_xla is not None and versions["torch_xla"] != torch_xla:
-        raise EnvMismatchError(f"{label}: {env} has torch_xla {versions['torch_xla']}, not {torch_xla}. "
-                               f"Point --env {label}=... at a venv with torch_xla {torch_xla}.")
+        raise EnvMismatchError(
+            f"{label}: {env} has torch_xla {versions['torch_xla']}, not {torch_xla}. "
+            f"Point --env {label}=... at a venv with torch_xla {torch_xla}."
+        )

@@ -20,7 +20,8 @@ class NotEnoughDiskError(MatrixError):
         super().__init__(
             f"building {envs} environment(s) needs about {needed_gb:.1f} GB under {path}, "
             f"but only {free_gb:.1f} GB is free. Free some space, point --cache at a bigger disk, "
-            f"or reuse an existing venv with --env RELEASE=PATH.")
+            f"or reuse an existing venv with --env RELEASE=PATH."
+        )
         self.path, self.needed_gb, self.free_gb, self.envs = path, needed_gb, free_gb, envs
 
 

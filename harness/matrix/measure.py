@@ -41,9 +41,11 @@ def describe(steps: Sequence[Step], cache: EnvCache) -> list[str]:
     runs = [s for s in steps if s.spec.kind != "results"]
     lines = [f"plan: {len(steps)} column(s): {', '.join(s.spec.name for s in steps)}"]
     if to_build:
-        lines.append(f"  build {len(to_build)} environment(s) under {cache.root} "
-                     f"({', '.join(s.spec.name for s in to_build)}): about {envs.ENV_MINUTES} min and "
-                     f"{envs.ENV_GB:.0f} GB each, {envs.ENV_GB * len(to_build):.0f} GB in all")
+        lines.append(
+            f"  build {len(to_build)} environment(s) under {cache.root} "
+            f"({', '.join(s.spec.name for s in to_build)}): about {envs.ENV_MINUTES} min and "
+            f"{envs.ENV_GB:.0f} GB each, {envs.ENV_GB * len(to_build):.0f} GB in all"
+        )
     for step in steps:
         if step.cached and step.request is not None:  # cached: built for its request
             lines.append(f"  reuse cached environment for {step.spec.name}: {cache.path_for(step.request)}")
@@ -52,12 +54,15 @@ def describe(steps: Sequence[Step], cache: EnvCache) -> list[str]:
         elif step.spec.kind == "results":
             lines.append(f"  read earlier results for {step.spec.name}: {step.spec.path}")
     if runs:
-        lines.append(f"  then run `pytest -m spmd` {len(runs)} time(s), one after another: about 1-3 min each on 2 cores")
+        lines.append(
+            f"  then run `pytest -m spmd` {len(runs)} time(s), one after another: about 1-3 min each on 2 cores"
+        )
     return lines
 
 
-def measure(steps: Sequence[Step], cache: EnvCache, suite: SuiteRunner, out: Path,
-            say: Callable[[str], None]) -> list[ColumnResult]:
+def measure(
+    steps: Sequence[Step], cache: EnvCache, suite: SuiteRunner, out: Path, say: Callable[[str], None]
+) -> list[ColumnResult]:
     # Build every environment first: a failed install then stops the command before any long suite run.
     pythons: dict[str, Path] = {}
     for step in steps:
@@ -74,11 +79,14 @@ def measure(steps: Sequence[Step], cache: EnvCache, suite: SuiteRunner, out: Pat
         python = pythons[spec.name]
         versions = cache.installer.installed_versions(python)
         envs.verify_versions(spec.name, python.parent.parent, versions, spec.declared)
-        say(f"[{index}/{len(steps)}] {spec.name}: torch_xla {versions.get('torch_xla')}, torch {versions.get('torch')}, "
-            f"jax {versions.get('jax', '-')}")
+        say(
+            f"[{index}/{len(steps)}] {spec.name}: torch_xla {versions.get('torch_xla')}, torch {versions.get('torch')}, "
+            f"jax {versions.get('jax', '-')}"
+        )
         run = suite.run(python, out / safe_filename(spec.name), spec.name)
-        column = ColumnResult(spec.name, spec.kind, run, spec.declared, versions, str(python.parent.parent),
-                              _env_note(step, cache))
+        column = ColumnResult(
+            spec.name, spec.kind, run, spec.declared, versions, str(python.parent.parent), _env_note(step, cache)
+        )
         _write_meta(column)
         columns.append(column)
     return columns
@@ -98,9 +106,17 @@ COLUMN_META = "matrix-column.json"
 
 def _write_meta(column: ColumnResult) -> None:
     run = column.run
-    meta = {"name": column.name, "kind": column.kind, "declared": column.declared, "versions": column.versions,
-            "env": column.env, "env_note": column.env_note, "pytest_exit": run.exit_code, "duration_s": run.duration_s,
-            "log": str(run.log) if run.log else None}
+    meta = {
+        "name": column.name,
+        "kind": column.kind,
+        "declared": column.declared,
+        "versions": column.versions,
+        "env": column.env,
+        "env_note": column.env_note,
+        "pytest_exit": run.exit_code,
+        "duration_s": run.duration_s,
+        "log": str(run.log) if run.log else None,
+    }
     (run.results_dir / COLUMN_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
@@ -113,5 +129,12 @@ def read_column(spec: ColumnSpec) -> ColumnResult:
     run.exit_code = meta.get("pytest_exit")
     run.duration_s = meta.get("duration_s")
     run.log = Path(meta["log"]) if meta.get("log") else None
-    return ColumnResult(spec.name, "results", run, spec.declared or meta.get("declared"), meta.get("versions", {}),
-                        meta.get("env"), meta.get("env_note", ""))
+    return ColumnResult(
+        spec.name,
+        "results",
+        run,
+        spec.declared or meta.get("declared"),
+        meta.get("versions", {}),
+        meta.get("env"),
+        meta.get("env_note", ""),
+    )

@@ -33,9 +33,17 @@ class Progress:
         print(f"[matrix {int(elapsed) // 60:2d}:{int(elapsed) % 60:02d}] {message}", file=self.stream, flush=True)
 
 
-def run_logged(cmd: Sequence[str], log: Path, *, cwd: Path | None = None, env: Mapping[str, str] | None = None,
-               timeout_s: float | None = None, heartbeat: Callable[[float], str | None] | None = None,
-               every_s: float = 20.0, say: Callable[[str], None] = lambda _m: None) -> int:
+def run_logged(
+    cmd: Sequence[str],
+    log: Path,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float | None = None,
+    heartbeat: Callable[[float], str | None] | None = None,
+    every_s: float = 20.0,
+    say: Callable[[str], None] = lambda _m: None,
+) -> int:
     """Runs cmd with stdout+stderr appended to log; returns its exit code.
 
     Every `every_s` seconds `heartbeat(elapsed)` may return a line of progress to show.

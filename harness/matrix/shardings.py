@@ -35,8 +35,11 @@ class Step:
 
 def _shardings(column: ColumnResult) -> dict[str, dict[str, str]]:
     # A case whose tensors vary by design (no_sharding_baseline: Hypothesis draws) would only show noise.
-    return {r.nodeid: {t: canonical_text(s) for t, s in r.shardings.items()}
-            for r in column.run.records if r.shardings and r.sharding_baseline}
+    return {
+        r.nodeid: {t: canonical_text(s) for t, s in r.shardings.items()}
+        for r in column.run.records
+        if r.shardings and r.sharding_baseline
+    }
 
 
 def consecutive_changes(columns: Sequence[ColumnResult]) -> list[Step]:
@@ -54,14 +57,23 @@ def consecutive_changes(columns: Sequence[ColumnResult]) -> list[Step]:
 
 
 def to_markdown(columns: Sequence[ColumnResult]) -> list[str]:
-    lines = ["## Sharding changes between consecutive columns", "",
-             "Tensors recorded by the same case in both columns whose sharding differs (canonical form; "
-             "iota and explicit device lists compare equal)."]
+    lines = [
+        "## Sharding changes between consecutive columns",
+        "",
+        "Tensors recorded by the same case in both columns whose sharding differs (canonical form; "
+        "iota and explicit device lists compare equal).",
+    ]
     for step in consecutive_changes(columns):
-        lines += ["", f"### {step.before} -> {step.after}: {len(step.moved)} tensor(s) moved"
-                      + (f"; {step.one_sided} recorded in one column only" if step.one_sided else ""), ""]
+        lines += [
+            "",
+            f"### {step.before} -> {step.after}: {len(step.moved)} tensor(s) moved"
+            + (f"; {step.one_sided} recorded in one column only" if step.one_sided else ""),
+            "",
+        ]
         if step.moved:
             lines += ["| case | tensor | before | after |", "|---|---|---|---|"]
-            lines += [f"| `{m.case}` | `{m.tensor}` | `{m.before or chr(39) * 2}` | `{m.after or chr(39) * 2}` |"
-                      for m in step.moved]
+            lines += [
+                f"| `{m.case}` | `{m.tensor}` | `{m.before or chr(39) * 2}` | `{m.after or chr(39) * 2}` |"
+                for m in step.moved
+            ]
     return lines

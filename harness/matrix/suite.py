@@ -67,16 +67,37 @@ def read_run(results_dir: Path) -> SuiteRun:
 class PytestSuite:
     """`<env>/bin/python -m pytest -m spmd cases --spmd-results-dir DIR -p no:cacheprovider` from the repo root."""
 
-    def __init__(self, repo: Path, say: Callable[[str], None], *, jobs: int = 1, extra_args: Sequence[str] = (),
-                 timeout_s: float = 3600.0) -> None:
+    def __init__(
+        self,
+        repo: Path,
+        say: Callable[[str], None],
+        *,
+        jobs: int = 1,
+        extra_args: Sequence[str] = (),
+        timeout_s: float = 3600.0,
+    ) -> None:
         self.repo, self.say, self.jobs, self.extra_args, self.timeout_s = repo, say, jobs, tuple(extra_args), timeout_s
 
     def command(self, python: Path, results_dir: Path) -> list[str]:
         # -c and --rootdir pin the repo's pytest config: otherwise pytest takes the --spmd-results-dir value
         # (a path outside the repo) as a rootdir candidate, finds no pyproject.toml there and silently
         # runs without the repo's markers, xfail_strict and filterwarnings.
-        cmd = [str(python), "-m", "pytest", "-c", str(self.repo / "pyproject.toml"), "--rootdir", str(self.repo),
-               "-m", "spmd", *SUITE_PATHS, "--spmd-results-dir", str(results_dir), "-p", "no:cacheprovider"]
+        cmd = [
+            str(python),
+            "-m",
+            "pytest",
+            "-c",
+            str(self.repo / "pyproject.toml"),
+            "--rootdir",
+            str(self.repo),
+            "-m",
+            "spmd",
+            *SUITE_PATHS,
+            "--spmd-results-dir",
+            str(results_dir),
+            "-p",
+            "no:cacheprovider",
+        ]
         if self.jobs > 1:
             cmd += ["-n", str(self.jobs)]
         return cmd + list(self.extra_args)
@@ -93,16 +114,28 @@ class PytestSuite:
 
         self.say(f"{label}: running the suite with {python}; log: {log}")
         try:
-            code = run_logged(self.command(python, results_dir), log, cwd=self.repo, env=env,
-                              timeout_s=self.timeout_s, heartbeat=heartbeat, every_s=30.0, say=self.say)
+            code = run_logged(
+                self.command(python, results_dir),
+                log,
+                cwd=self.repo,
+                env=env,
+                timeout_s=self.timeout_s,
+                heartbeat=heartbeat,
+                every_s=30.0,
+                say=self.say,
+            )
         except CommandTimedOut as exc:
-            raise SuiteRunError(f"{label}: the suite ran past {self.timeout_s:.0f}s and was stopped ({exc}); "
-                                f"log: {log}. Raise --suite-timeout or narrow the run with -- -k EXPR.") from None
+            raise SuiteRunError(
+                f"{label}: the suite ran past {self.timeout_s:.0f}s and was stopped ({exc}); "
+                f"log: {log}. Raise --suite-timeout or narrow the run with -- -k EXPR."
+            ) from None
         except OSError as exc:
             raise SuiteRunError(f"{label}: could not start {python}: {exc}") from None
         run = read_run(results_dir)
         run.exit_code, run.log, run.duration_s = code, log, round(time.monotonic() - started, 1)
-        self.say(f"{label}: suite finished in {run.duration_s:.0f}s, pytest exit {code}, {len(run.records)} case record(s)")
+        self.say(
+            f"{label}: suite finished in {run.duration_s:.0f}s, pytest exit {code}, {len(run.records)} case record(s)"
+        )
         return run
 
 

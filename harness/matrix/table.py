@@ -199,12 +199,18 @@ def build_matrix(registry: Mapping[str, KnownBug], columns: Sequence[ColumnResul
 def _explain(entry: KnownBug, column: ColumnResult, cell: Cell) -> str:
     observed = cell.observed
     if cell.expected is None:
-        return f"{entry.id} on {column.name}: no torch_xla version known for the column, so the registry cannot be applied"
+        return (
+            f"{entry.id} on {column.name}: no torch_xla version known for the column, so the registry cannot be applied"
+        )
     if observed.state is State.NO_CASE:
-        return (f"{entry.id}: no case is marked known_bug({entry.id!r}); the registry claims something nothing tests "
-                f"(add a case, or remove the entry)")
-    said = f"{entry.id} on torch_xla {column.torch_xla}: observed {observed.state.value} ({observed.detail}), " \
-           f"registry expects {cell.expected.value} (carried_by {entry.carried_by or 'any'})"
+        return (
+            f"{entry.id}: no case is marked known_bug({entry.id!r}); the registry claims something nothing tests "
+            f"(add a case, or remove the entry)"
+        )
+    said = (
+        f"{entry.id} on torch_xla {column.torch_xla}: observed {observed.state.value} ({observed.detail}), "
+        f"registry expects {cell.expected.value} (carried_by {entry.carried_by or 'any'})"
+    )
     kinds = {c.kind for c in observed.cases}
     if "unexpected pass" in kinds or observed.state is State.FIXED:
         said += " -> the bug did not reproduce: if it is fixed there, update carried_by; if not, the case no longer detects it"
@@ -220,11 +226,18 @@ def _column_problems(column: ColumnResult, registry: Mapping[str, KnownBug]) -> 
         yield Disagreement(column.name, None, f"{column.name}: {column.run.problem}")
     observed, declared = column.observed_version, column.declared
     if observed and declared and observed != declared:
-        yield Disagreement(column.name, None, f"{column.name}: the cases ran torch_xla {observed}, but the column is {declared}")
+        yield Disagreement(
+            column.name, None, f"{column.name}: the cases ran torch_xla {observed}, but the column is {declared}"
+        )
     for record in column.run.records:
         if record.known_bug and record.known_bug not in registry:
-            yield Disagreement(column.name, None, f"{record.nodeid} names known_bug({record.known_bug!r}), which the registry lacks")
+            yield Disagreement(
+                column.name, None, f"{record.nodeid} names known_bug({record.known_bug!r}), which the registry lacks"
+            )
         elif not record.known_bug and record.outcome in ("failed", "xpassed"):
             # Not a registry entry, but a release manager must not miss a case that breaks on a release.
-            yield Disagreement(column.name, None, f"{record.nodeid} {record.outcome} on {column.name} "
-                                                  f"(no registry entry): {record.reason[:200]}")
+            yield Disagreement(
+                column.name,
+                None,
+                f"{record.nodeid} {record.outcome} on {column.name} (no registry entry): {record.reason[:200]}",
+            )

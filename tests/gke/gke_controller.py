@@ -80,7 +80,8 @@ class FakeJobSetController:
 
     def _reconcile(self) -> None:
         items = self.custom.list_cluster_custom_object(
-            manifest.JOBSET_GROUP, manifest.JOBSET_VERSION, manifest.JOBSET_PLURAL)["items"]
+            manifest.JOBSET_GROUP, manifest.JOBSET_VERSION, manifest.JOBSET_PLURAL
+        )["items"]
         if not items:
             return  # deleted already (Ctrl-C right after create): nothing to run
         [jobset] = items
@@ -95,7 +96,9 @@ class FakeJobSetController:
         for s, h in places:
             waiting = self.scenario.host(s, h).waiting
             if waiting:  # stays Pending, no log: the kubelet never started the container
-                self._phase(ns, name, s, h, "Pending", waiting={"reason": waiting[0], "message": waiting[1]}, image=image)
+                self._phase(
+                    ns, name, s, h, "Pending", waiting={"reason": waiting[0], "message": waiting[1]}, image=image
+                )
                 continue
             self._phase(ns, name, s, h, "Running")
             self.emulator.pod_logs[(ns, f"{name}-slice-{s}-{h}-x{s}{h}")] = "collected 2 items\n"
@@ -106,44 +109,93 @@ class FakeJobSetController:
         self._end(ns, name)
 
     def _pod(self, ns: str, name: str, slices: int, s: int, h: int, image: str) -> dict:
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": f"{name}-slice-{s}-{h}-x{s}{h}", "namespace": ns,
-            "labels": {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/job-index": str(s),
-                       "jobset.sigs.k8s.io/replicatedjob-replicas": str(slices)},
-            "annotations": {"batch.kubernetes.io/job-completion-index": str(h)}},
-            "spec": {"containers": [{"name": "worker", "image": image}]}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-slice-{s}-{h}-x{s}{h}",
+                "namespace": ns,
+                "labels": {
+                    "jobset.sigs.k8s.io/jobset-name": name,
+                    "jobset.sigs.k8s.io/job-index": str(s),
+                    "jobset.sigs.k8s.io/replicatedjob-replicas": str(slices),
+                },
+                "annotations": {"batch.kubernetes.io/job-completion-index": str(h)},
+            },
+            "spec": {"containers": [{"name": "worker", "image": image}]},
+        }
 
-    def _phase(self, ns: str, name: str, s: int, h: int, phase: str, terminated: dict | None = None,
-               waiting: dict | None = None, image: str = "img") -> None:
+    def _phase(
+        self,
+        ns: str,
+        name: str,
+        s: int,
+        h: int,
+        phase: str,
+        terminated: dict | None = None,
+        waiting: dict | None = None,
+        image: str = "img",
+    ) -> None:
         status: dict = {"phase": phase}
         if terminated or waiting:
             state = {"terminated": terminated} if terminated else {"waiting": waiting}
-            status["containerStatuses"] = [{"name": "worker", "image": image, "imageID": "", "ready": False,
-                                            "restartCount": 0, "state": state}]
+            status["containerStatuses"] = [
+                {"name": "worker", "image": image, "imageID": "", "ready": False, "restartCount": 0, "state": state}
+            ]
         self.core.patch_namespaced_pod_status(f"{name}-slice-{s}-{h}-x{s}{h}", ns, {"status": status})
 
     def _finish(self, ns: str, name: str, s: int, h: int) -> None:
         host = self.scenario.host(s, h)
-        report = HostReport(slice_id=s, host_id=h, pod=f"{name}-slice-{s}-{h}", exit_code=0, signal=host.signal, records=[
-            CaseRecord(nodeid=CASE, family="fake_family", outcome="passed", torch_xla="2.9.0",
-                       shardings={"fc.weight": host.sharding})])
+        report = HostReport(
+            slice_id=s,
+            host_id=h,
+            pod=f"{name}-slice-{s}-{h}",
+            exit_code=0,
+            signal=host.signal,
+            records=[
+                CaseRecord(
+                    nodeid=CASE,
+                    family="fake_family",
+                    outcome="passed",
+                    torch_xla="2.9.0",
+                    shardings={"fc.weight": host.sharding},
+                )
+            ],
+        )
         if host.signal:
             report.exit_code, report.error = None, f"suite died of {host.signal}"
-        self.emulator.pod_logs[(ns, f"{name}-slice-{s}-{h}-x{s}{h}")] = host.log(report_channel.encode(report.to_dict()))
+        self.emulator.pod_logs[(ns, f"{name}-slice-{s}-{h}-x{s}{h}")] = host.log(
+            report_channel.encode(report.to_dict())
+        )
         reason, code = host.detail or (("Completed", 0) if host.phase == "Succeeded" else ("Error", 1))
         self._phase(ns, name, s, h, host.phase, {"exitCode": code, "reason": reason})
 
     def _status(self, ns: str, name: str, counts: dict, conditions: list | None = None) -> None:
-        status: dict = {"replicatedJobsStatus": [{"name": "slice", "ready": 0, "succeeded": 0, "failed": 0,
-                                                  "active": 0, "suspended": 0, **counts}]}
+        status: dict = {
+            "replicatedJobsStatus": [
+                {"name": "slice", "ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 0, **counts}
+            ]
+        }
         if conditions:
             status["conditions"] = conditions
         self.custom.patch_namespaced_custom_object_status(
-            manifest.JOBSET_GROUP, manifest.JOBSET_VERSION, ns, manifest.JOBSET_PLURAL, name, {"status": status})
+            manifest.JOBSET_GROUP, manifest.JOBSET_VERSION, ns, manifest.JOBSET_PLURAL, name, {"status": status}
+        )
 
     def _end(self, ns: str, name: str) -> None:
         final = self.scenario.final
         reason = "AllJobsCompleted" if final == "Completed" else "FailedJobs"
-        self._status(ns, name, {"succeeded" if final == "Completed" else "failed": 1}, [
-            {"type": final, "status": "True", "reason": reason, "message": f"jobset {final.lower()}",
-             "lastTransitionTime": "2025-01-01T00:00:00Z"}])
+        self._status(
+            ns,
+            name,
+            {"succeeded" if final == "Completed" else "failed": 1},
+            [
+                {
+                    "type": final,
+                    "status": "True",
+                    "reason": reason,
+                    "message": f"jobset {final.lower()}",
+                    "lastTransitionTime": "2025-01-01T00:00:00Z",
+                }
+            ],
+        )

@@ -39,13 +39,32 @@ STARTUP_TIMEOUT_S = 10.0
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
 # What the launcher reads of the JobSet CRD: the served version and whether spec knows coordinator.
 JOBSET_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
     "metadata": {"name": "jobsets.jobset.x-k8s.io"},
-    "spec": {"group": "jobset.x-k8s.io", "scope": "Namespaced",
-             "names": {"kind": "JobSet", "plural": "jobsets", "singular": "jobset"},
-             "versions": [{"name": "v1alpha2", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                 "type": "object", "properties": {"spec": {"type": "object", "properties": {
-                     "coordinator": {"type": "object"}, "replicatedJobs": {"type": "array"}}}}}}}]},
+    "spec": {
+        "group": "jobset.x-k8s.io",
+        "scope": "Namespaced",
+        "names": {"kind": "JobSet", "plural": "jobsets", "singular": "jobset"},
+        "versions": [
+            {
+                "name": "v1alpha2",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "properties": {"coordinator": {"type": "object"}, "replicatedJobs": {"type": "array"}},
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
 }
 
 
@@ -85,7 +104,10 @@ class PatchedEmulator(k8s.KubernetesEmulator):
         self.resources["v1/namespaces"] = {"namespaced": False, "kind": "Namespace"}
         self.resources["v1/serviceaccounts"] = {"namespaced": True, "kind": "ServiceAccount"}
         self.resources["jobset.x-k8s.io/v1alpha2/jobsets"] = {
-            "namespaced": True, "kind": "JobSet", "subresources": {"status"}}
+            "namespaced": True,
+            "kind": "JobSet",
+            "subresources": {"status"},
+        }
         self.pod_logs: dict[tuple[str, str], str] = {}
         self.namespaces: dict[str, dict[str, Any]] = {}
         # Namespaces are served by this class (see __call__), so their faults are an HTTP status
@@ -121,7 +143,7 @@ class PatchedEmulator(k8s.KubernetesEmulator):
         if path.startswith("/api/v1/namespaces/") and path.count("/") == 4 and raw_request.method == "GET":
             return await self._read_namespace(path.rsplit("/", 1)[1])
         if path.startswith(CRD_PATH) and raw_request.method == "GET":
-            return await self._read_crd(path[len(CRD_PATH):])
+            return await self._read_crd(path[len(CRD_PATH) :])
         return await super().__call__(raw_request)
 
     async def _create_namespace(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
@@ -129,7 +151,9 @@ class PatchedEmulator(k8s.KubernetesEmulator):
         name = body["metadata"]["name"]
         self.requests_seen.append(("CREATE", "namespaces", name))
         if self.namespace_statuses.get("CREATE"):
-            return await self._render_error(k8s.KubernetesError(status=self.namespace_statuses["CREATE"], reason="Injected"))
+            return await self._render_error(
+                k8s.KubernetesError(status=self.namespace_statuses["CREATE"], reason="Injected")
+            )
         if name in self.namespaces:
             return await self._render_error(k8s.KubernetesObjectConflictError())
         self.namespaces[name] = body
@@ -138,7 +162,9 @@ class PatchedEmulator(k8s.KubernetesEmulator):
     async def _read_namespace(self, name: str) -> aiohttp.web.StreamResponse:
         self.requests_seen.append(("FETCH", "namespaces", name))
         if self.namespace_statuses.get("FETCH"):
-            return await self._render_error(k8s.KubernetesError(status=self.namespace_statuses["FETCH"], reason="Injected"))
+            return await self._render_error(
+                k8s.KubernetesError(status=self.namespace_statuses["FETCH"], reason="Injected")
+            )
         if name not in self.namespaces:
             return await self._render_error(k8s.KubernetesObjectNotFoundError())
         return aiohttp.web.json_response({"apiVersion": "v1", "kind": "Namespace", **self.namespaces[name]})
@@ -184,7 +210,9 @@ class PatchedEmulator(k8s.KubernetesEmulator):
         if request.action == enums.action.CREATE and request.namespace:
             meta.setdefault("namespace", request.namespace)
 
-    def _fix_response(self, request: rendering.Request, response: aiohttp.web.StreamResponse) -> aiohttp.web.StreamResponse:
+    def _fix_response(
+        self, request: rendering.Request, response: aiohttp.web.StreamResponse
+    ) -> aiohttp.web.StreamResponse:
         if request.action == enums.action.CREATE and response.status == 200:
             response.set_status(201)  # the client deserialises creates only on 201
         if request.action == enums.action.LIST and response.status == 200:
@@ -211,9 +239,20 @@ class PatchedEmulator(k8s.KubernetesEmulator):
         await response.prepare(request._raw_request)
         if self.expired_watches > 0:
             self.expired_watches -= 1
-            await _write_event(response, {"type": "ERROR", "object": {
-                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410,
-                "reason": "Expired", "message": "too old resource version (injected)"}})
+            await _write_event(
+                response,
+                {
+                    "type": "ERROR",
+                    "object": {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "code": 410,
+                        "reason": "Expired",
+                        "message": "too old resource version (injected)",
+                    },
+                },
+            )
             return response
         timeout = float(request.params.get("timeoutSeconds", "30"))
         try:

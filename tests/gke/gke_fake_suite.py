@@ -41,7 +41,9 @@ def main() -> int:
     print(f"fake suite on {here}, backend {args.backend}", flush=True)
     slice_id = int(here.split(":")[0])
     sharding = OTHER if args.disagree_on_slice == slice_id else AGREED
-    write_record(args.results_dir, _record(CASES[0], "passed", args.backend, {"fc.weight": sharding, "scalar": "{replicated}"}))
+    write_record(
+        args.results_dir, _record(CASES[0], "passed", args.backend, {"fc.weight": sharding, "scalar": "{replicated}"})
+    )
     if args.crash_on == here:
         print("about to crash", flush=True)
         os.kill(os.getpid(), signal.SIGABRT)
@@ -53,9 +55,17 @@ def main() -> int:
 
 
 def _record(nodeid: str, outcome: str, backend: str, shardings: dict[str, str]) -> CaseRecord:
-    return CaseRecord(nodeid=nodeid, family=family_of(nodeid), outcome=outcome, backend=backend,
-                      torch_xla="2.9.0", devices=4, duration_s=0.01, shardings=shardings,
-                      reason="known bug reproduced" if outcome == "xfailed" else "")
+    return CaseRecord(
+        nodeid=nodeid,
+        family=family_of(nodeid),
+        outcome=outcome,
+        backend=backend,
+        torch_xla="2.9.0",
+        devices=4,
+        duration_s=0.01,
+        shardings=shardings,
+        reason="known bug reproduced" if outcome == "xfailed" else "",
+    )
 
 
 if __name__ == "__main__":

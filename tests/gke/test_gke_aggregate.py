@@ -18,8 +18,14 @@ CASE = "cases/test_fsdp.py::test_wrap[func-on]"
 
 
 def host(s: int, h: int, shardings: dict[str, str] | None = None, outcome: str = "passed") -> HostReport:
-    record = CaseRecord(nodeid=CASE, family="fsdp", outcome=outcome, shardings=shardings or {}, torch_xla="2.9.0",
-                        reason="boom" if outcome == "failed" else "")
+    record = CaseRecord(
+        nodeid=CASE,
+        family="fsdp",
+        outcome=outcome,
+        shardings=shardings or {},
+        torch_xla="2.9.0",
+        reason="boom" if outcome == "failed" else "",
+    )
     return HostReport(slice_id=s, host_id=h, pod=f"p-{s}-{h}", exit_code=0, records=[record])
 
 
@@ -30,8 +36,12 @@ def test_all_agree_passes() -> None:
 
 
 def test_disagreement_names_case_tensor_hosts_and_both_shardings() -> None:
-    reports = [host(0, 0, {"w": "{devices=[4,1]0,1,2,3}"}), host(0, 1, {"w": "{devices=[4,1]0,1,2,3}"}),
-               host(1, 0, {"w": "{replicated}"}), host(1, 1, {"w": "{devices=[4,1]0,1,2,3}"})]
+    reports = [
+        host(0, 0, {"w": "{devices=[4,1]0,1,2,3}"}),
+        host(0, 1, {"w": "{devices=[4,1]0,1,2,3}"}),
+        host(1, 0, {"w": "{replicated}"}),
+        host(1, 1, {"w": "{devices=[4,1]0,1,2,3}"}),
+    ]
     result = agg.aggregate(reports, 2, 2)
     assert not result.ok
     [line] = result.failures
@@ -109,8 +119,10 @@ def test_a_host_whose_step_gathers_more_is_a_cost_disagreement_naming_hosts_and_
     result = agg.aggregate([costed(0, 0, 3), costed(0, 1, 3), costed(1, 0, 5), costed(1, 1, 3)], 2, 2)
     assert not result.ok
     [line] = result.failures
-    assert line == (f"{CASE}: cost signature of 'train' differs across hosts: slice1.host0 against "
-                    "slice0.host0, slice0.host1, slice1.host1: step0: all-gather 3 -> 5 (+64 KiB per device)")
+    assert line == (
+        f"{CASE}: cost signature of 'train' differs across hosts: slice1.host0 against "
+        "slice0.host0, slice0.host1, slice1.host1: step0: all-gather 3 -> 5 (+64 KiB per device)"
+    )
     junit = ET.tostring(agg.junit_xml(result), encoding="unicode")
     assert 'name="cost-agreement"' in junit and "1 cost disagreement(s)" in junit
     assert agg.to_json(result, {})["cost_disagreements"][0]["hosts"][1] == ["slice1.host0"]

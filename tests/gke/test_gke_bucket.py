@@ -14,7 +14,9 @@ import pytest
 from harness.gke import bucket
 
 pytestmark = pytest.mark.selftest
-emulator_server = pytest.importorskip("gcp_storage_emulator.server", reason="gcp-storage-emulator comes with the test extra")
+emulator_server = pytest.importorskip(
+    "gcp_storage_emulator.server", reason="gcp-storage-emulator comes with the test extra"
+)
 storage = pytest.importorskip("google.cloud.storage", reason="google-cloud-storage comes with the test extra")
 
 BUCKET = "nightly-reports"
@@ -48,10 +50,13 @@ def test_a_missing_bucket_is_reported_not_raised(gcs) -> None:
     assert status.startswith("not uploaded: NotFound"), status
 
 
-@pytest.mark.parametrize("uri, status", [
-    (None, "not configured"),
-    ("", "not configured"),
-    ("s3://elsewhere/x", "not uploaded: 's3://elsewhere/x' is not a gs:// URI"),
-])
+@pytest.mark.parametrize(
+    "uri, status",
+    [
+        (None, "not configured"),
+        ("", "not configured"),
+        ("s3://elsewhere/x", "not uploaded: 's3://elsewhere/x' is not a gs:// URI"),
+    ],
+)
 def test_unconfigured_or_foreign_uris_upload_nothing(uri, status) -> None:
     assert bucket.publish(uri, "x.json", b"{}") == status

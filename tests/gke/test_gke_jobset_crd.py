@@ -44,14 +44,17 @@ def to_json_schema(node: Any) -> Any:
         return [to_json_schema(item) for item in node]
     if not isinstance(node, dict):
         return node
-    out = {k: to_json_schema(v) for k, v in node.items()
-           if not k.startswith("x-kubernetes-") and k != "nullable"}
+    out = {k: to_json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
     if node.get("x-kubernetes-int-or-string"):
         out.pop("type", None)
         out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     if node.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
-    if "properties" in out and "additionalProperties" not in out and not node.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 

@@ -32,13 +32,22 @@ V4 = accelerators.lookup("v4", "2x2x2")
 
 
 def config(tmp_path: Path, **kwargs) -> launcher.RunConfig:
-    defaults = dict(accel=V4, slices=2, image="img:1", out_dir=tmp_path / "out", namespace="nightly",
-                    name="spmd-test", timeout_s=20, watch_segment_s=2)
+    defaults = dict(
+        accel=V4,
+        slices=2,
+        image="img:1",
+        out_dir=tmp_path / "out",
+        namespace="nightly",
+        name="spmd-test",
+        timeout_s=20,
+        watch_segment_s=2,
+    )
     return launcher.RunConfig(**{**defaults, **kwargs})
 
 
-def run(emulator: EmulatorThread, api: client.ApiClient, kube: Kube, cfg: launcher.RunConfig,
-        scenario: Scenario) -> tuple[launcher.agg.Aggregate, str]:
+def run(
+    emulator: EmulatorThread, api: client.ApiClient, kube: Kube, cfg: launcher.RunConfig, scenario: Scenario
+) -> tuple[launcher.agg.Aggregate, str]:
     out = io.StringIO()
     with FakeJobSetController(emulator.emulator, api, scenario):
         result = launcher.run(cfg, kube, out)
@@ -71,10 +80,13 @@ def test_success_collects_every_host_and_cleans_up(emulator, api, kube, tmp_path
 
 
 def test_failed_pod_fails_the_run(emulator, api, kube, tmp_path) -> None:
-    scenario = Scenario(final="Failed", hosts={
-        (1, 0): Host(phase="Failed", signal="SIGABRT"),  # reported, then exited non-zero
-        (1, 1): Host(phase="Failed", log=lambda block: "killed\n", detail=("OOMKilled", 137)),  # never reported
-    })
+    scenario = Scenario(
+        final="Failed",
+        hosts={
+            (1, 0): Host(phase="Failed", signal="SIGABRT"),  # reported, then exited non-zero
+            (1, 1): Host(phase="Failed", log=lambda block: "killed\n", detail=("OOMKilled", 137)),  # never reported
+        },
+    )
     result, _ = run(emulator, api, kube, config(tmp_path), scenario)
     assert not result.ok
     failures = "\n".join(result.failures)
@@ -84,12 +96,15 @@ def test_failed_pod_fails_the_run(emulator, api, kube, tmp_path) -> None:
     assert not jobset_exists(emulator)
 
 
-@pytest.mark.parametrize("damage, reason", [
-    # the block is missing entirely
-    (lambda block: "pytest output only\n", "no report block"),
-    # the block is there but a line of it was altered
-    (lambda block: block.replace(block.splitlines()[1], block.splitlines()[1][::-1]), "checksum"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        # the block is missing entirely
+        (lambda block: "pytest output only\n", "no report block"),
+        # the block is there but a line of it was altered
+        (lambda block: block.replace(block.splitlines()[1], block.splitlines()[1][::-1]), "checksum"),
+    ],
+)
 def test_missing_or_corrupt_block_is_a_failed_host(emulator, api, kube, tmp_path, damage, reason) -> None:
     scenario = Scenario(hosts={(0, 1): Host(log=damage)})
     result, _ = run(emulator, api, kube, config(tmp_path), scenario)
@@ -136,7 +151,8 @@ def test_transient_409_on_create_is_retried(emulator, api, kube, kube_log, tmp_p
 def test_409_from_someone_elses_jobset_is_an_error_and_leaves_it(emulator, api, kube, tmp_path) -> None:
     theirs = manifest.find(manifest.render(V4, 2, "theirs", name="spmd-test", namespace="nightly"), "JobSet")
     client.CustomObjectsApi(api).create_namespaced_custom_object(
-        manifest.JOBSET_GROUP, manifest.JOBSET_VERSION, "nightly", manifest.JOBSET_PLURAL, theirs)
+        manifest.JOBSET_GROUP, manifest.JOBSET_VERSION, "nightly", manifest.JOBSET_PLURAL, theirs
+    )
     with pytest.raises(JobSetExistsError, match="kubectl delete jobset spmd-test -n nightly"):
         launcher.run(config(tmp_path), kube, io.StringIO())
     assert jobset_exists(emulator)
@@ -165,18 +181,22 @@ def test_keep_leaves_the_jobset(emulator, api, kube, tmp_path) -> None:
     assert result.ok and jobset_exists(emulator) and "kubectl delete jobset spmd-test -n nightly" in out
 
 
-@pytest.mark.parametrize("reason, message, hint", [
-    # the reference passed the CLI's check but not the node's parser (e.g. a runtime that is stricter)
-    ("InvalidImageName", 'Failed to apply default image tag "img:1": invalid reference format', "fix --image"),
-    # the tag does not exist, or the node pools' service account may not pull it
-    ("ImagePullBackOff", 'Back-off pulling image "img:1"', "roles/artifactregistry.reader"),
-    # the pod references a Secret or ConfigMap that is not there
-    ("CreateContainerConfigError", 'secret "gcs-key" not found', "Secret or ConfigMap"),
-    # the runtime refused to create the container
-    ("CreateContainerError", "failed to reserve container name", "container runtime"),
-])
-def test_a_container_that_cannot_start_fails_the_run_at_once(emulator, api, kube, tmp_path, reason, message,
-                                                             hint) -> None:
+@pytest.mark.parametrize(
+    "reason, message, hint",
+    [
+        # the reference passed the CLI's check but not the node's parser (e.g. a runtime that is stricter)
+        ("InvalidImageName", 'Failed to apply default image tag "img:1": invalid reference format', "fix --image"),
+        # the tag does not exist, or the node pools' service account may not pull it
+        ("ImagePullBackOff", 'Back-off pulling image "img:1"', "roles/artifactregistry.reader"),
+        # the pod references a Secret or ConfigMap that is not there
+        ("CreateContainerConfigError", 'secret "gcs-key" not found', "Secret or ConfigMap"),
+        # the runtime refused to create the container
+        ("CreateContainerError", "failed to reserve container name", "container runtime"),
+    ],
+)
+def test_a_container_that_cannot_start_fails_the_run_at_once(
+    emulator, api, kube, tmp_path, reason, message, hint
+) -> None:
     scenario = Scenario(final=None, hosts={(1, 0): Host(waiting=(reason, message))})
     started = time.monotonic()
     result, out = run(emulator, api, kube, config(tmp_path, timeout_s=15, watch_segment_s=0.5), scenario)
@@ -219,15 +239,40 @@ def test_ctrl_c_deletes_the_jobset(emulator, api, kube, tmp_path) -> None:
 
 def test_cli_end_to_end(emulator, api, tmp_path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": emulator.url}}],
-        "users": [{"name": "u", "user": {}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}]}))
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": emulator.url}}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "u"}}],
+            }
+        )
+    )
     out = io.StringIO()
     with FakeJobSetController(emulator.emulator, api, Scenario(hosts={(0, 0): Host(sharding="{replicated}")})):
-        code = main(["run", "--accelerator", "v4", "--topology", "2x2x2", "--image", "img:1", "--name", "spmd-cli",
-                     "--timeout", "20s", "--kubeconfig", str(kubeconfig), "--out", str(tmp_path / "o")], out=out)
+        code = main(
+            [
+                "run",
+                "--accelerator",
+                "v4",
+                "--topology",
+                "2x2x2",
+                "--image",
+                "img:1",
+                "--name",
+                "spmd-cli",
+                "--timeout",
+                "20s",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--out",
+                str(tmp_path / "o"),
+            ],
+            out=out,
+        )
     assert code == 1, out.getvalue()
     assert "VERDICT: FAILED (1 failure(s) over 4 hosts" in out.getvalue()
     assert not jobset_exists(emulator, "spmd-cli")
@@ -246,14 +291,17 @@ def test_an_existing_namespace_is_read_not_created(emulator, api, kube, tmp_path
 
 def test_a_missing_namespace_that_may_not_be_created_names_the_permission(emulator, api, kube, tmp_path) -> None:
     emulator.emulator.namespace_statuses["CREATE"] = 403
-    with pytest.raises(KubeApiError, match="Namespace nightly does not exist and this account may not create it: "
-                                           "it lacks `create` on namespaces"):
+    with pytest.raises(
+        KubeApiError,
+        match="Namespace nightly does not exist and this account may not create it: it lacks `create` on namespaces",
+    ):
         launcher.run(config(tmp_path), kube, io.StringIO())
     assert not jobset_exists(emulator)
 
 
-def test_a_namespace_that_may_be_neither_read_nor_created_is_assumed_to_exist(emulator, api, kube, kube_log,
-                                                                             tmp_path) -> None:
+def test_a_namespace_that_may_be_neither_read_nor_created_is_assumed_to_exist(
+    emulator, api, kube, kube_log, tmp_path
+) -> None:
     emulator.emulator.namespace_statuses.update(FETCH=403, CREATE=403)
     result, _ = run(emulator, api, kube, config(tmp_path), Scenario())
     assert result.ok, result.failures
@@ -262,9 +310,12 @@ def test_a_namespace_that_may_be_neither_read_nor_created_is_assumed_to_exist(em
 
 def test_jobset_not_installed_is_found_before_anything_is_created(emulator, api, kube, tmp_path) -> None:
     emulator.emulator.crds.clear()
-    with pytest.raises(JobSetNotInstalledError, match=r"JobSet is not installed on this cluster \(no "
-                                                      r"CustomResourceDefinition jobsets.jobset.x-k8s.io\). Install "
-                                                      r"JobSet 0.6 or newer"):
+    with pytest.raises(
+        JobSetNotInstalledError,
+        match=r"JobSet is not installed on this cluster \(no "
+        r"CustomResourceDefinition jobsets.jobset.x-k8s.io\). Install "
+        r"JobSet 0.6 or newer",
+    ):
         launcher.run(config(tmp_path), kube, io.StringIO())
     assert [a for a, _, _ in emulator.emulator.requests_seen] == ["FETCH"], "it created something first"
 
@@ -272,8 +323,9 @@ def test_jobset_not_installed_is_found_before_anything_is_created(emulator, api,
 def test_a_jobset_without_spec_coordinator_is_refused_as_too_old(emulator, api, kube, tmp_path) -> None:
     crd = emulator.emulator.crds["jobsets.jobset.x-k8s.io"]
     del crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["coordinator"]
-    with pytest.raises(JobSetNotInstalledError, match="older than 0.6: its CRD jobsets.jobset.x-k8s.io has no "
-                                                      "spec.coordinator"):
+    with pytest.raises(
+        JobSetNotInstalledError, match="older than 0.6: its CRD jobsets.jobset.x-k8s.io has no spec.coordinator"
+    ):
         launcher.run(config(tmp_path), kube, io.StringIO())
     assert not jobset_exists(emulator)
 
@@ -285,16 +337,20 @@ def test_an_account_that_may_not_read_crds_goes_ahead(emulator, api, kube, kube_
     assert any("cannot read CustomResourceDefinition jobsets.jobset.x-k8s.io (HTTP 403)" in line for line in kube_log)
 
 
-@pytest.mark.parametrize("crd_installed, crd_read_status, expected", [
-    # The CRD went away between the check and the create: say what to install.
-    (False, 0, r"JobSet is not installed on this cluster"),
-    # JobSet is there, so the 404 can only be the namespace.
-    (True, 0, r"although JobSet is installed: namespace nightly does not exist"),
-    # Neither can be told apart: name both.
-    (True, 403, r"either JobSet is not installed .* or namespace nightly does not exist"),
-])
-def test_a_404_on_create_says_which_prerequisite_is_missing(emulator, api, kube, tmp_path, crd_installed,
-                                                           crd_read_status, expected) -> None:
+@pytest.mark.parametrize(
+    "crd_installed, crd_read_status, expected",
+    [
+        # The CRD went away between the check and the create: say what to install.
+        (False, 0, r"JobSet is not installed on this cluster"),
+        # JobSet is there, so the 404 can only be the namespace.
+        (True, 0, r"although JobSet is installed: namespace nightly does not exist"),
+        # Neither can be told apart: name both.
+        (True, 403, r"either JobSet is not installed .* or namespace nightly does not exist"),
+    ],
+)
+def test_a_404_on_create_says_which_prerequisite_is_missing(
+    emulator, api, kube, tmp_path, crd_installed, crd_read_status, expected
+) -> None:
     emulator.emulator.fail_next(Fault(is_create(JOBSETS), 404))
     if not crd_installed:
         # As if the CRD went away after the up-front check.

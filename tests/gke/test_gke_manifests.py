@@ -31,8 +31,23 @@ SHAPES = [pytest.param(a, id=a.overlay) for a in accelerators.ACCELERATORS]
 
 def dry_run(accel: accelerators.AcceleratorType) -> str:
     out = io.StringIO()
-    code = main(["run", "--dry-run", "--accelerator", accel.name, "--topology", accel.topology, "--slices", "2",
-                 "--image", manifest.BASE_IMAGE, "--name", manifest.BASE_NAME], out=out)
+    code = main(
+        [
+            "run",
+            "--dry-run",
+            "--accelerator",
+            accel.name,
+            "--topology",
+            accel.topology,
+            "--slices",
+            "2",
+            "--image",
+            manifest.BASE_IMAGE,
+            "--name",
+            manifest.BASE_NAME,
+        ],
+        out=out,
+    )
     assert code == 0
     return out.getvalue()
 
@@ -56,8 +71,13 @@ def test_every_golden_and_overlay_has_a_table_row() -> None:
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 @pytest.mark.parametrize("accel", SHAPES)
 def test_launcher_render_equals_kubectl_kustomize(accel: accelerators.AcceleratorType) -> None:
-    built = subprocess.run(["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / accel.overlay)],
-                           capture_output=True, text=True, timeout=60, check=True).stdout
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / accel.overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     from_kustomize = by_kind(list(yaml.safe_load_all(built)))
     from_launcher = by_kind(manifest.render(accel, 2, manifest.BASE_IMAGE))
     assert from_launcher == from_kustomize
@@ -68,8 +88,12 @@ def test_pod_and_job_templates_pass_the_kubernetes_schema(accel: accelerators.Ac
     kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="comes with the test extra")
     docs = by_kind(list(yaml.safe_load_all(dry_run(accel))))
     jobset = docs["JobSet"]
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "slice"},
-           "spec": manifest.replicated_job(jobset)["template"]["spec"]}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "slice"},
+        "spec": manifest.replicated_job(jobset)["template"]["spec"],
+    }
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "host"}, **manifest.pod_template(jobset)}
     for doc in (job, pod, docs["Namespace"], docs["ServiceAccount"]):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -94,14 +118,19 @@ def test_jobset_shape(accel: accelerators.AcceleratorType, slices: int) -> None:
     pod = manifest.pod_template(jobset)["spec"]
     container = manifest.worker_container(jobset)
     assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and jobset["metadata"]["name"] == "run-1"
-    assert jobset["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == "cloud.google.com/gke-nodepool"
+    assert (
+        jobset["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"]
+        == "cloud.google.com/gke-nodepool"
+    )
     assert rjob["replicas"] == slices
     assert job["parallelism"] == job["completions"] == accel.hosts_per_slice
     assert job["backoffLimit"] == 0 and job["completionMode"] == "Indexed"
     assert jobset["spec"]["failurePolicy"] == {"maxRestarts": 0}
     assert jobset["spec"]["ttlSecondsAfterFinished"] > 0
-    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": accel.gke_accelerator,
-                                   "cloud.google.com/gke-tpu-topology": accel.topology}
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": accel.gke_accelerator,
+        "cloud.google.com/gke-tpu-topology": accel.topology,
+    }
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert pod["restartPolicy"] == "Never"
     assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -135,8 +164,13 @@ def test_bad_jobset_names_are_usage_errors(name: str) -> None:
 def test_the_name_limit_fits_each_overlays_coordinator_label(accel: accelerators.AcceleratorType) -> None:
     """The longest accepted name makes a coordinator label of at most 63 characters in the JobSet
     that `kubectl kustomize` renders for the overlay; one character more is refused, with the numbers."""
-    built = subprocess.run(["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / accel.overlay)],
-                           capture_output=True, text=True, timeout=60, check=True).stdout
+    built = subprocess.run(
+        ["kubectl", "kustomize", str(REPO / "k8s" / "overlays" / accel.overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     jobset = by_kind(list(yaml.safe_load_all(built)))["JobSet"]
     limit = manifest.max_name_length(jobset)
     longest = "a" * limit
@@ -174,12 +208,18 @@ def test_the_prerequisites_name_everything_the_nightly_reads() -> None:
     readme = (REPO / "README.md").read_text()
     assert "k8s/README.md#prerequisites-for-the-nightly-multi-slice-run" in readme
     k8s_readme = (REPO / "k8s" / "README.md").read_text()
-    section = k8s_readme[k8s_readme.index("## Prerequisites for the nightly multi-slice run"):]
+    section = k8s_readme[k8s_readme.index("## Prerequisites for the nightly multi-slice run") :]
     workflow = (REPO / ".github" / "workflows" / "nightly-multislice.yml").read_text()
     variables = set(re.findall(r"\bvars\.([A-Z_]+)", workflow))
     assert variables, "the nightly reads no repository variables?"
-    for needed in sorted(variables) + ["roles/container.clusterViewer", "roles/container.developer",
-                                       "roles/artifactregistry.writer", "JobSet 0.6", "2.336.0", "Workload Identity"]:
+    for needed in sorted(variables) + [
+        "roles/container.clusterViewer",
+        "roles/container.developer",
+        "roles/artifactregistry.writer",
+        "JobSet 0.6",
+        "2.336.0",
+        "Workload Identity",
+    ]:
         assert needed in section, f"k8s/README.md's prerequisites do not mention {needed}"
 
 
@@ -192,8 +232,8 @@ def test_the_bucket_prerequisite_fits_workers_on_the_host_network(capsys: pytest
     jobset = by_kind(manifest.render(accelerators.ACCELERATORS[0], 2, "img"))["JobSet"]
     assert manifest.pod_template(jobset)["spec"]["hostNetwork"] is True
     k8s_readme = (REPO / "k8s" / "README.md").read_text()
-    section = k8s_readme[k8s_readme.index("## Prerequisites for the nightly multi-slice run"):]
-    bucket = " ".join(section[section.index("- Optionally a bucket"):].split("\n\n")[0].split("\n- ")[0].split())
+    section = k8s_readme[k8s_readme.index("## Prerequisites for the nightly multi-slice run") :]
+    bucket = " ".join(section[section.index("- Optionally a bucket") :].split("\n\n")[0].split("\n- ")[0].split())
     for needed in ["hostNetwork", "node pools' service account", "roles/storage.objectCreator", "cloud-platform"]:
         assert needed in bucket, f"the bucket prerequisite does not mention {needed}: {bucket}"
     assert "annotation" not in (REPO / "k8s" / "base" / "serviceaccount.yaml").read_text()

@@ -36,14 +36,18 @@ def test_err_image_pull_that_clears_within_the_grace_is_forgiven_and_its_grace_r
     clock.now = 69
     watch.check(pod("ErrImagePull"))
     clock.now = 70
-    with pytest.raises(PodStuckError, match=r"pod ns/p-0-0: container worker \(image 'img:1'\) cannot start: "
-                                            r"ErrImagePull for 30s or more: rpc error; check that the image exists"):
+    with pytest.raises(
+        PodStuckError,
+        match=r"pod ns/p-0-0: container worker \(image 'img:1'\) cannot start: "
+        r"ErrImagePull for 30s or more: rpc error; check that the image exists",
+    ):
         watch.check(pod("ErrImagePull"))
 
 
-@pytest.mark.parametrize("reason", ["ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
-                                    "CreateContainerError", "ErrImageNeverPull"])
+@pytest.mark.parametrize(
+    "reason",
+    ["ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull"],
+)
 def test_terminal_reasons_fail_on_first_sight(reason) -> None:
     with pytest.raises(PodStuckError, match=f"cannot start: {reason}: rpc error"):
         StuckWatch("ns", clock=Clock()).check(pod(reason))
-

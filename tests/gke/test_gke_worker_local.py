@@ -20,13 +20,24 @@ pytestmark = pytest.mark.selftest
 
 FAKE_SUITE = f"{sys.executable} {Path(__file__).with_name('gke_fake_suite.py')}"
 V4 = accelerators.lookup("v4", "2x2x2")
-POD_ENV = {**os.environ, "MEGASCALE_SLICE_ID": "1", "MEGASCALE_NUM_SLICES": "2", "HARNESS_HOST_ID": "1", "HARNESS_POD_NAME": "p-1-1"}
+POD_ENV = {
+    **os.environ,
+    "MEGASCALE_SLICE_ID": "1",
+    "MEGASCALE_NUM_SLICES": "2",
+    "HARNESS_HOST_ID": "1",
+    "HARNESS_POD_NAME": "p-1-1",
+}
 
 
 def work(tmp_path: Path, *extra: str, env: dict[str, str] = POD_ENV, timeout_s: float = 30) -> tuple[int, str, dict]:
     out = io.StringIO()
-    opts = WorkerOptions(results_dir=tmp_path / "results", backend="fake", suite_command=FAKE_SUITE,
-                         suite_timeout_s=timeout_s, extra_args=extra)
+    opts = WorkerOptions(
+        results_dir=tmp_path / "results",
+        backend="fake",
+        suite_command=FAKE_SUITE,
+        suite_timeout_s=timeout_s,
+        extra_args=extra,
+    )
     code = run_worker(opts, env, out)
     log = out.getvalue()
     return code, log, rc.decode(log)
@@ -36,10 +47,16 @@ def test_worker_reports_tagged_records(tmp_path: Path) -> None:
     code, log, report = work(tmp_path)
     assert code == 0 and report["error"] is None, log
     assert "fake suite on 1:1, backend fake" in log  # the suite's output is in the pod log
-    assert [(r["slice_id"], r["host_id"], r["outcome"]) for r in report["records"]] == [(1, 1, "passed"), (1, 1, "xfailed")]
+    assert [(r["slice_id"], r["host_id"], r["outcome"]) for r in report["records"]] == [
+        (1, 1, "passed"),
+        (1, 1, "xfailed"),
+    ]
     assert report["records"][0]["shardings"]["fc.weight"] == "{devices=[4,1]0,1,2,3}"
-    assert report["suite_command"][-3:] == ["--spmd-backend=fake", f"--spmd-results-dir={tmp_path / 'results'}",
-                                            f"--junitxml={tmp_path / 'results' / 'junit.xml'}"]
+    assert report["suite_command"][-3:] == [
+        "--spmd-backend=fake",
+        f"--spmd-results-dir={tmp_path / 'results'}",
+        f"--junitxml={tmp_path / 'results' / 'junit.xml'}",
+    ]
     assert json.loads((tmp_path / "results" / "report.json").read_text())["pod"] == "p-1-1"
     assert (tmp_path / "results" / "junit.xml").exists()
 
@@ -57,12 +74,15 @@ def test_worker_kills_a_hung_suite_and_reports(tmp_path: Path) -> None:
     assert code == 1 and report["timed_out"] is True and "suite timeout" in report["error"]
 
 
-@pytest.mark.parametrize("extra, env, error", [
-    # pytest's "internal error" exit code: a crash of the harness, not a verdict
-    (("--exit", "3"), POD_ENV, "exited 3"),
-    # a broken env wiring still yields a block that says so
-    ((), {**POD_ENV, "MEGASCALE_SLICE_ID": "zero"}, "MEGASCALE_SLICE_ID='zero' is not an integer"),
-])
+@pytest.mark.parametrize(
+    "extra, env, error",
+    [
+        # pytest's "internal error" exit code: a crash of the harness, not a verdict
+        (("--exit", "3"), POD_ENV, "exited 3"),
+        # a broken env wiring still yields a block that says so
+        ((), {**POD_ENV, "MEGASCALE_SLICE_ID": "zero"}, "MEGASCALE_SLICE_ID='zero' is not an integer"),
+    ],
+)
 def test_worker_errors_travel_in_the_block(tmp_path: Path, extra, env, error) -> None:
     code, _, report = work(tmp_path, *extra, env=env)
     assert code == 1 and error in report["error"]
@@ -90,15 +110,39 @@ def test_local_runs_two_slices_and_agrees(tmp_path: Path) -> None:
     cfg = LocalConfig(accel=V4, slices=2, out_dir=tmp_path, parallel=2, backend="fake", suite_command=FAKE_SUITE)
     result = run_local(cfg, out)
     assert result.ok, result.failures
-    assert [(r.slice_id, r.host_id, len(r.records)) for r in result.hosts] == [(0, 0, 2), (0, 1, 2), (1, 0, 2), (1, 1, 2)]
+    assert [(r.slice_id, r.host_id, len(r.records)) for r in result.hosts] == [
+        (0, 0, 2),
+        (0, 1, 2),
+        (1, 0, 2),
+        (1, 1, 2),
+    ]
     assert (tmp_path / "slice1-host1.log").exists() and (tmp_path / "junit.xml").exists()
 
 
 def test_local_cli_reports_cross_slice_disagreement_and_crash(tmp_path: Path) -> None:
     out = io.StringIO()
-    code = main(["run", "--local", "--accelerator", "v4", "--topology", "2x2x2", "--parallel", "2",
-                 "--out", str(tmp_path), "--suite-command", FAKE_SUITE, "--",
-                 "--disagree-on-slice", "1", "--crash-on", "0:1"], out=out)
+    code = main(
+        [
+            "run",
+            "--local",
+            "--accelerator",
+            "v4",
+            "--topology",
+            "2x2x2",
+            "--parallel",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--suite-command",
+            FAKE_SUITE,
+            "--",
+            "--disagree-on-slice",
+            "1",
+            "--crash-on",
+            "0:1",
+        ],
+        out=out,
+    )
     text = out.getvalue()
     assert code == 1, text
     assert "VERDICT: FAILED" in text
@@ -107,12 +151,15 @@ def test_local_cli_reports_cross_slice_disagreement_and_crash(tmp_path: Path) ->
     assert any("'fc.weight'" in f and "slice1.host0, slice1.host1 saw '{replicated}'" in f for f in failures)
 
 
-@pytest.mark.parametrize("uri, status", [
-    # the default: no second channel, and the report says so
-    (None, "not configured"),
-    # a typo'd scheme is reported, not silently ignored
-    ("s3://bucket/x", "not uploaded: 's3://bucket/x' is not a gs:// URI"),
-])
+@pytest.mark.parametrize(
+    "uri, status",
+    [
+        # the default: no second channel, and the report says so
+        (None, "not configured"),
+        # a typo'd scheme is reported, not silently ignored
+        ("s3://bucket/x", "not uploaded: 's3://bucket/x' is not a gs:// URI"),
+    ],
+)
 def test_bucket_hook_reports_what_it_did(uri, status) -> None:
     from harness.gke import bucket
 

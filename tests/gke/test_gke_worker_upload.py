@@ -44,10 +44,29 @@ class Worker:
     """The worker process, its stdout collected line by line as the pod log would be."""
 
     def __init__(self, tmp_path: Path, bucket_host: str, *extra: str) -> None:
-        env = {**os.environ, "MEGASCALE_SLICE_ID": "1", "MEGASCALE_NUM_SLICES": "2", "HARNESS_HOST_ID": "0",
-               "HARNESS_POD_NAME": "p-1-0", "STORAGE_EMULATOR_HOST": bucket_host}
-        argv = [sys.executable, "-m", "harness.gke", "worker", "--results-dir", str(tmp_path / "results"),
-                "--backend", "fake", "--suite-command", FAKE_SUITE, "--gcs-uri", "gs://nightly-reports/run-7", *extra]
+        env = {
+            **os.environ,
+            "MEGASCALE_SLICE_ID": "1",
+            "MEGASCALE_NUM_SLICES": "2",
+            "HARNESS_HOST_ID": "0",
+            "HARNESS_POD_NAME": "p-1-0",
+            "STORAGE_EMULATOR_HOST": bucket_host,
+        }
+        argv = [
+            sys.executable,
+            "-m",
+            "harness.gke",
+            "worker",
+            "--results-dir",
+            str(tmp_path / "results"),
+            "--backend",
+            "fake",
+            "--suite-command",
+            FAKE_SUITE,
+            "--gcs-uri",
+            "gs://nightly-reports/run-7",
+            *extra,
+        ]
         self.proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
