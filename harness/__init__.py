@@ -1,8 +1,10 @@
 """SPMD regression harness for torch_xla.
 
 The pytest plugin lives in `harness.plugin`; case bodies run in child processes started by
-`harness.isolation` (see docs/architecture.md); nothing in this package imports torch or
-torch_xla at import time, and `harness.xla` only does so inside the functions children call.
+`harness.isolation` (see docs/architecture.md). Importing any module of this package loads
+neither torch nor torch_xla (tests/test_parent_imports.py imports every one to check): the
+modules case bodies use in their children (`xla`, `recording`, `stepcosts`) import them inside
+the functions that need them.
 
 What case authors may import is `__all__` below: `from harness import xla, sharding`, or names
 from those modules (`from harness.sharding import parse_sharding`). Everything else (the plugin,

@@ -37,8 +37,10 @@ def spec_of_any(tensor: Any) -> str:
     return xla.spec_of(getattr(tensor, "global_tensor", tensor))
 
 
+# suffix stays where it was (a public function: case files may pass it by position); the options
+# added since are keyword-only.
 def record_parameters(
-    ctx: Any, module: Any, *, prefix: str = "", suffix: str = "", placements: bool = False
+    ctx: Any, module: Any, suffix: str = "", *, prefix: str = "", placements: bool = False
 ) -> dict[str, list[int]]:
     """Every parameter's full sharding (tile shape and device assignment), recorded as
     `prefix + stable name + suffix` (`after_steps.fc1.weight`, `fc1.weight@after-steps`); with

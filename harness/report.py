@@ -4,20 +4,26 @@
         [--github-output FILE]            (also installed as `spmd-report`)
 
 The summary groups cases per bug family (case, verdict, registry entry, reason, evidence) and
-ends with a totals line. It is always written to RESULTS_DIR/summary.md (so it travels with the
-uploaded results) and appended to $GITHUB_STEP_SUMMARY when that is set. The counts (cases,
-failed, regressed, unexpected-passed, xfailed, passed, skipped) are appended as `name=value`
-lines to $GITHUB_OUTPUT when that is set: the reusable workflow's outputs.
+ends with a totals line. It is written to summary.md in the run's own folder (in RESULTS_DIR
+when that holds no single run, as a GKE launch's folder of hosts), so it travels with the
+uploaded results, or to --summary FILE; and appended to $GITHUB_STEP_SUMMARY when that is set.
+The counts (cases, failed, regressed, unexpected-passed, xfailed, passed, skipped) are appended
+as `name=value` lines to $GITHUB_OUTPUT when that is set: the reusable workflow's outputs.
 
 RESULTS_DIR is a results folder (its `latest` run is read), one run's folder, or a folder of
 per-host results folders (a GKE launch). See harness.runfolder.
 
-Exit codes: 0 when at least one case record was read and the run is complete; 1 when the run's
-manifest shows a problem the records do not (the run never finished, pytest exited with an
-internal or usage error, a failure pytest saw has no record); 2 when no record was read or every
-case skipped. A run that executed nothing must not look green, whatever pytest's own exit code
-was. Failed cases alone do not change the exit status: pytest's exit code already says that, and
-the CI script keeps it. 2 also for a usage error.
+A test pytest saw fail that has no case record (not an SPMD case, or its record was lost) is
+listed as a failed case.
+
+Exit codes: 0 case records were read, not all of them skipped, and the run's manifest agrees
+with them; failed cases alone do not change the exit status (pytest's exit code already says
+that, and the CI script keeps it). 1 the manifest shows a problem the records do not: the run
+never finished, pytest exited with another code than 0 or 1 (interrupted, internal or usage
+error, nothing collected, a signal), the manifest cannot be read, a test pytest saw fail has a
+record that says otherwise, or pytest exited 1 and no failure was recorded. 2 no case record
+was read, or every case skipped (a run that executed nothing must not look green, whatever
+pytest's own exit code was); also a usage error, or a RESULTS_DIR that does not exist.
 """
 
 from __future__ import annotations

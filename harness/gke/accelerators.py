@@ -42,10 +42,6 @@ class AcceleratorType:
         """Directory name under k8s/overlays/ for two slices of this shape."""
         return f"{self.name}-{self.topology}"
 
-    @property
-    def chips_per_slice(self) -> int:
-        return self.chips_per_host * self.hosts_per_slice
-
 
 def _parse_topology(topology: str) -> tuple[int, ...]:
     parts = topology.split("x")
