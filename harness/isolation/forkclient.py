@@ -206,7 +206,7 @@ class ForkedProcess:
             if deadline is not None and time.monotonic() >= deadline:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
             time.sleep(0.01)
-        return self.returncode  # type: ignore[return-value]
+        return self.returncode  # type: ignore[return-value]  # poll() returned a code, so it is set
 
 
 def _pidfd_open(pid: int) -> int | None:

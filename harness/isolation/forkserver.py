@@ -124,7 +124,7 @@ class Server:
                 elif key.data == "sigchld":
                     _drain(self._wake_read)
                 else:
-                    self._answer(key.fileobj)  # type: ignore[arg-type]
+                    self._answer(key.fileobj)  # type: ignore[arg-type]  # a client socket: the only other registration
             self._reap()
             if self.adopting:
                 self._end_strays()
@@ -338,8 +338,8 @@ def become_child(request: forkwire.SpawnRequest, stdin_fd: int, log_fd: int, pas
         os.environ.update(env)
         reseed()
         sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 is the new stdin now
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the child's stdout for its whole life
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 - the child's stderr for its whole life
         from harness.isolation import child
 
         code = child.main()
