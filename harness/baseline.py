@@ -128,10 +128,10 @@ class Baseline:
         changes += [Change(name, None, seen[name]) for name in sorted(set(seen) - set(expected))]
         return changes
 
-    def check(self, case: str, observed: Mapping[str, str], version: str | None, nodeid: str) -> CaseCheck | None:
+    def check(self, case: str, observed: Mapping[str, str], version: str | None, rewrite: str) -> CaseCheck | None:
         """The policy above, for a passing case that observed these shardings on torch_xla `version`;
-        None when the baseline has no entry for it. `nodeid` is named in the command that rewrites
-        the entry."""
+        None when the baseline has no entry for it. `rewrite` is the shell command that rewrites the
+        entry (harness.baselinefile.rewrite_command)."""
         changes = self.compare(case, observed)
         if changes is None:
             return None
@@ -145,7 +145,7 @@ class Baseline:
                 failure=(
                     f"sharding drift: {len(changes)} tensor(s) differ from {self.path.name} (taken on torch_xla "
                     f"{self.torch_xla}; this run: {version}):\n{shown}\nIf the change is intended, rewrite the "
-                    f"entry: pytest '{nodeid}' --spmd-update-shardings"
+                    f"entry: {rewrite}"
                 ),
             )
         why = (
@@ -162,16 +162,16 @@ class Baseline:
         names = sorted(set(before) | set(after))
         return [Change(n, before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)]
 
-    def save(self) -> None:
-        """Sorted, one tensor per line: a reviewable diff in a pull request."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def render(self) -> str:
+        """The file's text (harness.baselinefile.rewrite writes it): sorted, one tensor per line, a
+        reviewable diff in a pull request."""
         data = {
             "backend": self.backend,
             "devices": self.devices,
             "torch_xla": self.torch_xla,
             "cases": {case: dict(sorted(t.items())) for case, t in sorted(self.cases.items())},
         }
-        self.path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+        return json.dumps(data, indent=1, sort_keys=False) + "\n"
 
 
 BASELINE_KEYS = ("backend", "devices", "torch_xla", "cases")
@@ -244,10 +244,14 @@ def summarise(
     updated: Mapping[str, list[Any]] | None,
     without_entry: list[str],
     update_flag: str,
+    not_written: str | None = None,
 ) -> None:
-    """The end-of-run section of a baseline (sharding or cost): what a rewrite changed, or the
-    cases that had no entry to be compared with."""
-    if updated is not None:
+    """The end-of-run section of a baseline (sharding or cost): what a rewrite changed, why an
+    update wrote nothing, or the cases that had no entry to be compared with."""
+    if not_written is not None:
+        terminalreporter.section(f"{kind} baseline not written", red=True)
+        terminalreporter.line(not_written, red=True)
+    elif updated is not None:
         terminalreporter.section(f"{kind} baseline {path} rewritten for {len(updated)} case(s)")
         for case, changes in updated.items():
             if changes:

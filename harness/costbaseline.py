@@ -108,16 +108,15 @@ class CostBaseline:
                 changes += costs.compare(before[label], after[label], label)
         return changes
 
-    def save(self) -> None:
-        """Sorted: a reviewable diff in a pull request."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def render(self) -> str:
+        """The file's text (harness.baselinefile.rewrite writes it), sorted: a reviewable diff in a pull request."""
         data = {
             "backend": self.backend,
             "devices": self.devices,
             "torch_xla": self.torch_xla,
             "cases": {case: dict(sorted(loops.items())) for case, loops in sorted(self.cases.items())},
         }
-        self.path.write_text(_compact(data) + "\n", encoding="utf-8")
+        return _compact(data) + "\n"
 
 
 def _compact(value: Any, depth: int = 0) -> str:

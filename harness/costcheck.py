@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness import baseline, costs, options, results, runfolder
+from harness import baseline, baselinefile, costs, options, results, runfolder
 from harness.costbaseline import CostBaseline, default_path
 from harness.errors import HarnessError
 
@@ -27,6 +27,7 @@ SESSION_KEY = pytest.StashKey["CostSession"]()
 SIGNATURES_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
 DUMPS_KEY = pytest.StashKey[dict[str, str]]()
 CHANGES_KEY = pytest.StashKey[list[str]]()
+UPDATE_FLAG = "--spmd-update-costs"
 NO_COST_CHECK_MARKER = (
     "no_cost_check(reason): neither steady state nor the cost baseline judges this case "
     "(a self-test whose bodies record a cost regression on purpose)"
@@ -39,12 +40,13 @@ class CostSession:
         self._rootpath = config.rootpath
         self._backend = backend  # a TPU's device count takes a probe: asked only when needed
         self.update: bool = config.getoption(options.UPDATE_COSTS)
-        if self.update and (config.getoption("numprocesses", None) or hasattr(config, "workerinput")):
-            raise pytest.UsageError("--spmd-update-costs writes one file: run it without -n")
+        if self.update:
+            baselinefile.refuse_under_xdist(config, UPDATE_FLAG)
         self._baseline: CostBaseline | None = None
         self._loaded = False
-        self.seen: dict[str, tuple[dict[str, Any], str | None]] = {}
-        self.updated: dict[str, list[costs.CostChange]] | None = None
+        self.updates = baselinefile.Updates()  # --spmd-update-costs: the cases it may write
+        self.updated: dict[str, list[Any]] | None = None
+        self.not_written: str | None = None  # why an update run wrote nothing
         self.cases_without_entry: list[str] = []
 
     @property
@@ -54,6 +56,11 @@ class CostSession:
     @property
     def devices(self) -> int:
         return int(self._backend.capabilities().devices)
+
+    @property
+    def option_name(self) -> str | None:
+        """The option that named the baseline in use, for the hints; None: the default file."""
+        return "spmd_costs_baseline" if self._option else None
 
     @property
     def path(self) -> Path:
@@ -121,16 +128,17 @@ def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: st
             "steady state: a step after the warm-up compiled a new graph (every step pays a compilation):\n"
             + "\n".join(f"  {p}" for p in problems),
         )
+    case = _case_id(item)
     if session.update:
         if not problems and report.passed:
-            session.seen[item.nodeid] = (signatures, version)
+            session.updates.observe(item.nodeid, case, signatures, version)  # kept if its teardown passes (settle)
         return
     base = session.baseline()
     if base is None:
         return
-    changes = base.compare(item.nodeid, signatures)
+    changes = base.compare(case, signatures)
     if changes is None:
-        session.cases_without_entry.append(item.nodeid)
+        session.cases_without_entry.append(case)
         return
     if not changes:
         return
@@ -142,7 +150,7 @@ def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: st
             report,
             f"cost drift: {len(lines)} item(s) differ from {base.path.name} (taken on torch_xla "
             f"{base.torch_xla}; this run: {version}):\n{listing}\nIf the change is intended, rewrite the "
-            f"entry: pytest '{item.nodeid}' --spmd-update-costs",
+            f"entry: {baselinefile.rewrite_command(item, UPDATE_FLAG, session.option_name, base.path)}",
         )
     else:
         why = (
@@ -151,6 +159,18 @@ def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: st
             else "the case failed already"
         )
         report.sections.append((f"cost changes (reported, not failed: {why})", listing))
+
+
+def settle(item: pytest.Item, passed: bool) -> None:
+    """The case's call ended failed (passed=False) or its teardown reported: see baselinefile.Updates."""
+    session = item.config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        session.updates.settle(item.nodeid, passed)
+
+
+def _case_id(item: pytest.Item) -> str:
+    """The case's key in the cost baseline, the sharding baseline's and the records' (results.case_id)."""
+    return results.case_id(item.nodeid, item.path, item.config.rootpath)
 
 
 def _fail(report: pytest.TestReport, message: str) -> None:
@@ -177,19 +197,23 @@ def keep_dumps(folder: Path, item: pytest.Item, failed: bool) -> None:
     target.mkdir(parents=True, exist_ok=True)
     for name, text in dumps.items():
         (
-            target / f"{results.safe_filename(item.nodeid)}__{results.safe_filename(name)}.after_optimizations.txt"
+            target / f"{results.safe_filename(_case_id(item))}__{results.safe_filename(name)}.after_optimizations.txt"
         ).write_text(text, encoding="utf-8")
 
 
-def finish(config: pytest.Config) -> None:
-    session = config.stash.get(SESSION_KEY, None)
-    if session is None or not session.update or not session.seen:
+def finish(pytest_session: pytest.Session) -> None:
+    session = pytest_session.config.stash.get(SESSION_KEY, None)
+    if session is None or not session.update:
         return
-    base = session.baseline() or CostBaseline.empty(session.path, session.backend, session.devices)
-    session.updated = {
-        case: base.update(case, signatures, version) for case, (signatures, version) in sorted(session.seen.items())
-    }
-    base.save()
+    session.updated, session.not_written = baselinefile.write_updates(
+        pytest_session,
+        session.updates,
+        session.path,
+        "cost",
+        UPDATE_FLAG,
+        lambda: CostBaseline.load(session.path, session.backend, session.devices),
+        lambda: CostBaseline.empty(session.path, session.backend, session.devices),
+    )
 
 
 def summarise(terminalreporter: Any, config: pytest.Config) -> None:
@@ -197,5 +221,11 @@ def summarise(terminalreporter: Any, config: pytest.Config) -> None:
     if session is None:
         return
     baseline.summarise(
-        terminalreporter, "cost", session.path, session.updated, session.cases_without_entry, "--spmd-update-costs"
+        terminalreporter,
+        "cost",
+        session.path,
+        session.updated,
+        session.cases_without_entry,
+        UPDATE_FLAG,
+        session.not_written,
     )

@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
-from harness import baseline, costcheck, options, results, runfolder, versions
+from harness import baseline, baselinefile, costcheck, options, results, runfolder, versions
 from harness.backends import XLA_DUMP_ROOT_ENV, Backend, make_backend
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.isolation import runservers
@@ -101,16 +101,17 @@ class HarnessSession:
         )
         self.registry_path = Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH).resolve()
         self.late_faults: list[LateFault] = []
-        self.shardings_updated: dict[str, list[baseline.Change]] | None = None  # set by --spmd-update-shardings
+        self.shardings_updated: dict[str, list[Any]] | None = None  # set by --spmd-update-shardings
+        self.shardings_not_written: str | None = None  # why --spmd-update-shardings wrote nothing
         self.early_start_done = False
         self._baseline_option: str | None = options.value(config, "spmd_shardings_baseline")
         self._rootpath = config.rootpath
         self.update_shardings: bool = config.getoption(options.UPDATE_SHARDINGS)
-        if self.update_shardings and (config.getoption("numprocesses", None) or hasattr(config, "workerinput")):
-            raise pytest.UsageError("--spmd-update-shardings writes one file: run it without -n")
+        if self.update_shardings:
+            baselinefile.refuse_under_xdist(config, "--spmd-update-shardings")
         self._baseline: baseline.Baseline | None = None
         self._baseline_loaded = False
-        self.shardings_seen: dict[str, tuple[dict[str, str], str | None]] = {}  # update mode
+        self.shardings_updates = baselinefile.Updates()  # update mode: the cases it may write
         self.cases_without_entry: list[str] = []
 
     @property
@@ -193,6 +194,7 @@ def _summarise_baseline(terminalreporter: Any, harness: HarnessSession) -> None:
         harness.shardings_updated,
         harness.cases_without_entry,
         "--spmd-update-shardings",
+        harness.shardings_not_written,
     )
 
 
@@ -272,7 +274,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config,
         session.backend,
         load=not getattr(config.option, "help", False)
-        and (session.backend.name != "tpu" or bool(config.getoption("costs_baseline"))),
+        and (session.backend.name != "tpu" or bool(options.value(config, "spmd_costs_baseline"))),
     )
     _stop_on_sigterm(config)
 
@@ -359,16 +361,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     for fault in harness.pool.idle_deaths():
         harness.charge_late_fault(fault)
-    if harness.update_shardings and harness.shardings_seen:
-        base = harness.baseline() or baseline.Baseline.empty(
-            harness.baseline_path, harness.backend.name, harness.backend.capabilities().devices
+    if harness.update_shardings:
+        devices = harness.backend.capabilities().devices
+        harness.shardings_updated, harness.shardings_not_written = baselinefile.write_updates(
+            session,
+            harness.shardings_updates,
+            harness.baseline_path,
+            "sharding",
+            "--spmd-update-shardings",
+            lambda: baseline.Baseline.load(harness.baseline_path, harness.backend.name, devices),
+            lambda: baseline.Baseline.empty(harness.baseline_path, harness.backend.name, devices),
         )
-        harness.shardings_updated = {
-            case: base.update(case, observed, version)
-            for case, (observed, version) in sorted(harness.shardings_seen.items())
-        }
-        base.save()
-    costcheck.finish(session.config)
+    costcheck.finish(session)
     if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if harness.worker == "main":
@@ -546,9 +550,19 @@ def pytest_runtest_makereport(
         costcheck.judge(item, report, case.runner, case.torch_xla, call.excinfo is None)
         if spmd:
             _write_record(item, call, report, case)
+        if not report.passed:
+            _settle_updates(item, passed=False)
     elif call.when == "setup" and not report.passed and spmd:
         _write_record(item, call, report, CaseOutcome.of(item))
+    elif call.when == "teardown":
+        _settle_updates(item, passed=report.passed)
     return report
+
+
+def _settle_updates(item: pytest.Item, passed: bool) -> None:
+    """An update run writes a case only once pytest reported it passed in set-up, call and teardown."""
+    item.config.stash[SESSION_KEY].shardings_updates.settle(item.nodeid, passed)
+    costcheck.settle(item, passed)
 
 
 @dataclasses.dataclass
@@ -653,12 +667,14 @@ def _compare_shardings(item: pytest.Item, report: pytest.TestReport, case: CaseO
     ):
         return
     if harness.update_shardings:
-        harness.shardings_seen[case.case_id] = (case.shardings, case.torch_xla)
+        harness.shardings_updates.observe(item.nodeid, case.case_id, case.shardings, case.torch_xla)
         return
     base = harness.baseline()
     if base is None:
         return
-    check = base.check(case.case_id, case.shardings, case.torch_xla, item.nodeid)
+    option = "spmd_shardings_baseline" if harness._baseline_option else None
+    rewrite = baselinefile.rewrite_command(item, "--spmd-update-shardings", option, base.path)
+    check = base.check(case.case_id, case.shardings, case.torch_xla, rewrite)
     if check is None:
         harness.cases_without_entry.append(case.case_id)
         return
