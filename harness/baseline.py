@@ -3,7 +3,7 @@
 Bug 2b is the typical SPMD regression: nothing raises, the numbers still match CPU, and a tensor
 is quietly `{replicated}`. A case asserts what it names; the baseline catches a change of any
 sharding a case records (`ctx.record_sharding`). One file per backend and device count,
-`baselines/shardings/<backend>-<devices>.json`, keyed by case node id and tensor name, holding
+`baselines/shardings/<backend>-<devices>.json`, keyed by case (results.case_id) and tensor name, holding
 the canonical text of each sharding (harness.sharding.canonical_text: an iota and an explicit
 device list compare equal; a different device assignment does not), and the torch_xla version
 it was taken on.

@@ -1,6 +1,6 @@
 """Cost baselines: what every training step of every case cost, kept next to the sharding baseline.
 
-`baselines/costs/<backend>-<devices>.json` holds, per case node id (the sharding baseline's keys)
+`baselines/costs/<backend>-<devices>.json` holds, per case (results.case_id, the sharding baseline's keys)
 and training loop (`train`), the comparable part of its cost signature (harness.costs.comparable:
 per step compiles and executions; per step graph its collectives by kind and replica groups with
 the bytes a device moves; per device the bytes of parameters, gradients and optimizer state), and
@@ -9,7 +9,8 @@ the torch_xla version it was taken on.
 Judging (harness.costcheck, after the registry and the sharding baseline) follows the sharding
 baseline's rule: on the baseline's release line a change fails the case with one line per item,
 `step0: all-gather 3 -> 5 (+96 KiB per device)`; elsewhere it is reported. A case the file lacks is
-listed, not failed. `--spmd-update-costs` rewrites the entries of the cases that ran and passed.
+listed, not failed. `--spmd-update-costs` rewrites the entries of the cases that ran and passed
+(harness.baselinefile: locked, merged, atomic; refused across release lines).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ tests/test_errors.py keeps the drawing true:
     ├── HarnessUsageError                 a bad option or argument (exit 2)
     │   ├── NotAPositiveNumber            also an argparse.ArgumentTypeError
     │   ├── BaselineError
-    │   │   └── CostBaselineError         harness.costbaseline
+    │   │   ├── CostBaselineError         harness.costbaseline
+    │   │   └── BaselineUpdateRefused     harness.baselinefile; an update run wrote nothing (exit 4)
     │   └── ObservationsTooLarge
     ├── RegistryError
     ├── DamagedRecord                     also a ValueError
