@@ -70,6 +70,13 @@ class Results:
     # code that is not "passed" or "failed", a failure pytest saw that has no record. Each one
     # makes the summary red (harness.runfolder).
     problems: list[str] = dataclasses.field(default_factory=list)
+    # How many records came from the verdicts files (the rest stand for failures pytest saw
+    # without a record): a run with none executed nothing, whatever else the report lists.
+    case_records: int = 0
+    # What the controlling pytest process saw, from the manifest it wrote at the end (its tallies:
+    # failed, error, passed, ...), and the exit status the caller got from pytest, if it said.
+    pytest_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    pytest_exit: int | None = None
 
 
 def is_failure(record: CaseRecord) -> bool:
@@ -81,23 +88,41 @@ def is_failure(record: CaseRecord) -> bool:
 # Reading
 
 
-def load_results(results_dir: Path) -> Results:
+def load_results(results_dir: Path, pytest_exit: int | None = None) -> Results:
     """Read every verdicts file under results_dir, including per-host subfolders of a GKE run.
 
     A damaged line is counted instead of raised: the summary of a run whose worker died
     mid-write is exactly the one people need to see.
+
+    pytest_exit: the exit status the caller got from the pytest that made this one run (the CI
+    script passes it). The run's manifest must then agree with it, and a non-zero one is never
+    reported green, whatever the files say: they are writable by the code under test.
     """
-    results = Results(records=[])
+    results = Results(records=[], pytest_exit=pytest_exit)
     results.records = list(read_records(Path(results_dir), results.unreadable, recursive=True))
-    for run in runfolder.find_runs(Path(results_dir)):
-        cross_check_run(run, results)
+    results.case_records = len(results.records)
+    runs = runfolder.find_runs(Path(results_dir))
+    if pytest_exit is not None and len(runs) != 1:
+        results.problems.append(
+            f"{results_dir} holds {len(runs)} runs, not the one run the pytest that exited {pytest_exit} made"
+        )
+    for run in runs:
+        cross_check_run(run, results, pytest_exit is not None)
+    if pytest_exit not in (None, 0) and not results.problems and not any(is_failure(r) for r in results.records):
+        problem = suite_exit_problem(pytest_exit) or f"pytest exited {pytest_exit} (tests failed)"
+        results.problems.append(f"{problem}, but no failing test was recorded; see the pytest output")
     return results
 
 
-def cross_check_run(run: Path, results: Results) -> None:
+def cross_check_run(run: Path, results: Results, manifest_required: bool = False) -> None:
     """Hold the run's records against its manifest, so nothing pytest saw fail reads as a pass."""
-    if not runfolder.is_run_folder(run):
-        return  # a folder of verdicts written without a manifest (tests, copied host reports)
+    if not runfolder.is_run_folder(run) and not os.path.lexists(run / runfolder.MANIFEST_NAME):
+        if manifest_required or run.name.startswith(runfolder.RUN_PREFIX):
+            results.problems.append(
+                f"{run.name} has no {runfolder.MANIFEST_NAME} (deleted, or pytest never closed the run): what "
+                "pytest saw cannot be checked, so the run is not a pass"
+            )
+        return  # else a folder of verdicts written without a manifest (tests, copied host reports)
     try:
         manifest = runfolder.read_manifest(run)
     except (OSError, ValueError) as exc:
@@ -105,6 +130,11 @@ def cross_check_run(run: Path, results: Results) -> None:
             f"{run.name}/{runfolder.MANIFEST_NAME} is unreadable ({exc}); the run cannot be checked for lost records"
         )
         return
+    if manifest.run_id != run.name:
+        results.problems.append(
+            f"{run.name}/{runfolder.MANIFEST_NAME} names run {manifest.run_id}: not the manifest pytest wrote there"
+        )
+    results.problems += [f"run {manifest.run_id}: {problem}" for problem in manifest.problems]
     if manifest.status != "finished":
         results.problems.append(
             f"run {manifest.run_id} did not finish: pytest (pid {manifest.pid} on {manifest.host}, started "
@@ -112,6 +142,13 @@ def cross_check_run(run: Path, results: Results) -> None:
             "(killed, out of memory, or still running)"
         )
         return
+    if results.pytest_exit is not None and manifest.exitstatus != results.pytest_exit:
+        results.problems.append(
+            f"run {manifest.run_id}: its manifest says pytest exited {manifest.exitstatus}, but the pytest that "
+            f"made it exited {results.pytest_exit}: not that process's manifest"
+        )
+    for key, value in manifest.counts.items():
+        results.pytest_counts[key] = results.pytest_counts.get(key, 0) + value
     problem = suite_exit_problem(manifest.exitstatus)
     if problem:
         results.problems.append(f"run {manifest.run_id}: {problem}; its records may not cover every case")
@@ -247,6 +284,13 @@ def render_summary(results: Results, title: str = "SPMD regression results") -> 
 
 def totals_line(results: Results) -> str:
     line = f"{len(results.records)} cases: {count_outcomes(results.records)}"
+    # What the controlling pytest process saw, where it was asked for (the CI script passes its exit
+    # status) or where it counted more failures than the records hold.
+    recorded_failures = sum(1 for r in results.records if is_failure(r))
+    if results.pytest_exit is not None or counts(results)["failed"] > recorded_failures:
+        tallies = ", ".join(f"{n} {key}" for key, n in sorted(results.pytest_counts.items()))
+        exited = f"exited {results.pytest_exit}" if results.pytest_exit is not None else "counted"
+        line += f"; pytest {exited}" + (f" ({tallies})" if tallies else "")
     return line + (f"; {len(results.problems)} run problem(s)" if results.problems else "")
 
 
@@ -270,13 +314,22 @@ def workflow_command(kind: str, message: str, title: str | None = None) -> str:
 
 
 def failure_message(record: CaseRecord) -> str:
-    parts = [record.reason or f"outcome {record.outcome}"]
+    """The reason, then what the record holds that explains it: the registry entry, where it ran,
+    the sharding and cost changes (a drift's reason only announces them), the evidence. The
+    evidence is left out when the reason already says all of it (a plain assertion's line)."""
+    reason = record.reason or f"outcome {record.outcome}"
+    parts = [reason]
     if record.known_bug:
         parts.append(f"registry entry: {record.known_bug}")
     if where(record):
         parts.append(where(record))
-    if record.evidence:
-        parts.append(shorten(record.evidence, ANNOTATION_EVIDENCE_LIMIT))
+    parts += [f"  {line}" for line in (*record.sharding_changes, *record.cost_changes)]
+    evidence = record.evidence.strip()
+    if evidence and evidence not in reason:
+        if evidence.startswith(reason.strip()):
+            parts[0] = shorten(evidence, ANNOTATION_EVIDENCE_LIMIT)  # the reason is its first line
+        else:
+            parts.append(shorten(evidence, ANNOTATION_EVIDENCE_LIMIT))
     return "\n".join(parts)
 
 
@@ -361,6 +414,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="print GitHub workflow commands (::error) for failures instead of a plain list",
     )
+    parser.add_argument(
+        "--pytest-exit-status",
+        type=int,
+        metavar="N",
+        default=None,
+        help="the exit status of the pytest that made RESULTS_DIR (one run's folder), as its caller got it "
+        "(scripts/ci-spmd.sh passes it): the run's manifest must agree, and a non-zero N is never green",
+    )
     parser.add_argument("--title", default="SPMD regression results", help="heading of the summary")
     cli.add_version(parser, "spmd-report")
     return parser.parse_args(argv)
@@ -370,9 +431,16 @@ def counts(results: Results) -> dict[str, int]:
     """What the reusable workflow exposes as outputs: a caller can branch on regressions alone."""
     outcomes = collections.Counter(r.outcome for r in results.records)
     verdicts = collections.Counter(r.registry_verdict for r in results.records)
+    # Never fewer failures than the controlling pytest process counted, nor none when pytest
+    # exited non-zero or the run has a problem: records alone can be rewritten by a case.
+    failed = max(
+        sum(1 for r in results.records if is_failure(r)),
+        results.pytest_counts.get("failed", 0) + results.pytest_counts.get("error", 0),
+        1 if results.problems or results.pytest_exit not in (None, 0) else 0,
+    )
     return {
         "cases": len(results.records),
-        "failed": sum(1 for r in results.records if is_failure(r)),
+        "failed": failed,
         "regressed": verdicts["regressed"],
         "unexpected-passed": verdicts["unexpected-pass"],
         "xfailed": outcomes["xfailed"],
@@ -405,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_NO_RECORDS
-    results = load_results(args.results_dir)
+    results = load_results(args.results_dir, args.pytest_exit_status)
     if results.unreadable:
         print(
             f"warning: {len(results.unreadable)} damaged record line(s) under {args.results_dir}, not counted as "
@@ -421,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in github_annotations(results) if args.annotate else plain_failure_lines(results):
         print(line)
     print(f"harness.report {home}: {totals_line(results)}")
-    if not results.records:
+    if not results.case_records:
         print(
             f"error: no case records ({runfolder.VERDICTS_GLOB}) under {args.results_dir}: the run executed "
             "nothing. Check that cases were collected (-m spmd), that the harness plugin loaded, "

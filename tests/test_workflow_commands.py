@@ -136,7 +136,7 @@ from harness.runfolder import RunFolder
 results = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--spmd-results-dir=")))
 print({stdout!r}, flush=True)
 print({stderr!r}, file=sys.stderr, flush=True)
-run = RunFolder.new(results)
+run = RunFolder.new(results, next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--spmd-run-id=")), None))
 (run.claim() / "verdicts-gw0.jsonl").write_text(os.environ["STUB_RECORDS"])
 run.finish(1, {{}}, [json.loads(line)["nodeid"] for line in os.environ["STUB_RECORDS"].splitlines()], None)
 sys.exit(1)
