@@ -1,7 +1,7 @@
 """Turn a results folder into a Markdown job summary and GitHub failure annotations.
 
     python -m harness.report RESULTS_DIR [--summary FILE] [--step-summary FILE] [--annotate]
-        [--github-output FILE]            (also installed as `spmd-report`)
+        [--github-output FILE] [--pytest-exit-status N]     (also installed as `spmd-report`)
 
 The summary groups cases per bug family (case, verdict, registry entry, reason, evidence) and
 ends with a totals line. It is written to summary.md in the run's own folder (in RESULTS_DIR
@@ -16,14 +16,24 @@ per-host results folders (a GKE launch). See harness.runfolder.
 A test pytest saw fail that has no case record (not an SPMD case, or its record was lost) is
 listed as a failed case.
 
+Every file in a results folder can be written by the code under test (a case body runs as the
+same user). A caller that ran pytest itself (scripts/ci-spmd.sh) passes the run's own folder and
+--pytest-exit-status N: the manifest must name that folder and agree with N, the failed count is
+never below what the controlling pytest process counted (from its manifest), nor 0 when N is
+not, and the totals line shows pytest's own tallies.
+
 Exit codes: 0 case records were read, not all of them skipped, and the run's manifest agrees
 with them; failed cases alone do not change the exit status (pytest's exit code already says
 that, and the CI script keeps it). 1 the manifest shows a problem the records do not: the run
 never finished, pytest exited with another code than 0 or 1 (interrupted, internal or usage
 error, nothing collected, a signal), the manifest cannot be read, a test pytest saw fail has a
-record that says otherwise, or pytest exited 1 and no failure was recorded. 2 no case record
-was read, or every case skipped (a run that executed nothing must not look green, whatever
-pytest's own exit code was); also a usage error, or a RESULTS_DIR that does not exist.
+record that says otherwise, or pytest exited 1 and no failure was recorded; a run folder without
+its manifest, a manifest that names another run, says pytest exited otherwise than
+--pytest-exit-status, or lists what the controlling pytest process found wrong with it (a case
+deleted or changed it). 2 no case record was read (failures pytest saw without one are listed,
+but the run executed no case), or every case skipped (a run that executed nothing must not look
+green, whatever pytest's own exit code was); also a usage error, or a RESULTS_DIR that does not
+exist.
 """
 
 from __future__ import annotations
