@@ -468,50 +468,67 @@ def write_github_output(path: Path, values: dict[str, int]) -> None:
 
 def write_summary(text: str, summary: Path, step_summary: Path | None) -> None:
     summary.parent.mkdir(parents=True, exist_ok=True)
-    summary.write_text(text, encoding="utf-8")
+    # Replaced, never written through: a link planted under its name in a run folder (which the
+    # code under test can write) must not turn the report into a write to the link's target.
+    runfolder.replace_file(summary, text)
     if step_summary is not None:
         with step_summary.open("a", encoding="utf-8") as fh:  # other steps may have written to it
             fh.write(text)
 
 
+def inert(text: str) -> str:
+    """A line of plain output that cannot command the GitHub runner, whatever a record held: one
+    line, and no `##[` (a command wherever it sits in a line; harness.report's own workflow
+    commands are escaped by workflow_command)."""
+    return " ".join(text.splitlines()).replace("##[", "#%23[")
+
+
+def say(text: str, error: bool = False) -> None:
+    print(inert(text), file=sys.stderr if error else sys.stdout)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.results_dir.is_dir():
-        print(
+        say(
             f"error: results folder {args.results_dir} does not exist; did pytest run with "
             f"--spmd-results-dir={args.results_dir}?",
-            file=sys.stderr,
+            error=True,
         )
         return EXIT_NO_RECORDS
     results = load_results(args.results_dir, args.pytest_exit_status)
     if results.unreadable:
-        print(
+        say(
             f"warning: {len(results.unreadable)} damaged record line(s) under {args.results_dir}, not counted as "
             f"cases (cut short by a crash, or not a case record): {', '.join(results.unreadable[:10])}"
             f"{' ...' if len(results.unreadable) > 10 else ''}",
-            file=sys.stderr,
+            error=True,
         )
     runs = runfolder.find_runs(args.results_dir)
     home = runs[0] if len(runs) == 1 else args.results_dir  # the run's own folder when there is one
     write_summary(render_summary(results, args.title), args.summary or home / runfolder.SUMMARY_NAME, args.step_summary)
     if args.github_output is not None:
         write_github_output(args.github_output, counts(results))
-    for line in github_annotations(results) if args.annotate else plain_failure_lines(results):
-        print(line)
-    print(f"harness.report {home}: {totals_line(results)}")
+    if args.annotate:
+        for command in github_annotations(results):
+            print(command)
+    else:
+        for line in plain_failure_lines(results):
+            say(line)
+    say(f"harness.report {home}: {totals_line(results)}")
     if not results.case_records:
-        print(
+        say(
             f"error: no case records ({runfolder.VERDICTS_GLOB}) under {args.results_dir}: the run executed "
             "nothing. Check that cases were collected (-m spmd), that the harness plugin loaded, "
             "and that --spmd-results-dir points here.",
-            file=sys.stderr,
+            error=True,
         )
         return EXIT_NO_RECORDS
     if all(r.outcome == "skipped" for r in results.records):
-        print(
+        say(
             f"error: all {len(results.records)} cases under {args.results_dir} were skipped "
             f"(first reason: {results.records[0].reason}); a run that executed nothing is not a pass.",
-            file=sys.stderr,
+            error=True,
         )
         return EXIT_NO_RECORDS
     if results.problems:

@@ -270,3 +270,16 @@ def test_a_run_id_is_a_plain_folder_name(tmp_path: Path):
         with pytest.raises(HarnessUsageError, match="is not a run id"):
             runfolder.RunFolder.new(tmp_path, bad)
     assert runfolder.RunFolder.new(tmp_path, "run-20261124-ci42").path == tmp_path.absolute() / "run-20261124-ci42"
+
+
+def test_the_report_replaces_a_planted_summary_link_instead_of_writing_through_it(tmp_path: Path):
+    """A case links its run's summary.md to a file of the user's: the report must not overwrite that file."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file")
+    run = tmp_path / "run-20261124-000000-p1"
+    run.mkdir()
+    (run / "verdicts-main.jsonl").write_text('{"nodeid": "t.py::t", "family": "t", "outcome": "passed"}\n')
+    (run / "summary.md").symlink_to(victim)
+    report.main([str(run)])
+    assert victim.read_text() == "the user's file"
+    assert not (run / "summary.md").is_symlink() and "SPMD regression results" in (run / "summary.md").read_text()

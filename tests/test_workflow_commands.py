@@ -232,3 +232,35 @@ def test_nightly_script_launcher_output_cannot_command_the_runner(tmp_path: Path
     assert "from pytest stdout" in proc.stdout + proc.stderr
     for runner in both_orders(proc):
         assert runner.executed == [] and runner.stop_token is None, runner
+
+
+# --- harness.report on a results folder the code under test wrote into ---------------------------
+
+
+def test_report_output_cannot_be_turned_into_commands_by_what_a_case_wrote(tmp_path: Path):
+    """A body can write any file in its run folder: a verdicts file whose *name* holds a stop, a
+    record whose outcome or reason does. The report's own lines (warnings, totals) stay inert, and
+    its ::error for the real failure is executed."""
+    run = tmp_path / "run-20261124-000000-p1"
+    run.mkdir()
+    hostile = CaseRecord(
+        nodeid="cases/test_x.py::test_hostile",
+        family="x",
+        outcome="odd ##[stop-commands]evil-outcome",
+        reason="why\n::error title=injected::from a record's reason ##[stop-commands]evil-reason",
+    )
+    (run / "verdicts-gw0.jsonl").write_text(FAILED_CASE.to_json() + "\n" + hostile.to_json() + "\n")
+    (run / "verdicts-x##[stop-commands]evil-name.jsonl").write_text("not a record\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.report", str(run), "--annotate"],
+        capture_output=True,
+        text=True,
+        env=hermetic_env(tmp_path),
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    for runner in both_orders(proc):
+        assert runner.stop_token is None, proc.stdout + proc.stderr
+        executed = [(c.name, c.properties, c.data.split("%0A")[0]) for c in runner.executed]
+        assert HARNESS_ERROR in executed, proc.stdout + proc.stderr
+        assert not [c for c in runner.executed if "injected" in c.properties], executed
