@@ -24,7 +24,10 @@
 # summary.md, also appended to $GITHUB_STEP_SUMMARY when set; RESULTS/latest points at it) and,
 # under GitHub Actions, ::error annotations for failures. Nothing earlier runs wrote is deleted.
 # Under GitHub Actions, workflow commands are stopped while pytest runs (its stderr then joins its
-# stdout), so nothing the code under test prints can annotate, mask or silence the job.
+# stdout), so nothing the code under test prints can annotate, mask or silence the job, and the
+# step's files ($GITHUB_OUTPUT, $GITHUB_ENV, ...) are put back as they were before it ran. The run's
+# folder is named here (--spmd-run-id), and the report reads exactly it, held to pytest's exit
+# status: nothing a case writes in the results folder (`latest`, records, run.json) makes it green.
 # Exit status: pytest's, except that a run that ran nothing (pytest exit 5, or no case records)
 # always fails; 2 for a usage error (an unknown option, a missing --known-bugs file, wheels for
 # another Python).
