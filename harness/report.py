@@ -112,6 +112,10 @@ def load_results(results_dir: Path, pytest_exit: int | None = None) -> Results:
     results.records = list(read_records(Path(results_dir), results.unreadable, recursive=True))
     results.case_records = len(results.records)
     runs = runfolder.find_runs(Path(results_dir))
+    if pytest_exit is not None and Path(results_dir).is_symlink():
+        results.problems.append(
+            f"{results_dir} is a link, not the run folder the pytest that exited {pytest_exit} made"
+        )
     if pytest_exit is not None and len(runs) != 1:
         results.problems.append(
             f"{results_dir} holds {len(runs)} runs, not the one run the pytest that exited {pytest_exit} made"

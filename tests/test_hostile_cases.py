@@ -283,3 +283,16 @@ def test_the_report_replaces_a_planted_summary_link_instead_of_writing_through_i
     report.main([str(run)])
     assert victim.read_text() == "the user's file"
     assert not (run / "summary.md").is_symlink() and "SPMD regression results" in (run / "summary.md").read_text()
+
+
+def test_the_ci_report_refuses_a_run_folder_that_is_a_link_or_disagrees_with_pytests_exit_status(tmp_path: Path):
+    run = runfolder.RunFolder.new(tmp_path / "results", "run-20261124-000000-ci1")
+    (run.claim() / "verdicts-main.jsonl").write_text('{"nodeid": "t.py::t", "family": "t", "outcome": "passed"}\n')
+    run.finish(0, {"passed": 1}, [], None)
+    assert report.main([str(run.path), "--pytest-exit-status", "0"]) == 0
+    results = report.load_results(run.path, pytest_exit=1)  # a case rewrote everything to look green
+    assert any("its manifest says pytest exited 0, but the pytest that made it exited 1" in p for p in results.problems)
+    assert report.counts(results)["failed"] == 1
+    assert report.main([str(run.path), "--pytest-exit-status", "1"]) == report.EXIT_RUN_PROBLEM
+    (tmp_path / "link").symlink_to(run.path)
+    assert report.main([str(tmp_path / "link"), "--pytest-exit-status", "0"]) == report.EXIT_RUN_PROBLEM
