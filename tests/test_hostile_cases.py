@@ -296,3 +296,16 @@ def test_the_ci_report_refuses_a_run_folder_that_is_a_link_or_disagrees_with_pyt
     assert report.main([str(run.path), "--pytest-exit-status", "1"]) == report.EXIT_RUN_PROBLEM
     (tmp_path / "link").symlink_to(run.path)
     assert report.main([str(tmp_path / "link"), "--pytest-exit-status", "0"]) == report.EXIT_RUN_PROBLEM
+
+
+def test_a_record_is_never_appended_through_a_link_planted_in_place_of_the_verdicts_file(tmp_path: Path):
+    from harness.results import CaseRecord, read_records, write_record
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file\n")
+    run = tmp_path / "run-20261124-000000-p1"
+    run.mkdir()
+    (run / "verdicts-main.jsonl").symlink_to(victim)
+    write_record(run, CaseRecord(nodeid="t.py::t", family="t", outcome="failed"))
+    assert victim.read_text() == "the user's file\n"
+    assert [r.outcome for r in read_records(run)] == ["failed"]
