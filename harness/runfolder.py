@@ -186,8 +186,11 @@ class RunFolder:
     def new(cls, base: Path, run_id: str | None = None) -> RunFolder:
         """run_id: chosen by a wrapper that must know the folder before the run (--spmd-run-id)."""
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        base = check_results_dir(base)
+        if run_id and os.path.lexists(base / check_run_id(run_id)):
+            raise HarnessUsageError(f"--spmd-run-id={run_id}: {base / run_id} exists already; name a new run folder")
         return cls(
-            base=check_results_dir(base),
+            base=base,
             run_id=check_run_id(run_id) if run_id else new_run_id(),
             controller_pid=os.getpid(),
             started=now,
@@ -279,7 +282,9 @@ class RunFolder:
         """What is wrong with the manifest on disk (controller, before finish()): missing, or not
         the one claim() wrote. Empty when the run made no folder."""
         if not os.path.lexists(self.path):
-            return []
+            if self._claimed is None:
+                return []  # the run had nothing to write (or this process never made the folder)
+            return [f"{self.path} was deleted while the run's cases ran (by a case?); the run fails"]
         if not _is_real_folder(self.path):
             return [f"{self.path} is no longer the folder this run made (replaced by a link or a file, by a case?)"]
         try:

@@ -309,3 +309,12 @@ def test_a_record_is_never_appended_through_a_link_planted_in_place_of_the_verdi
     write_record(run, CaseRecord(nodeid="t.py::t", family="t", outcome="failed"))
     assert victim.read_text() == "the user's file\n"
     assert [r.outcome for r in read_records(run)] == ["failed"]
+
+
+def test_a_run_id_that_exists_already_is_a_usage_error_before_anything_runs(pytester):
+    pytester.makepyfile(test_x="import pytest\n\n@pytest.mark.spmd\ndef test_x(spmd):\n    pass\n")
+    (pytester.path / "results" / "run-planted").mkdir(parents=True)
+    result = run(pytester, "--spmd-run-id=run-planted")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--spmd-run-id=run-planted: *run-planted exists already; name a new run folder*"])
+    assert list((pytester.path / "results" / "run-planted").iterdir()) == []
