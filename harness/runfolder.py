@@ -24,7 +24,10 @@ evidence. So a run writes only into a folder it created for itself (and the `lat
 and nothing is created at all until a run has SPMD work to record.
 
 The manifest lets readers (harness.report, the matrix, the GKE worker) tell a finished run from
-one that was killed, and cross-check pytest's own failures against the case records.
+one that was killed, and cross-check pytest's own failures against the case records. A case body
+can write anything here (it runs as the same user): the controlling pytest process closes the
+manifest from its own memory, names in it what a case deleted or changed, and puts it back if it
+changed after that; folders and files are created exclusively, never through a planted link.
 """
 
 from __future__ import annotations
@@ -177,8 +180,8 @@ class RunFolder:
     controller_pid: int
     started: str
     argv: list[str] = dataclasses.field(default_factory=list)  # the controlling process's
-    # (st_dev, st_ino) of the folder once this process claimed it: a folder put in its place
-    # (renamed, replaced by a link) is not written through.
+    # (st_dev, st_ino) of the folder once this process made or adopted it; set means claimed, so
+    # a case deleting the manifest later does not make the run refuse its own folder.
     _claimed: tuple[int, int] | None = dataclasses.field(default=None, compare=False, repr=False)
     _closed_text: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
