@@ -21,6 +21,7 @@ import pytest
 from harness import argtypes
 from harness.backends import BACKEND_NAMES
 from harness.errors import HarnessUsageError
+from harness.runfolder import check_run_id
 
 FORK_SERVER_CHOICES = ("auto", "on", "off")
 FORK_SERVER_ENV = "HARNESS_FORK_SERVER"
@@ -80,6 +81,16 @@ OPTIONS = (
         metavar="DIR",
         help="each run writes its verdicts, child logs and HLO excerpts into DIR/run-<start>-p<pid>/ "
         "and points DIR/latest at it; nothing else in DIR is touched. Default: results.",
+    ),
+    Option(
+        "spmd_run_id",
+        None,
+        parse=check_run_id,
+        metavar="NAME",
+        ini=False,
+        help="the run folder's name (run-...) instead of run-<start>-p<pid>: a wrapper that must know "
+        "which folder its pytest made (scripts/ci-spmd.sh reports exactly that one) chooses it; "
+        "the folder must not exist yet.",
     ),
     Option(
         "spmd_shardings_baseline",

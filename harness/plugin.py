@@ -164,7 +164,9 @@ def _run_folder(config: pytest.Config) -> runfolder.RunFolder:
     if early is not None:
         return early
     try:
-        return runfolder.RunFolder.new(Path(options.value(config, "spmd_results_dir")))
+        return runfolder.RunFolder.new(
+            Path(options.value(config, "spmd_results_dir")), options.value(config, "spmd_run_id")
+        )
     except HarnessError as exc:
         raise pytest.UsageError(str(exc)) from None
 
@@ -221,7 +223,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
         backend = make_backend(value("spmd_backend"), value("spmd_devices"))
         wanted = _fork_server_wanted(value("spmd_fork_server"), backend)
-        run = runfolder.RunFolder.new(Path(value("spmd_results_dir")))
+        run = runfolder.RunFolder.new(Path(value("spmd_results_dir")), value("spmd_run_id"))
     except (pytest.UsageError, HarnessError, AttributeError, ValueError, TypeError):
         return  # pytest_configure reports a bad option as a usage error
     early_config.stash[RUN_FOLDER_KEY] = run
@@ -318,6 +320,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if servers is not None:
         servers.close()  # after the pool: its children are ended first
     if session is not None and session.worker == "main":
+        _recheck_run(config, session)
         # The children's XLA dumps (a failing case kept its own in its record's folder already).
         shutil.rmtree(session.run.path / runfolder.XLA_DUMPS_DIR, ignore_errors=True)
 
@@ -397,14 +400,37 @@ def _close_run(session: pytest.Session, harness: HarnessSession) -> None:
         )
     )
     xmlpath = getattr(session.config.option, "xmlpath", None)
+    problems = harness.run.manifest_problems()
+    for problem in problems:
+        session.config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
+    if problems and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     try:
         harness.run.finish(
-            int(session.exitstatus), counts, failed_ids, str(Path(xmlpath).absolute()) if xmlpath else None
+            int(session.exitstatus),
+            counts,
+            failed_ids,
+            str(Path(xmlpath).absolute()) if xmlpath else None,
+            problems,
         )
     except (OSError, ValueError) as exc:
         session.config.get_terminal_writer().line(
             f"spmd harness: could not close the run manifest in {harness.run.path}: {exc}", red=True
         )
+
+
+def _recheck_run(config: pytest.Config, harness: HarnessSession) -> None:
+    """Every process of the run has ended: the manifest must still be the one pytest wrote."""
+    try:
+        problem = harness.run.recheck()
+    except (OSError, ValueError) as exc:
+        problem = f"could not check the run manifest in {harness.run.path}: {exc}"
+    if problem is None:
+        return
+    config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
+    session = config.stash.get(PYTEST_SESSION_KEY, None)
+    if session is not None and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -1,7 +1,7 @@
 """Turn a results folder into a Markdown job summary and GitHub failure annotations.
 
     python -m harness.report RESULTS_DIR [--summary FILE] [--step-summary FILE] [--annotate]
-        [--github-output FILE]            (also installed as `spmd-report`)
+        [--github-output FILE] [--pytest-exit-status N]     (also installed as `spmd-report`)
 
 The summary groups cases per bug family (case, verdict, registry entry, reason, evidence) and
 ends with a totals line. It is written to summary.md in the run's own folder (in RESULTS_DIR
@@ -16,14 +16,24 @@ per-host results folders (a GKE launch). See harness.runfolder.
 A test pytest saw fail that has no case record (not an SPMD case, or its record was lost) is
 listed as a failed case.
 
+Every file in a results folder can be written by the code under test (a case body runs as the
+same user). A caller that ran pytest itself (scripts/ci-spmd.sh) passes the run's own folder and
+--pytest-exit-status N: the manifest must name that folder and agree with N, the failed count is
+never below what the controlling pytest process counted (from its manifest), nor 0 when N is
+not, and the totals line shows pytest's own tallies.
+
 Exit codes: 0 case records were read, not all of them skipped, and the run's manifest agrees
 with them; failed cases alone do not change the exit status (pytest's exit code already says
 that, and the CI script keeps it). 1 the manifest shows a problem the records do not: the run
 never finished, pytest exited with another code than 0 or 1 (interrupted, internal or usage
 error, nothing collected, a signal), the manifest cannot be read, a test pytest saw fail has a
-record that says otherwise, or pytest exited 1 and no failure was recorded. 2 no case record
-was read, or every case skipped (a run that executed nothing must not look green, whatever
-pytest's own exit code was); also a usage error, or a RESULTS_DIR that does not exist.
+record that says otherwise, or pytest exited 1 and no failure was recorded; a run folder without
+its manifest, a manifest that names another run, says pytest exited otherwise than
+--pytest-exit-status, or lists what the controlling pytest process found wrong with it (a case
+deleted or changed it). 2 no case record was read (failures pytest saw without one are listed,
+but the run executed no case), or every case skipped (a run that executed nothing must not look
+green, whatever pytest's own exit code was); also a usage error, or a RESULTS_DIR that does not
+exist.
 """
 
 from __future__ import annotations
@@ -70,6 +80,13 @@ class Results:
     # code that is not "passed" or "failed", a failure pytest saw that has no record. Each one
     # makes the summary red (harness.runfolder).
     problems: list[str] = dataclasses.field(default_factory=list)
+    # How many records came from the verdicts files (the rest stand for failures pytest saw
+    # without a record): a run with none executed nothing, whatever else the report lists.
+    case_records: int = 0
+    # What the controlling pytest process saw, from the manifest it wrote at the end (its tallies:
+    # failed, error, passed, ...), and the exit status the caller got from pytest, if it said.
+    pytest_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    pytest_exit: int | None = None
 
 
 def is_failure(record: CaseRecord) -> bool:
@@ -81,23 +98,45 @@ def is_failure(record: CaseRecord) -> bool:
 # Reading
 
 
-def load_results(results_dir: Path) -> Results:
+def load_results(results_dir: Path, pytest_exit: int | None = None) -> Results:
     """Read every verdicts file under results_dir, including per-host subfolders of a GKE run.
 
     A damaged line is counted instead of raised: the summary of a run whose worker died
     mid-write is exactly the one people need to see.
+
+    pytest_exit: the exit status the caller got from the pytest that made this one run (the CI
+    script passes it). The run's manifest must then agree with it, and a non-zero one is never
+    reported green, whatever the files say: they are writable by the code under test.
     """
-    results = Results(records=[])
+    results = Results(records=[], pytest_exit=pytest_exit)
     results.records = list(read_records(Path(results_dir), results.unreadable, recursive=True))
-    for run in runfolder.find_runs(Path(results_dir)):
-        cross_check_run(run, results)
+    results.case_records = len(results.records)
+    runs = runfolder.find_runs(Path(results_dir))
+    if pytest_exit is not None and Path(results_dir).is_symlink():
+        results.problems.append(
+            f"{results_dir} is a link, not the run folder the pytest that exited {pytest_exit} made"
+        )
+    if pytest_exit is not None and len(runs) != 1:
+        results.problems.append(
+            f"{results_dir} holds {len(runs)} runs, not the one run the pytest that exited {pytest_exit} made"
+        )
+    for run in runs:
+        cross_check_run(run, results, pytest_exit is not None)
+    if pytest_exit not in (None, 0) and not results.problems and not any(is_failure(r) for r in results.records):
+        problem = suite_exit_problem(pytest_exit) or f"pytest exited {pytest_exit} (tests failed)"
+        results.problems.append(f"{problem}, but no failing test was recorded; see the pytest output")
     return results
 
 
-def cross_check_run(run: Path, results: Results) -> None:
+def cross_check_run(run: Path, results: Results, manifest_required: bool = False) -> None:
     """Hold the run's records against its manifest, so nothing pytest saw fail reads as a pass."""
-    if not runfolder.is_run_folder(run):
-        return  # a folder of verdicts written without a manifest (tests, copied host reports)
+    if not runfolder.is_run_folder(run) and not os.path.lexists(run / runfolder.MANIFEST_NAME):
+        if manifest_required or run.name.startswith(runfolder.RUN_PREFIX):
+            results.problems.append(
+                f"{run.name} has no {runfolder.MANIFEST_NAME} (deleted, or pytest never closed the run): what "
+                "pytest saw cannot be checked, so the run is not a pass"
+            )
+        return  # else a folder of verdicts written without a manifest (tests, copied host reports)
     try:
         manifest = runfolder.read_manifest(run)
     except (OSError, ValueError) as exc:
@@ -105,6 +144,11 @@ def cross_check_run(run: Path, results: Results) -> None:
             f"{run.name}/{runfolder.MANIFEST_NAME} is unreadable ({exc}); the run cannot be checked for lost records"
         )
         return
+    if manifest.run_id != run.name:
+        results.problems.append(
+            f"{run.name}/{runfolder.MANIFEST_NAME} names run {manifest.run_id}: not the manifest pytest wrote there"
+        )
+    results.problems += [f"run {manifest.run_id}: {problem}" for problem in manifest.problems]
     if manifest.status != "finished":
         results.problems.append(
             f"run {manifest.run_id} did not finish: pytest (pid {manifest.pid} on {manifest.host}, started "
@@ -112,6 +156,13 @@ def cross_check_run(run: Path, results: Results) -> None:
             "(killed, out of memory, or still running)"
         )
         return
+    if results.pytest_exit is not None and manifest.exitstatus != results.pytest_exit:
+        results.problems.append(
+            f"run {manifest.run_id}: its manifest says pytest exited {manifest.exitstatus}, but the pytest that "
+            f"made it exited {results.pytest_exit}: not that process's manifest"
+        )
+    for key, value in manifest.counts.items():
+        results.pytest_counts[key] = results.pytest_counts.get(key, 0) + value
     problem = suite_exit_problem(manifest.exitstatus)
     if problem:
         results.problems.append(f"run {manifest.run_id}: {problem}; its records may not cover every case")
@@ -247,6 +298,13 @@ def render_summary(results: Results, title: str = "SPMD regression results") -> 
 
 def totals_line(results: Results) -> str:
     line = f"{len(results.records)} cases: {count_outcomes(results.records)}"
+    # What the controlling pytest process saw, where it was asked for (the CI script passes its exit
+    # status) or where it counted more failures than the records hold.
+    recorded_failures = sum(1 for r in results.records if is_failure(r))
+    if results.pytest_exit is not None or counts(results)["failed"] > recorded_failures:
+        tallies = ", ".join(f"{n} {key}" for key, n in sorted(results.pytest_counts.items()))
+        exited = f"exited {results.pytest_exit}" if results.pytest_exit is not None else "counted"
+        line += f"; pytest {exited}" + (f" ({tallies})" if tallies else "")
     return line + (f"; {len(results.problems)} run problem(s)" if results.problems else "")
 
 
@@ -270,13 +328,22 @@ def workflow_command(kind: str, message: str, title: str | None = None) -> str:
 
 
 def failure_message(record: CaseRecord) -> str:
-    parts = [record.reason or f"outcome {record.outcome}"]
+    """The reason, then what the record holds that explains it: the registry entry, where it ran,
+    the sharding and cost changes (a drift's reason only announces them), the evidence. The
+    evidence is left out when the reason already says all of it (a plain assertion's line)."""
+    reason = record.reason or f"outcome {record.outcome}"
+    parts = [reason]
     if record.known_bug:
         parts.append(f"registry entry: {record.known_bug}")
     if where(record):
         parts.append(where(record))
-    if record.evidence:
-        parts.append(shorten(record.evidence, ANNOTATION_EVIDENCE_LIMIT))
+    parts += [f"  {line}" for line in (*record.sharding_changes, *record.cost_changes)]
+    evidence = record.evidence.strip()
+    if evidence and evidence not in reason:
+        if evidence.startswith(reason.strip()):
+            parts[0] = shorten(evidence, ANNOTATION_EVIDENCE_LIMIT)  # the reason is its first line
+        else:
+            parts.append(shorten(evidence, ANNOTATION_EVIDENCE_LIMIT))
     return "\n".join(parts)
 
 
@@ -361,6 +428,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="print GitHub workflow commands (::error) for failures instead of a plain list",
     )
+    parser.add_argument(
+        "--pytest-exit-status",
+        type=int,
+        metavar="N",
+        default=None,
+        help="the exit status of the pytest that made RESULTS_DIR (one run's folder), as its caller got it "
+        "(scripts/ci-spmd.sh passes it): the run's manifest must agree, and a non-zero N is never green",
+    )
     parser.add_argument("--title", default="SPMD regression results", help="heading of the summary")
     cli.add_version(parser, "spmd-report")
     return parser.parse_args(argv)
@@ -370,9 +445,16 @@ def counts(results: Results) -> dict[str, int]:
     """What the reusable workflow exposes as outputs: a caller can branch on regressions alone."""
     outcomes = collections.Counter(r.outcome for r in results.records)
     verdicts = collections.Counter(r.registry_verdict for r in results.records)
+    # Never fewer failures than the controlling pytest process counted, nor none when pytest
+    # exited non-zero or the run has a problem: records alone can be rewritten by a case.
+    failed = max(
+        sum(1 for r in results.records if is_failure(r)),
+        results.pytest_counts.get("failed", 0) + results.pytest_counts.get("error", 0),
+        1 if results.problems or results.pytest_exit not in (None, 0) else 0,
+    )
     return {
         "cases": len(results.records),
-        "failed": sum(1 for r in results.records if is_failure(r)),
+        "failed": failed,
         "regressed": verdicts["regressed"],
         "unexpected-passed": verdicts["unexpected-pass"],
         "xfailed": outcomes["xfailed"],
@@ -390,50 +472,67 @@ def write_github_output(path: Path, values: dict[str, int]) -> None:
 
 def write_summary(text: str, summary: Path, step_summary: Path | None) -> None:
     summary.parent.mkdir(parents=True, exist_ok=True)
-    summary.write_text(text, encoding="utf-8")
+    # Replaced, never written through: a link planted under its name in a run folder (which the
+    # code under test can write) must not turn the report into a write to the link's target.
+    runfolder.replace_file(summary, text)
     if step_summary is not None:
         with step_summary.open("a", encoding="utf-8") as fh:  # other steps may have written to it
             fh.write(text)
 
 
+def inert(text: str) -> str:
+    """A line of plain output that cannot command the GitHub runner, whatever a record held: one
+    line, and no `##[` (a command wherever it sits in a line; harness.report's own workflow
+    commands are escaped by workflow_command)."""
+    return " ".join(text.splitlines()).replace("##[", "#%23[")
+
+
+def say(text: str, error: bool = False) -> None:
+    print(inert(text), file=sys.stderr if error else sys.stdout)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if not args.results_dir.is_dir():
-        print(
+        say(
             f"error: results folder {args.results_dir} does not exist; did pytest run with "
             f"--spmd-results-dir={args.results_dir}?",
-            file=sys.stderr,
+            error=True,
         )
         return EXIT_NO_RECORDS
-    results = load_results(args.results_dir)
+    results = load_results(args.results_dir, args.pytest_exit_status)
     if results.unreadable:
-        print(
+        say(
             f"warning: {len(results.unreadable)} damaged record line(s) under {args.results_dir}, not counted as "
             f"cases (cut short by a crash, or not a case record): {', '.join(results.unreadable[:10])}"
             f"{' ...' if len(results.unreadable) > 10 else ''}",
-            file=sys.stderr,
+            error=True,
         )
     runs = runfolder.find_runs(args.results_dir)
     home = runs[0] if len(runs) == 1 else args.results_dir  # the run's own folder when there is one
     write_summary(render_summary(results, args.title), args.summary or home / runfolder.SUMMARY_NAME, args.step_summary)
     if args.github_output is not None:
         write_github_output(args.github_output, counts(results))
-    for line in github_annotations(results) if args.annotate else plain_failure_lines(results):
-        print(line)
-    print(f"harness.report {home}: {totals_line(results)}")
-    if not results.records:
-        print(
+    if args.annotate:
+        for command in github_annotations(results):
+            print(command)
+    else:
+        for line in plain_failure_lines(results):
+            say(line)
+    say(f"harness.report {home}: {totals_line(results)}")
+    if not results.case_records:
+        say(
             f"error: no case records ({runfolder.VERDICTS_GLOB}) under {args.results_dir}: the run executed "
             "nothing. Check that cases were collected (-m spmd), that the harness plugin loaded, "
             "and that --spmd-results-dir points here.",
-            file=sys.stderr,
+            error=True,
         )
         return EXIT_NO_RECORDS
     if all(r.outcome == "skipped" for r in results.records):
-        print(
+        say(
             f"error: all {len(results.records)} cases under {args.results_dir} were skipped "
             f"(first reason: {results.records[0].reason}); a run that executed nothing is not a pass.",
-            file=sys.stderr,
+            error=True,
         )
         return EXIT_NO_RECORDS
     if results.problems:

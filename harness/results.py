@@ -10,6 +10,7 @@ verdict. The run folder's whole layout: harness.runfolder.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -176,7 +177,17 @@ def write_record(results_dir: Path, record: CaseRecord, worker: str = "main") ->
 
 def _append(path: Path, line: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as fh:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        # A link put in the file's place (by a case: the run folder is writable by the code under
+        # test) is removed, never written through; records it hid are missing, not forged.
+        os.unlink(path)
+        fd = os.open(path, flags | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
         fh.write(line + "\n")
         fh.flush()
         os.fsync(fh.fileno())  # a later crash of this process must not lose the verdict

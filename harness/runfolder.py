@@ -24,7 +24,10 @@ evidence. So a run writes only into a folder it created for itself (and the `lat
 and nothing is created at all until a run has SPMD work to record.
 
 The manifest lets readers (harness.report, the matrix, the GKE worker) tell a finished run from
-one that was killed, and cross-check pytest's own failures against the case records.
+one that was killed, and cross-check pytest's own failures against the case records. A case body
+can write anything here (it runs as the same user): the controlling pytest process closes the
+manifest from its own memory, names in it what a case deleted or changed, and puts it back if it
+changed after that; folders and files are created exclusively, never through a planted link.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import socket
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,6 +75,20 @@ def requests_name(worker: str) -> str:
 
 VERDICTS_GLOB = verdicts_name("*")
 REQUESTS_GLOB = requests_name("*")
+
+
+# A run id a wrapper may choose (--spmd-run-id): one plain folder name under the results folder.
+RUN_ID_PATTERN = re.compile(r"run-[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def check_run_id(text: str) -> str:
+    """A run id given on the command line: `run-` and a plain name (no `/`, no `..`)."""
+    if not RUN_ID_PATTERN.fullmatch(text):
+        raise HarnessUsageError(
+            f"{text!r} is not a run id: use {RUN_PREFIX} followed by letters, digits, '.', '_' or '-' "
+            "(e.g. run-20261124-040512-ci42)"
+        )
+    return text
 
 
 def new_run_id(pid: int | None = None) -> str:
@@ -113,6 +132,9 @@ class Manifest:
     counts: dict[str, int] = dataclasses.field(default_factory=dict)  # pytest's own tallies
     failed_ids: list[str] = dataclasses.field(default_factory=list)  # node ids pytest reported failing
     junitxml: str | None = None
+    # What the controlling pytest process found wrong with its own run folder when it closed it
+    # (its manifest deleted or changed while cases ran): each one makes the report red.
+    problems: list[str] = dataclasses.field(default_factory=list)
     schema: int = MANIFEST_SCHEMA
 
     def to_json(self) -> str:
@@ -136,27 +158,47 @@ class Manifest:
             isinstance(v, int) for v in kwargs.get("counts", {}).values()
         ):
             raise ValueError("field 'counts' is not an object of integers")
-        if not isinstance(kwargs.get("failed_ids", []), list) or not all(
-            isinstance(v, str) for v in kwargs.get("failed_ids", [])
-        ):
-            raise ValueError("field 'failed_ids' is not a list of strings")
+        for name in ("failed_ids", "problems", "argv"):
+            if not isinstance(kwargs.get(name, []), list) or not all(isinstance(v, str) for v in kwargs.get(name, [])):
+                raise ValueError(f"field {name!r} is not a list of strings")
         kwargs.setdefault("argv", [])
         return cls(**kwargs)
 
 
 @dataclasses.dataclass
 class RunFolder:
-    """This run's folder. Nothing exists on disk until `claim()`."""
+    """This run's folder. Nothing exists on disk until `claim()`.
+
+    Everything in the folder is writable by the code under test (a case body runs as the same
+    user), so the controlling pytest process never takes the folder's word for what it wrote:
+    the manifest it closes is built from its own memory, and what it finds on disk instead of the
+    manifest it expects is written into it as a problem (harness.report then fails the run).
+    """
 
     base: Path
     run_id: str
     controller_pid: int
     started: str
+    argv: list[str] = dataclasses.field(default_factory=list)  # the controlling process's
+    # (st_dev, st_ino) of the folder once this process made or adopted it; set means claimed, so
+    # a case deleting the manifest later does not make the run refuse its own folder.
+    _claimed: tuple[int, int] | None = dataclasses.field(default=None, compare=False, repr=False)
+    _closed_text: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
-    def new(cls, base: Path) -> RunFolder:
+    def new(cls, base: Path, run_id: str | None = None) -> RunFolder:
+        """run_id: chosen by a wrapper that must know the folder before the run (--spmd-run-id)."""
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        return cls(base=check_results_dir(base), run_id=new_run_id(), controller_pid=os.getpid(), started=now)
+        base = check_results_dir(base)
+        if run_id and os.path.lexists(base / check_run_id(run_id)):
+            raise HarnessUsageError(f"--spmd-run-id={run_id}: {base / run_id} exists already; name a new run folder")
+        return cls(
+            base=base,
+            run_id=check_run_id(run_id) if run_id else new_run_id(),
+            controller_pid=os.getpid(),
+            started=now,
+            argv=list(sys.argv),
+        )
 
     @property
     def path(self) -> Path:
@@ -167,83 +209,189 @@ class RunFolder:
         return self.path / MANIFEST_NAME
 
     def to_workerinput(self) -> dict[str, Any]:
-        return {"base": str(self.base), "run_id": self.run_id, "pid": self.controller_pid, "started": self.started}
+        return {
+            "base": str(self.base),
+            "run_id": self.run_id,
+            "pid": self.controller_pid,
+            "started": self.started,
+            "argv": self.argv,
+        }
 
     @classmethod
     def from_workerinput(cls, data: dict[str, Any]) -> RunFolder:
-        return cls(base=Path(data["base"]), run_id=data["run_id"], controller_pid=data["pid"], started=data["started"])
+        return cls(
+            base=Path(data["base"]),
+            run_id=data["run_id"],
+            controller_pid=data["pid"],
+            started=data["started"],
+            argv=list(data.get("argv", [])),
+        )
 
     def exists(self) -> bool:
-        return self.manifest_path.is_file()
+        return _is_real_folder(self.path) and _is_real_file(self.manifest_path)
+
+    def opening_manifest(self) -> Manifest:
+        """The manifest as claim() writes it: the same in every process of the run."""
+        return Manifest(
+            run_id=self.run_id, pid=self.controller_pid, host=socket.gethostname(), started=self.started, argv=self.argv
+        )
 
     def claim(self) -> Path:
         """Create the run folder and its manifest (once, whichever process of the run is first),
         and point `latest` at it. Returns the folder.
 
-        The folder is made with exist_ok=False by the first claimer: a folder of that name that
-        this run did not make (a clash, or a user's folder) is refused rather than written into.
+        The folder is made exclusively (mkdir fails on any entry of that name, a link included):
+        an entry this run did not make (a link or a folder planted there, a clash, a user's
+        folder) is refused rather than written into. Once claimed, a process never asks the
+        folder again whether it is its own: a case deleting the manifest does not stop the run.
         """
-        if self.exists():
+        if self._claimed is not None:
             return self.path
         self.base.mkdir(parents=True, exist_ok=True)
         try:
-            self.path.mkdir()
+            os.mkdir(self.path)
         except FileExistsError:
             if not self._is_ours_in_progress():
                 raise HarnessUsageError(
-                    f"{self.path} already exists and is not this run's folder; remove it or choose "
-                    "another --spmd-results-dir"
+                    f"{self.path} already exists and is not this run's folder (a link, or a folder another "
+                    "run made); remove it or choose another --spmd-results-dir"
                 ) from None
-        manifest = Manifest(
-            run_id=self.run_id,
-            pid=self.controller_pid,
-            host=socket.gethostname(),
-            started=self.started,
-            argv=list(sys.argv),
-        )
+        info = os.lstat(self.path)
+        self._claimed = (info.st_dev, info.st_ino)
         try:
-            # O_EXCL: when several xdist workers claim at once, exactly one writes the manifest.
-            fd = os.open(self.manifest_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            _create_new(self.manifest_path, self.opening_manifest().to_json())
         except FileExistsError:
-            return self.path
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(manifest.to_json())
+            return self.path  # another process of this run wrote it a moment ago
         point_latest(self.base, self.path)
         return self.path
 
     def _is_ours_in_progress(self) -> bool:
-        """Another process of this same run made the folder a moment ago (its manifest may follow)."""
-        entries = {p.name for p in self.path.iterdir()}  # listed once: the manifest may appear any moment
-        if MANIFEST_NAME not in entries:
-            return not entries
+        """Another process of this same run made the folder a moment ago (its manifest may follow):
+        a real folder of ours, never a link, whose manifest (if any) names this run."""
+        try:
+            info = os.lstat(self.path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            return False
         try:
             return read_manifest(self.path).run_id == self.run_id
-        except ValueError:
+        except FileNotFoundError:
+            return True  # not written yet (or deleted by a case: the controller says so at the end)
+        except (OSError, ValueError):
             return True  # being written by the worker that won the O_EXCL race
 
-    def finish(self, exitstatus: int, counts: dict[str, int], failed_ids: list[str], junitxml: str | None) -> None:
-        """Close the run's manifest (controller only), if the run wrote anything at all."""
-        if not self.exists():
-            return
-        manifest = read_manifest(self.path)
+    def manifest_problems(self) -> list[str]:
+        """What is wrong with the manifest on disk (controller, before finish()): missing, or not
+        the one claim() wrote. Empty when the run made no folder."""
+        if not os.path.lexists(self.path):
+            if self._claimed is None:
+                return []  # the run had nothing to write (or this process never made the folder)
+            return [f"{self.path} was deleted while the run's cases ran (by a case?); the run fails"]
+        if not _is_real_folder(self.path):
+            return [f"{self.path} is no longer the folder this run made (replaced by a link or a file, by a case?)"]
+        try:
+            found: str | None = _read_no_follow(self.manifest_path)
+        except FileNotFoundError:
+            found = None
+        except OSError as exc:
+            found = f"unreadable ({exc.strerror or exc})"
+        if found == self.opening_manifest().to_json():
+            return []
+        what = "deleted" if found is None else "changed"
+        return [
+            f"{MANIFEST_NAME} of {self.run_id} was {what} while the run's cases ran (by a case?); its records "
+            "cannot be trusted, and the run fails"
+        ]
+
+    def finish(
+        self,
+        exitstatus: int,
+        counts: dict[str, int],
+        failed_ids: list[str],
+        junitxml: str | None,
+        problems: list[str] | None = None,
+    ) -> None:
+        """Close the run's manifest (controller only), if the run made its folder at all.
+
+        Built from this process's memory, never from the file: whatever a case wrote there is
+        replaced; `problems` (manifest_problems()) are written into it.
+        """
+        if not _is_real_folder(self.path):
+            if os.path.lexists(self.path):
+                raise OSError(f"{self.path} is no longer the folder this run made (replaced by a link or a file)")
+            return  # the run had nothing to write
+        manifest = self.opening_manifest()
+        manifest.problems = list(problems or [])
         manifest.status = "finished"
         manifest.finished = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         manifest.exitstatus = int(exitstatus)
         manifest.counts = dict(counts)
         manifest.failed_ids = failed_ids[:MAX_FAILED_IDS]
         manifest.junitxml = junitxml
-        replace_file(self.manifest_path, manifest.to_json())
+        self._closed_text = manifest.to_json()
+        replace_file(self.manifest_path, self._closed_text)
+
+    def recheck(self) -> str | None:
+        """After the run's last process ended: put back the manifest finish() wrote if something
+        changed it since, saying so in it. Returns what was found wrong, or None."""
+        if self._closed_text is None or not _is_real_folder(self.path):
+            return None
+        try:
+            if _read_no_follow(self.manifest_path) == self._closed_text:
+                return None
+        except OSError:
+            pass
+        manifest = Manifest.from_json(self._closed_text)
+        problem = f"{MANIFEST_NAME} was changed or deleted after pytest closed it; put back as pytest wrote it"
+        manifest.problems.append(problem)
+        self._closed_text = manifest.to_json()
+        replace_file(self.manifest_path, self._closed_text)
+        return problem
 
 
 def read_manifest(run_path: Path) -> Manifest:
-    return Manifest.from_json((run_path / MANIFEST_NAME).read_text(encoding="utf-8"))
+    """The run's manifest; a link in its place is not followed (OSError)."""
+    return Manifest.from_json(_read_no_follow(run_path / MANIFEST_NAME))
 
 
 def replace_file(path: Path, text: str) -> None:
-    """Write text to path atomically: a reader sees the old or the new file, never half of one."""
+    """Write text to path atomically: a reader sees the old or the new file, never half of one.
+    The temporary file is made exclusively, so a link planted under its name is not written through."""
     temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(text, encoding="utf-8")
+    try:
+        temp.unlink()
+    except FileNotFoundError:
+        pass
+    _create_new(temp, text)
     os.replace(temp, path)
+
+
+def _create_new(path: Path, text: str) -> None:
+    """Create path with text; FileExistsError if any entry (a link too) has that name."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def _read_no_follow(path: Path) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def _is_real_folder(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _is_real_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def is_run_folder(path: Path) -> bool:
@@ -258,7 +406,7 @@ def point_latest(base: Path, run_path: Path) -> None:
     """
     latest = base / LATEST_NAME
     if latest.exists() or latest.is_symlink():
-        if not latest.is_symlink() or not is_run_folder(latest):
+        if not _points_at_a_run(latest):
             return  # a user's file or folder named `latest`: not ours to replace
     temp = base / f".{LATEST_NAME}.{os.getpid()}.tmp"
     try:
@@ -269,15 +417,26 @@ def point_latest(base: Path, run_path: Path) -> None:
         temp.unlink(missing_ok=True)  # a filesystem without symlinks: readers fall back to the newest run
 
 
+def _points_at_a_run(latest: Path) -> bool:
+    """A `latest` the harness made: a link to a `run-*` name beside it."""
+    try:
+        target = os.readlink(latest)
+    except OSError:
+        return False
+    return "/" not in target and target.startswith(RUN_PREFIX)
+
+
 def resolve(path: Path) -> Path | None:
-    """The run folder a reader means by `path`: the folder itself when it is a run (or a folder
-    of verdicts written without one, as tests and GKE host folders hold), else where `latest`
-    points, else the newest run folder in it; None when it holds no run."""
+    """The run folder a reader means by `path`: the folder itself when it is a run (named `run-*`
+    or holding a manifest; or a folder of verdicts written without one, as tests and GKE host
+    folders hold), else where `latest` points, else the newest run folder in it; None when it
+    holds no run. A run folder whose manifest is missing is still that run (its report fails),
+    never a reason to show another one."""
     path = Path(path)
-    if is_run_folder(path) or any(path.glob(VERDICTS_GLOB)):
+    if is_run_folder(path) or any(path.glob(VERDICTS_GLOB)) or (path.name.startswith(RUN_PREFIX) and path.is_dir()):
         return path
     latest = path / LATEST_NAME
-    if latest.is_symlink() and is_run_folder(latest):
+    if _points_at_a_run(latest) and latest.is_dir():
         return latest.resolve()
     runs = sorted(p for p in path.glob(f"{RUN_PREFIX}*") if is_run_folder(p))
     return runs[-1] if runs else None

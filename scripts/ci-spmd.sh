@@ -24,7 +24,10 @@
 # summary.md, also appended to $GITHUB_STEP_SUMMARY when set; RESULTS/latest points at it) and,
 # under GitHub Actions, ::error annotations for failures. Nothing earlier runs wrote is deleted.
 # Under GitHub Actions, workflow commands are stopped while pytest runs (its stderr then joins its
-# stdout), so nothing the code under test prints can annotate, mask or silence the job.
+# stdout), so nothing the code under test prints can annotate, mask or silence the job, and the
+# step's files ($GITHUB_OUTPUT, $GITHUB_ENV, ...) are put back as they were before it ran. The run's
+# folder is named here (--spmd-run-id), and the report reads exactly it, held to pytest's exit
+# status: nothing a case writes in the results folder (`latest`, records, run.json) makes it green.
 # Exit status: pytest's, except that a run that ran nothing (pytest exit 5, or no case records)
 # always fails; 2 for a usage error (an unknown option, a missing --known-bugs file, wheels for
 # another Python).
@@ -46,6 +49,7 @@ python_version=${SPMD_PYTHON_VERSION:-}
 image=${SPMD_IMAGE:-}
 skip_install=false
 pytest_extra=()
+run_id=
 
 # shellcheck source=scripts/workflow-commands.sh
 source "$(dirname "$0")/workflow-commands.sh"
@@ -132,11 +136,11 @@ install() {
   fi
 }
 
-# Every pytest run writes into a folder of its own under the results folder and points
-# `latest` at it (harness/runfolder.py); nothing is deleted. An earlier run's folder must not be
-# reported as this run's, so the report reads `latest` only if this run moved it.
-latest_run() {
-  readlink "$results_dir/latest" 2> /dev/null || true
+# Every pytest run writes into a folder of its own under the results folder (harness/runfolder.py);
+# nothing is deleted. This script names that folder itself (--spmd-run-id) and reports exactly
+# it: `latest`, or any other file in the results folder, can be rewritten by the code under test.
+new_run_id() {
+  echo "run-$(date -u +%Y%m%d-%H%M%S)-ci$$-$(od -vAn -N4 -tx1 /dev/urandom | tr -d ' \n')"
 }
 
 run_pytest() {
@@ -146,15 +150,18 @@ run_pytest() {
   local registry=()
   [[ -n $known_bugs ]] && registry=("--spmd-known-bugs=$known_bugs")
   "$venv/bin/pytest" cases -m spmd -n "$workers" --spmd-backend=cpu --spmd-devices="$devices" \
-    --spmd-results-dir="$results_dir" --junitxml="$results_dir/junit.xml" "${registry[@]}" "${pytest_extra[@]}"
+    --spmd-results-dir="$results_dir" --spmd-run-id="$run_id" --junitxml="$results_dir/junit.xml" \
+    "${registry[@]}" "${pytest_extra[@]}"
 }
 
+# The report of this run's folder, held to the exit status pytest gave this script: a manifest
+# that disagrees, or a missing one, is a failure; a non-zero status is never reported green.
 report() {
-  local annotate=()
+  local pytest_rc=$1 annotate=()
   [[ ${GITHUB_ACTIONS:-} == true ]] && annotate=(--annotate)
   # python -m puts the working directory (the repo root) on sys.path, so harness imports even
   # when the venv was set up by someone else.
-  "$venv/bin/python" -m harness.report "$results_dir" "${annotate[@]}"
+  "$venv/bin/python" -m harness.report "$results_dir/$run_id" --pytest-exit-status "$pytest_rc" "${annotate[@]}"
 }
 
 # This same script, inside `image`: the repository, the wheels, the results folder and the job
@@ -206,16 +213,16 @@ main() {
   [[ $skip_install == true ]] || install
   mkdir -p "$results_dir"
 
-  local pytest_rc=0 report_rc=0 before
-  before=$(latest_run)
+  local pytest_rc=0 report_rc=0
+  run_id=$(new_run_id)
   # Nothing pytest or a case prints may command the runner; the report's ::error lines must work.
   untrusted_output run_pytest || pytest_rc=$?
-  if [[ -z $(latest_run) || $(latest_run) == "$before" ]]; then
+  if [[ ! -d $results_dir/$run_id || -L $results_dir/$run_id ]]; then
     echo "ci-spmd: pytest (exit $pytest_rc) wrote no run folder under $results_dir: no case ran." >&2
     [[ $pytest_rc -ne 0 ]] && exit "$pytest_rc"
     exit 2  # as harness.report's "no case records"
   fi
-  report || report_rc=$?
+  report "$pytest_rc" || report_rc=$?
 
   if [[ $pytest_rc -eq $PYTEST_NO_TESTS_COLLECTED ]]; then
     echo "ci-spmd: pytest collected no spmd cases (exit 5); a run that ran nothing is a failure." >&2

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from harness.backends import CpuBackend, FakeBackend
 from harness.isolation.case import SpmdRunner
-from harness.isolation.forkclient import ForkServer
+from harness.isolation.forkclient import EXEC_IMPORTS, ForkServer, ForkServerClient
 from harness.isolation.pool import ChildPool
 
 pytestmark = pytest.mark.selftest
@@ -301,3 +305,91 @@ def test_which_selections_start_the_runs_server_early(tmp_path, options, expecte
     (tmp_path / "cases").mkdir()
     namespace = argparse.Namespace(**{"markexpr": "", "file_or_dir": [], **options})
     assert selection_may_hold_spmd_cases(namespace, tmp_path, ["cases", "tests"]) is expected
+
+
+# --------------------------------------------------------------------------------------------
+# A server serves only its own run
+# --------------------------------------------------------------------------------------------
+
+
+# A process of another run (a case body there) that found this run's socket in /tmp: it asks for a
+# long sleeper, which would outlive that run's containment and this one's. argv: socket, marker.
+INTRUDER = """
+import json, os, socket, sys
+path, marker = sys.argv[1], sys.argv[2]
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+sock.settimeout(30)
+sock.connect(path)
+sock.recv(1 << 16)  # ready
+log = os.open(os.devnull, os.O_WRONLY)
+stdin_read, _ = os.pipe()
+_, status_write = os.pipe()
+argv = [sys.executable, "-c", "import time; time.sleep(60)", marker]
+for token in (None, "0" * 64):  # none at all, and a guess
+    request = {"kind": "spawn", "env": {"PATH": os.environ["PATH"]}, "fds": [], "argv": argv}
+    if token:
+        request["token"] = token
+    try:
+        socket.send_fds(sock, [json.dumps(request).encode()], [stdin_read, log, status_write])
+        print(sock.recv(1 << 16).decode() or "closed", flush=True)
+    except OSError as exc:
+        print(f"closed ({exc})", flush=True)
+    sock.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(30)
+    sock.connect(path)
+    sock.recv(1 << 16)
+"""
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_server_spawns_nothing_for_a_process_of_another_run(tmp_path):
+    """#28 item 10: a server serves only its own run's clients (the token its owner handed them)."""
+    server = ForkServer(sys.executable, {"PATH": os.environ["PATH"]}, EXEC_IMPORTS, tmp_path)
+    marker = f"spmd-intruder-{os.getpid()}-{time.time_ns()}"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", INTRUDER, server.address.path, marker], capture_output=True, text=True, timeout=60
+        )
+        time.sleep(0.5)
+        spawned = processes_with(marker)
+        for pid in spawned:
+            os.kill(pid, signal.SIGKILL)
+        assert not spawned, f"the server spawned {spawned} for another run's process: {proc.stdout}"
+        replies = proc.stdout.splitlines()
+        assert len(replies) == 2 and all('"spawn-failed"' in r for r in replies), proc.stdout + proc.stderr
+        assert "serves only the run that started it" in replies[1]
+        assert "missing token" in replies[0]
+        # The run's own client still gets its children.
+        client = ForkServerClient(server.address, 30)
+        with open(os.devnull, "wb") as log:
+            child = client.spawn({"PATH": os.environ["PATH"]}, log.fileno(), (), argv=[sys.executable, "-c", "pass"])
+        child.stdin.close()
+        assert child.wait(30) == 0
+        client.close()
+    finally:
+        server.close()
+
+
+def test_the_token_is_not_in_the_servers_environment_or_command_line(tmp_path):
+    server = ForkServer(sys.executable, {"PATH": os.environ["PATH"]}, EXEC_IMPORTS, tmp_path)
+    try:
+        assert server.proc is not None
+        token = server.address.token.encode()
+        assert len(token) == 64
+        for name in ("environ", "cmdline"):
+            assert token not in Path(f"/proc/{server.proc.pid}/{name}").read_bytes()
+        assert token not in Path(server.address.log_path).read_bytes()
+        assert server.address.token not in repr(server.address)
+    finally:
+        server.close()

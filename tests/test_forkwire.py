@@ -17,8 +17,12 @@ pytestmark = pytest.mark.selftest
 
 MESSAGES = [
     ServerReady(pid=12, imported=["torch", "torch_xla"], threads=3, startup_s=4.25, containment="subreaper"),
-    SpawnRequest(env={protocol.RESULT_FD_ENV: "7", protocol.BACKEND_ENV: "cpu"}, fds=[7, 9], argv=None),
-    SpawnRequest(env={"PATH": "/usr/bin"}, fds=[], argv=[sys.executable, "-m", "harness.isolation.child"]),
+    SpawnRequest(
+        token="ab" * 32, env={protocol.RESULT_FD_ENV: "7", protocol.BACKEND_ENV: "cpu"}, fds=[7, 9], argv=None
+    ),
+    SpawnRequest(
+        token="cd" * 32, env={"PATH": "/usr/bin"}, fds=[], argv=[sys.executable, "-m", "harness.isolation.child"]
+    ),
     Spawned(pid=100, keeper=99),
     SpawnFailed(error="ValueError: a spawn request carries at least 3 descriptors, got 1"),
 ]
@@ -48,9 +52,10 @@ def test_every_message_survives_a_round_trip(message):
         (b'{"kind": "spawned", "pid": 1, "keeper": 2, "extra": 3}', "unknown extra"),
         (b'{"kind": "spawned", "pid": "1", "keeper": 2}', "wrong type of pid"),
         (b'{"kind": "spawned", "pid": true, "keeper": 2}', "wrong type of pid"),
-        (b'{"kind": "spawn", "env": {"A": 1}, "fds": [], "argv": null}', "wrong type of env"),
-        (b'{"kind": "spawn", "env": {}, "fds": [3, "4"], "argv": null}', "wrong type of fds"),
-        (b'{"kind": "spawn", "env": {}, "fds": []}', "missing argv"),
+        (b'{"kind": "spawn", "token": "t", "env": {"A": 1}, "fds": [], "argv": null}', "wrong type of env"),
+        (b'{"kind": "spawn", "token": "t", "env": {}, "fds": [3, "4"], "argv": null}', "wrong type of fds"),
+        (b'{"kind": "spawn", "token": "t", "env": {}, "fds": []}', "missing argv"),
+        (b'{"kind": "spawn", "env": {}, "fds": [], "argv": null}', "missing token"),
     ],
 )
 def test_a_malformed_message_is_refused_saying_what_is_wrong(packet, says):
@@ -101,7 +106,7 @@ def test_a_live_server_answers_a_malformed_request_with_spawn_failed_and_goes_on
                 sock.settimeout(30)
                 sock.connect(server.address.path)
                 assert isinstance(forkwire.decode(sock.recv(forkwire.MAX_MESSAGE_BYTES)), ServerReady)
-                sock.send(b'{"kind": "spawn", "env": {}, "fds": []}')
+                sock.send(b'{"kind": "spawn", "token": "t", "env": {}, "fds": []}')
                 reply = forkwire.decode(sock.recv(forkwire.MAX_MESSAGE_BYTES), SpawnFailed)
                 assert reply.error.startswith("ForkWireError: malformed 'spawn' message (missing argv)")
         assert server.is_alive()

@@ -246,3 +246,84 @@ def test_a_run_where_every_case_skipped_is_not_green(tmp_path, capsys):
     write_record(tmp_path, record("cases/test_x.py::test_a", "skipped", reason="needs backend tpu"))
     assert report.main([str(tmp_path)]) == 2
     assert "were skipped (first reason: needs backend tpu)" in capsys.readouterr().err
+
+
+# --- what an annotation carries, from real runs (#29 item 4) -------------------------------------
+
+ANNOTATED_CASES = """
+import json, os
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_records(ctx, shardings):
+    for name, spec in shardings.items():
+        ctx.record_sharding(name, spec)
+
+def test_block(spmd):
+    spmd.run(body_records, shardings=json.loads(os.environ["CASE_SHARDINGS"]))
+
+def test_plain_assertion(spmd):
+    spmd.run(body_records, shardings={})
+    assert os.environ["CASE_SHARDINGS"] == "", "the plain message"
+"""
+
+
+def test_an_annotation_carries_the_drifted_tensor_and_a_plain_message_once(pytester, monkeypatch):
+    pytester.makepyfile(test_annotated=ANNOTATED_CASES)
+
+    def run(shardings: str, version: str, *args: str) -> None:
+        monkeypatch.setenv("CASE_SHARDINGS", shardings)
+        monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", version)
+        pytester.runpytest_subprocess(
+            "--spmd-backend=fake", "-p", "no:cacheprovider", "--spmd-shardings-baseline=b.json", *args, timeout=120
+        )
+
+    run('{"w": "{devices=[4,1]0,1,2,3}"}', "2.9.0", "-k", "block", "--spmd-update-shardings")
+    run('{"w": "{replicated}"}', "2.9.1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.report", str(pytester.path / "results"), "--annotate"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    errors = {line.split("::", 2)[1]: line for line in proc.stdout.splitlines() if line.startswith("::error ")}
+    drift = errors["error title=SPMD regression%3A test_annotated.py%3A%3Atest_block"]
+    assert "sharding drift: 1 tensor(s) differ from b.json" in drift
+    assert "%0A  w: {devices=[4,1]0,1,2,3} -> {replicated}" in drift, drift
+    plain = errors["error title=SPMD regression%3A test_annotated.py%3A%3Atest_plain_assertion"]
+    assert plain.count("the plain message") == 1, plain
+
+
+# --- exit codes (#29 item 5) ----------------------------------------------------------------------
+
+
+def test_a_run_folder_without_case_records_exits_2_even_when_pytest_saw_failures(pytester):
+    """A non-SPMD test failed, no case ran: the report lists that failure and still says the run
+    executed no case (exit 2, as --help says), instead of exit 0."""
+    pytester.makepyfile(
+        test_plain="def test_plain_fails():\n    assert False\n",
+        test_cases="""
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def test_not_this_time(spmd):
+    pytest.skip("no case runs in this run")
+""",
+    )
+    pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", timeout=120)
+    run = next((pytester.path / "results").glob("run-*"))
+    (run / "verdicts-main.jsonl").unlink()  # the skipped case's record: now no case record at all
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.report", str(pytester.path / "results")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode == report.EXIT_NO_RECORDS, proc.stdout + proc.stderr
+    assert "FAILED test_plain.py::test_plain_fails" in proc.stdout
+    assert "error: no case records" in proc.stderr
+    assert "2 no case record was read" in " ".join(report.__doc__.split())

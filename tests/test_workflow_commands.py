@@ -18,6 +18,7 @@ other: every check feeds the model both ways round.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import stat
@@ -136,7 +137,7 @@ from harness.runfolder import RunFolder
 results = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--spmd-results-dir=")))
 print({stdout!r}, flush=True)
 print({stderr!r}, file=sys.stderr, flush=True)
-run = RunFolder.new(results)
+run = RunFolder.new(results, next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--spmd-run-id=")), None))
 (run.claim() / "verdicts-gw0.jsonl").write_text(os.environ["STUB_RECORDS"])
 run.finish(1, {{}}, [json.loads(line)["nodeid"] for line in os.environ["STUB_RECORDS"].splitlines()], None)
 sys.exit(1)
@@ -232,3 +233,94 @@ def test_nightly_script_launcher_output_cannot_command_the_runner(tmp_path: Path
     assert "from pytest stdout" in proc.stdout + proc.stderr
     for runner in both_orders(proc):
         assert runner.executed == [] and runner.stop_token is None, runner
+
+
+# --- harness.report on a results folder the code under test wrote into ---------------------------
+
+
+def test_report_output_cannot_be_turned_into_commands_by_what_a_case_wrote(tmp_path: Path):
+    """A body can write any file in its run folder: a verdicts file whose *name* holds a stop, a
+    record whose outcome or reason does. The report's own lines (warnings, totals) stay inert, and
+    its ::error for the real failure is executed."""
+    run = tmp_path / "run-20261124-000000-p1"
+    run.mkdir()
+    hostile = CaseRecord(
+        nodeid="cases/test_x.py::test_hostile",
+        family="x",
+        outcome="odd ##[stop-commands]evil-outcome",
+        reason="why\n::error title=injected::from a record's reason ##[stop-commands]evil-reason",
+    )
+    (run / "verdicts-gw0.jsonl").write_text(FAILED_CASE.to_json() + "\n" + hostile.to_json() + "\n")
+    (run / "verdicts-x##[stop-commands]evil-name.jsonl").write_text("not a record\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.report", str(run), "--annotate"],
+        capture_output=True,
+        text=True,
+        env=hermetic_env(tmp_path),
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    for runner in both_orders(proc):
+        assert runner.stop_token is None, proc.stdout + proc.stderr
+        executed = [(c.name, c.properties, c.data.split("%0A")[0]) for c in runner.executed]
+        assert HARNESS_ERROR in executed, proc.stdout + proc.stderr
+        assert not [c for c in runner.executed if "injected" in c.properties], executed
+
+
+FORGES_STEP_FILES = """#!{python}
+# Stands in for the venv's pytest whose case writes the step's files, found without the GITHUB_*
+# variables (the script unsets them; a body could list the runner's file-commands folder).
+import json, os, pathlib, sys
+from harness.runfolder import RunFolder
+args = sys.argv[1:]
+results = pathlib.Path(next(a.split("=", 1)[1] for a in args if a.startswith("--spmd-results-dir=")))
+seen = [name for name in ("GITHUB_OUTPUT", "GITHUB_ENV", "GITHUB_STEP_SUMMARY") if name in os.environ]
+paths = json.loads(os.environ["STUB_STEP_FILES"])
+with open(paths["GITHUB_OUTPUT"], "a") as fh:  # failed=0 now, and the report's own lines swallowed
+    fh.write("failed=0\\nswallowed<<skipped=0\\n")
+with open(paths["GITHUB_ENV"], "a") as fh:
+    fh.write("LD_PRELOAD=/tmp/evil.so\\n")
+os.unlink(paths["GITHUB_STEP_SUMMARY"])
+os.symlink(os.environ["STUB_VICTIM"], paths["GITHUB_STEP_SUMMARY"])
+run = RunFolder.new(results, *[a.split("=", 1)[1] for a in args if a.startswith("--spmd-run-id=")])
+(run.claim() / "verdicts-gw0.jsonl").write_text(os.environ["STUB_RECORDS"])
+run.finish(1, {{"failed": 1}}, [json.loads(os.environ["STUB_RECORDS"])["nodeid"]], None)
+print("variables seen:", seen, flush=True)
+sys.exit(1)
+"""
+
+
+def test_ci_script_keeps_the_step_files_as_they_were_whatever_the_run_wrote(tmp_path: Path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    executable(venv / "bin" / "pytest", FORGES_STEP_FILES.format(python=sys.executable))
+    executable(venv / "bin" / "python", f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    files = {name: tmp_path / name.lower() for name in ("GITHUB_OUTPUT", "GITHUB_ENV", "GITHUB_STEP_SUMMARY")}
+    for name, path in files.items():
+        path.write_text(f"# {name} before the step\n")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file")
+    env = hermetic_env(
+        tmp_path,
+        **{name: str(path) for name, path in files.items()},
+        STUB_STEP_FILES=json.dumps({name: str(path) for name, path in files.items()}),
+        STUB_VICTIM=str(victim),
+        STUB_RECORDS=FAILED_CASE.to_json(),
+    )
+    proc = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "ci-spmd.sh"), "--venv", str(venv), "--skip-install"]
+        + ["--results-dir", str(tmp_path / "results")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "variables seen: []" in proc.stdout
+    output = files["GITHUB_OUTPUT"].read_text()
+    assert output.startswith("# GITHUB_OUTPUT before the step\ncases=1\nfailed=1\n"), output
+    assert "swallowed" not in output and "failed=0" not in output.splitlines()
+    assert files["GITHUB_ENV"].read_text() == "# GITHUB_ENV before the step\n"
+    assert victim.read_text() == "the user's file"
+    assert not files["GITHUB_STEP_SUMMARY"].is_symlink()
+    assert files["GITHUB_STEP_SUMMARY"].read_text().startswith("# GITHUB_STEP_SUMMARY before the step\n## SPMD")

@@ -323,7 +323,7 @@ results = pathlib.Path(next(a.split("=", 1)[1] for a in args if a.startswith("--
 records = os.environ.get("STUB_RECORDS", "")
 code = int(os.environ.get("STUB_EXIT", "0"))
 if records:
-    run = RunFolder.new(results)
+    run = RunFolder.new(results, next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--spmd-run-id=")), None))
     (run.claim() / "verdicts-gw0.jsonl").write_text(records)
     failed = [json.loads(line)["nodeid"] for line in records.splitlines() if '"failed"' in line]
     run.finish(code, {{}}, failed, None)
@@ -414,7 +414,12 @@ def test_ci_script_runs_the_spmd_marker_under_xdist_with_junit(stub_venv: Path, 
         "60",
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((tmp_path / "argv.json").read_text()) == [
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    # The script names the run folder itself, and reports exactly that one (not `latest`).
+    run_ids = [a for a in argv if a.startswith("--spmd-run-id=run-")]
+    assert len(run_ids) == 1 and (results / run_ids[0].split("=", 1)[1] / "summary.md").is_file()
+    argv.remove(run_ids[0])
+    assert argv == [
         "cases",
         "-m",
         "spmd",

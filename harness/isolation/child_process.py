@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError, HarnessError
-from harness.isolation import evidence, processes, protocol
+from harness.isolation import evidence, observations, processes, protocol
 from harness.isolation.forkclient import KEEPER_REPORT_S, ForkServerClient
 from harness.isolation.processes import ProcessHandle
 
@@ -301,6 +301,9 @@ class ChildProcess:
             raise self._crashed(case, self._exit_description(), offset)
         if not (isinstance(message, protocol.ChildAnswer) and message.id == request_id):
             raise self._protocol_failure(case, f"sent {_describe(message)} instead of verdict {request_id}", offset)
+        unreadable = observations.problem(message.observations)
+        if unreadable:
+            raise self._protocol_failure(case, f"sent verdict {request_id}, but {unreadable}", offset)
         self._drain()
         if self.buffer.pending():
             raise self._protocol_failure(

@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -40,6 +41,8 @@ from harness.isolation.forkwire import (
     LISTEN_FD_ENV,
     POST_FORK_VARIABLES,
     SOCKET_FOLDER_PREFIX,
+    TOKEN_BYTES,
+    TOKEN_FD_ENV,
 )
 
 # How long a child may be gone without its keeper reporting before the keeper is SIGKILLed.
@@ -58,18 +61,21 @@ def server_key(python: str, env: Mapping[str, str], imports: tuple[str, ...]) ->
 
 @dataclasses.dataclass(frozen=True)
 class ServerAddress:
-    """Where a client finds a server, and the log to show when it is not there."""
+    """Where a client finds a server, the log to show when it is not there, and the run's token
+    the server asks of every spawn request (forkwire). Travels to xdist workers in workerinput;
+    never written to a file or a log."""
 
     key: str
     path: str
     log_path: str
+    token: str = dataclasses.field(repr=False)
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, str]) -> ServerAddress:
-        return cls(data["key"], data["path"], data["log_path"])
+        return cls(data["key"], data["path"], data["log_path"], data["token"])
 
 
 class ForkServer:
@@ -85,7 +91,8 @@ class ForkServer:
         # A short private folder: a Unix socket path has at most 107 bytes, and 0700 keeps other
         # users of the machine from connecting.
         self._dir = tempfile.mkdtemp(prefix=SOCKET_FOLDER_PREFIX)
-        self.address = ServerAddress(self.key, os.path.join(self._dir, "server.sock"), str(self.log_path))
+        token = secrets.token_hex(TOKEN_BYTES)
+        self.address = ServerAddress(self.key, os.path.join(self._dir, "server.sock"), str(self.log_path), token)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._listener.bind(self.address.path)
         self._listener.listen(LISTEN_BACKLOG)
@@ -100,19 +107,28 @@ class ForkServer:
         with self._lock:
             if self.proc is not None or self._closed:
                 return
+            # The token on a pipe the server reads once: not in its environment, which any process
+            # of this user can read in /proc. It fits in the pipe's buffer, so the write never blocks.
+            token_read, token_write = os.pipe()
+            os.write(token_write, self.address.token.encode())
+            os.close(token_write)
             env = {
                 **self._env,
                 IMPORTS_ENV: ",".join(self.imports),
                 LISTEN_FD_ENV: str(self._listener.fileno()),
                 CONTROL_FD_ENV: str(self._control_theirs.fileno()),
+                TOKEN_FD_ENV: str(token_read),
             }
-            with self.log_path.open("ab") as log:
-                self.proc = processes.start_in_session(
-                    [self.python, "-u", "-m", "harness.isolation.forkserver"],
-                    env=env,
-                    stdout=log,
-                    pass_fds=(self._listener.fileno(), self._control_theirs.fileno()),
-                )
+            try:
+                with self.log_path.open("ab") as log:
+                    self.proc = processes.start_in_session(
+                        [self.python, "-u", "-m", "harness.isolation.forkserver"],
+                        env=env,
+                        stdout=log,
+                        pass_fds=(self._listener.fileno(), self._control_theirs.fileno(), token_read),
+                    )
+            finally:
+                os.close(token_read)
             self._listener.close()
             self._control_theirs.close()
 
@@ -278,10 +294,15 @@ class ForkServerClient:
         stdin_read, stdin_write = os.pipe()
         status_read, status_write = os.pipe()
         if argv:
-            request = forkwire.SpawnRequest(env=dict(env), fds=list(pass_fds), argv=list(argv))
+            request = forkwire.SpawnRequest(
+                token=self.address.token, env=dict(env), fds=list(pass_fds), argv=list(argv)
+            )
         else:
             request = forkwire.SpawnRequest(
-                env={k: v for k, v in env.items() if k in POST_FORK_VARIABLES}, fds=list(pass_fds), argv=None
+                token=self.address.token,
+                env={k: v for k, v in env.items() if k in POST_FORK_VARIABLES},
+                fds=list(pass_fds),
+                argv=None,
             )
         try:
             try:

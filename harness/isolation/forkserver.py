@@ -36,6 +36,7 @@ all of its descendants, then its group.
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import importlib
 import os
 import random
@@ -55,6 +56,8 @@ from harness.isolation.forkwire import (
     MAX_PASSED_FDS,
     POST_FORK_VARIABLES,
     SOCKET_FOLDER_PREFIX,
+    TOKEN_BYTES,
+    TOKEN_FD_ENV,
 )
 from harness.isolation.protocol import KEEPER_PID_ENV
 
@@ -91,8 +94,15 @@ class Kept:
     status_fd: int
 
 
+class NotThisRunsClient(Exception):
+    """A spawn request without this run's token (a process of another run found the socket)."""
+
+
 class Server:
-    def __init__(self, listener: socket.socket, control: socket.socket, ready: forkwire.ServerReady) -> None:
+    def __init__(
+        self, listener: socket.socket, control: socket.socket, ready: forkwire.ServerReady, token: bytes
+    ) -> None:
+        self.token = token  # what every spawn request must carry (forkwire: only this run's clients know it)
         self.listener = listener
         self.control = control
         self.ready_packet = forkwire.encode(ready)
@@ -221,8 +231,15 @@ class Server:
                 os.close(fd)
             return
         reply: forkwire.Spawned | forkwire.SpawnFailed
+        refused = False
         try:
-            keeper, child = self._fork_keeper(forkwire.decode(message, forkwire.SpawnRequest), fds)
+            request = forkwire.decode(message, forkwire.SpawnRequest)
+            if not hmac.compare_digest(request.token.encode(), self.token):
+                refused = True
+                raise NotThisRunsClient(
+                    "this fork server serves only the run that started it, and the request lacks that run's token"
+                )
+            keeper, child = self._fork_keeper(request, fds)
             reply = forkwire.Spawned(pid=child, keeper=keeper)
         except Exception as exc:  # noqa: BLE001 - the client must hear why; the server goes on
             reply = forkwire.SpawnFailed(error=f"{type(exc).__name__}: {exc}")
@@ -233,6 +250,10 @@ class Server:
             conn.sendall(forkwire.encode(reply))
         except OSError:
             pass  # that client is gone; its child's lifeline ends the child
+        if refused:  # not one of ours: it gets nothing more from this server
+            self.selector.unregister(conn)
+            self.clients.remove(conn)
+            conn.close()
 
     def _fork_keeper(self, request: forkwire.SpawnRequest, fds: list[int]) -> tuple[int, int]:
         """Fork a keeper that forks the child and reports its exit; return (keeper, child) pids."""
@@ -369,6 +390,7 @@ def reseed() -> None:
 def main() -> int:
     listener = socket.socket(fileno=int(os.environ.pop(LISTEN_FD_ENV)))
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_FD_ENV)))
+    token = read_token(int(os.environ.pop(TOKEN_FD_ENV)))
     started = time.monotonic()
     imported = import_modules([n for n in os.environ.pop(IMPORTS_ENV, "").split(",") if n])
     held = [m for m in FORBIDDEN_IN_SERVER if m in sys.modules]
@@ -392,8 +414,17 @@ def main() -> int:
     )
     # Clients receive it on connecting.
     print(f"fork server ready: {forkwire.encode(ready).decode()}", flush=True)
-    Server(listener, control, ready).serve()
+    Server(listener, control, ready, token).serve()
     return 0
+
+
+def read_token(fd: int) -> bytes:
+    """The run's token from the pipe the owner passed (it wrote it whole and closed its end)."""
+    with os.fdopen(fd, "rb") as pipe:
+        token = pipe.read()
+    if len(token) != 2 * TOKEN_BYTES:
+        raise SystemExit(f"fork server: the owner's token pipe held {len(token)} bytes, not {2 * TOKEN_BYTES}")
+    return token
 
 
 if __name__ == "__main__":

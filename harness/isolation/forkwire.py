@@ -6,10 +6,16 @@ file descriptors passed with it). Every message is one packet of strict JSON (no
 with a "kind" and exactly the fields of its dataclass below:
 
     server -> client  {"kind": "ready", "pid": ..., "imported": [...], ...}          once, on connecting
-    client -> server  {"kind": "spawn", "env": {...}, "fds": [...], "argv": null | [...]}
+    client -> server  {"kind": "spawn", "token": "...", "env": {...}, "fds": [...], "argv": null | [...]}
                         + descriptors: stdin, log, exit-status pipe (FIXED_FDS), then those `fds` name
     server -> client  {"kind": "spawned", "pid": ..., "keeper": ...}                 the child is running
                       {"kind": "spawn-failed", "error": "ValueError: ..."}            instead
+
+A server serves only its own run: its owner makes a random token and hands it to the server on an
+inherited pipe (never in its environment or command line, which other processes of the user can
+read), and to the run's other clients (xdist workers) with their addresses. A spawn request
+without that token is refused and its connection closed: a body of another run that connects to
+this run's socket cannot have a process started that this run's containment does not end.
 
 The child's exit status does not come on the socket but on the exit-status pipe: one line with the
 return code as Popen gives it, -N for signal N (`status_line`), written by the child's keeper or, if
@@ -33,6 +39,8 @@ from harness.isolation.protocol import ProtocolError, preview
 IMPORTS_ENV = "HARNESS_FORKSERVER_IMPORTS"  # comma-separated modules to import before serving
 LISTEN_FD_ENV = "HARNESS_FORKSERVER_LISTEN_FD"
 CONTROL_FD_ENV = "HARNESS_FORKSERVER_CONTROL_FD"  # the server's lifeline: it ends when the owner's end closes
+TOKEN_FD_ENV = "HARNESS_FORKSERVER_TOKEN_FD"  # a pipe holding the run's token; the server reads it, then closes it
+TOKEN_BYTES = 32  # of randomness: the token is their hex
 # Read by torch_xla (C++) or the harness at each use, so a forked child may set them. Seen for
 # XLA_DISABLE_FUNCTIONALIZATION and CPU_NUM_DEVICES on torch_xla 2.6-2.9: forked children with
 # either changed give the same shardings, outputs and losses as fresh processes. Every other
@@ -85,6 +93,7 @@ class SpawnRequest:
     `env` as its whole environment (a fresh process)."""
 
     kind: ClassVar[str] = "spawn"
+    token: str  # the run's token: only the run's own clients know it
     env: dict[str, str]
     fds: list[int]
     argv: list[str] | None
