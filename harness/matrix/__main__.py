@@ -84,7 +84,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=argtypes.positive_int,
         default=1,
         metavar="N",
-        help="pytest-xdist workers inside each suite run (default 1: the 2-core machines here are shared)",
+        help="pytest-xdist workers inside each suite run (default 1: environments are measured side by side; raise it on a machine with cores to spare)",
     )
     p.add_argument(
         "--suite-timeout",
