@@ -254,3 +254,25 @@ def test_a_foreign_project_with_a_spmd_case_gets_the_header_after_collection(pyt
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["collected 1 item", "spmd harness *: backend fake, 2 devices; *; results *run-*"])
     assert list(pytester.path.glob("results/run-*/verdicts-main.jsonl"))
+
+
+def test_the_spmd_suite_alone_does_not_collect_the_self_tests():
+    """`pytest -m spmd` in this repository (issue 29): the same cases as with both folders named,
+    without collecting the ~900 self-tests only to deselect them (the repository's conftest.py)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+
+    def collect(*args: str) -> list[str]:
+        command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "spmd"]
+        proc = subprocess.run([*command, *args], capture_output=True, text=True, cwd=repo, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout.splitlines()
+
+    alone = collect()
+    named = collect("cases", "tests")
+    items = [line for line in alone if "::" in line]
+    assert items and items == [line for line in named if "::" in line]
+    assert "deselected" not in alone[-1], alone[-1]  # before: 81/929 tests collected (848 deselected)
