@@ -5,8 +5,8 @@ installed in, a foreign project's too. It stays inert (no process, no file, no l
 until the run selects an item marked `spmd`. Two moments decide:
 
 - early, from the command line alone (`pytest_load_initial_conftests`): `-m` selects items marked
-  spmd, or a path (or the ini's testpaths, or `.`) reaches a `cases/` folder of the rootdir whose
-  test files mark SPMD cases. Then the fork servers start at once and torch_xla's import overlaps
+  spmd (the run asks for SPMD cases by name), or a path (or the ini's testpaths, or `.`) reaches a
+  `cases/` folder of the rootdir whose test files mark SPMD cases. Then the fork servers start at once and torch_xla's import overlaps
   collection (docs/architecture.md, "The fork server"). A rootdir without such a folder (a foreign
   project) is never guessed at: `.` is the parent of a `cases/` that does not exist too.
 - late, from what was collected: the first collected item marked spmd (when nothing can deselect
@@ -39,7 +39,7 @@ def selects_spmd_early(options: argparse.Namespace, rootpath: Path, testpaths: S
         return False
     markexpr = getattr(options, "markexpr", "") or ""
     if markexpr:
-        return marker_expression_selects_spmd(markexpr)
+        return marker_expression_selects_spmd(markexpr)  # asked for by name: the servers start now
     cases = (rootpath / CASES_DIR).resolve()
     if not holds_spmd_cases(cases):
         return False  # a rootdir without SPMD cases: whatever the paths, only collection can tell
@@ -68,18 +68,28 @@ def holds_spmd_cases(folder: Path) -> bool:
 
 
 def marker_expression_selects_spmd(markexpr: str) -> bool:
-    """True if an item marked `spmd` (and nothing the expression names otherwise) is selected."""
+    """True if the expression asks for SPMD cases: it selects an item marked `spmd` (and nothing
+    else), and not an unmarked one (`-m "not slow"` selects everything: only collection can tell)."""
+    return _expression_selects(markexpr, {SPMD_MARKER}) and not _expression_selects(markexpr, set())
+
+
+def may_be_deselected(item: pytest.Item) -> bool:
+    """Whether a collected item may still be deselected (then only the end of collection decides).
+    `-m` alone cannot drop an item its expression selects (`-m spmd` and an spmd item)."""
+    options = item.config.option
+    if any(getattr(options, name, None) for name in DESELECTING_OPTIONS if name != "markexpr"):
+        return True
+    markexpr = getattr(options, "markexpr", "") or ""
+    return bool(markexpr) and not _expression_selects(markexpr, {marker.name for marker in item.iter_markers()})
+
+
+def _expression_selects(markexpr: str, names: set[str]) -> bool:
     try:
-        from _pytest.mark.expression import Expression  # pytest's own parser for -m
+        from _pytest.mark.expression import Expression
 
-        def only_spmd(name: str, /, **_: object) -> bool:
-            return name == SPMD_MARKER
+        def has(name: str, /, **_: object) -> bool:
+            return name in names
 
-        return bool(Expression.compile(markexpr).evaluate(only_spmd))
+        return bool(Expression.compile(markexpr).evaluate(has))
     except Exception:  # a private API or a bad expression: pytest reports the latter later
         return False
-
-
-def selection_can_shrink(options: argparse.Namespace) -> bool:
-    """Whether a collected item may still be deselected (then only the end of collection decides)."""
-    return any(getattr(options, name, None) for name in DESELECTING_OPTIONS)

@@ -519,7 +519,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     harness = item.config.stash[SESSION_KEY]
     if harness.early_start_done or not activation.is_spmd(item) or item.config.option.collectonly:
         return
-    if not harness.active and activation.selection_can_shrink(item.config.option):
+    if not harness.active and activation.may_be_deselected(item):
         return
     harness.early_start_done = True
     harness.activate(item.config)

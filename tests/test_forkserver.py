@@ -285,6 +285,7 @@ def test_forked_torch_xla_children_do_not_share_random_state(runner_for):
         ({"markexpr": "spmd and not slow"}, True),
         ({"markexpr": "selftest"}, False),  # the harness's own tests: no torch_xla import wanted
         ({"markexpr": "not spmd"}, False),
+        ({"markexpr": "not slow"}, False),  # a foreign project's everyday filter: selects unmarked items too
         ({}, True),  # no paths: testpaths, which hold cases/
         ({"file_or_dir": ["cases/test_smoke.py::test_x"]}, True),
         ({"file_or_dir": ["tests/test_hlo.py"]}, False),
@@ -315,6 +316,11 @@ def test_a_rootdir_without_spmd_cases_is_never_started_early(tmp_path, cases):
         (tmp_path / "cases").mkdir()
     if cases == "plain tests":
         (tmp_path / "cases" / "test_x.py").write_text("def test_x():\n    pass\n")
-    for paths, testpaths in (([], []), (["."], []), ([], ["cases"]), (["cases"], [])):
-        namespace = argparse.Namespace(markexpr="", file_or_dir=paths)
-        assert not selects_spmd_early(namespace, tmp_path, testpaths), (paths, testpaths)
+    for markexpr, paths, testpaths in (
+        ("", [], []),
+        ("", ["."], []),
+        ("", [], ["cases"]),
+        ("", ["cases"], []),
+    ):
+        namespace = argparse.Namespace(markexpr=markexpr, file_or_dir=paths)
+        assert not selects_spmd_early(namespace, tmp_path, testpaths), (markexpr, paths, testpaths)

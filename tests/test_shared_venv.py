@@ -105,6 +105,7 @@ addopts = --strict-markers
 markers =
     needs: this project's own resource marker
     known_bug: this project's own ticket marker
+    slow: this project's slow tests
 """
 
 FOREIGN_CONFTEST = """
@@ -189,7 +190,14 @@ def _harness_processes_left() -> list[str]:
     return [line for line in out.splitlines() if "harness.isolation" in line and str(os.getpid()) in line.split()[1:2]]
 
 
-@pytest.mark.parametrize("extra", [pytest.param([], id="bare"), pytest.param(["-n", "2"], id="xdist")])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param([], id="bare"),
+        pytest.param(["-n", "2"], id="xdist"),
+        pytest.param(["-m", "not slow"], id="m-other"),  # a marker expression that selects no spmd item
+    ],
+)
 def test_a_bare_pytest_in_a_foreign_project_is_left_alone(pytester: pytest.Pytester, extra: list[str]):
     pytester.makeini(FOREIGN_INI)
     pytester.makeconftest(FOREIGN_CONFTEST)
