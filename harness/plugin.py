@@ -299,6 +299,13 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if config.stash.get(EARLY_KEY, False) or (workerinput or {}).get(WORKERINPUT_ACTIVE_KEY):
         session.activate(config)
+    elif _names_input_files(config) and not getattr(config.option, "help", False):
+        _load_inputs(session)  # a file the user named is checked now, in the xdist controller too
+
+
+def _names_input_files(config: pytest.Config) -> bool:
+    """The command line or ini names a registry or a baseline: the user means this plugin."""
+    return any(options.value(config, name) for name in ("spmd_known_bugs", "spmd_shardings_baseline"))
 
 
 def _register_markers(config: pytest.Config) -> None:
