@@ -121,24 +121,24 @@ from pathlib import Path
 import pytest
 
 
-def descendants(pid):
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            found += [int(child)] + descendants(int(child))
-    return found
-
-
 def harness_processes():
-    # The controller's descendants (under xdist: the workers, which are not the harness's).
-    root = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
-    commands = []
-    for pid in descendants(root):
+    # Every process in this project's folder (fork servers inherit pytest's cwd) but pytest's own
+    # (under xdist: the controller and its workers), found by cwd, not by parentage: a run started
+    # from inside another xdist run inherits PYTEST_XDIST_WORKER without being a worker.
+    here = Path.cwd().resolve()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         try:
-            commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\\0", b" ").decode())
+            if Path(proc / "cwd").resolve() != here:
+                continue
+            command = (proc / "cmdline").read_bytes().replace(b"\\0", b" ").decode()
         except OSError:
             continue
-    return [c for c in commands if "harness" in c or "torch" in c]
+        if "pytest" not in command and "execnet" not in command and " -c " not in command:
+            found.append(command)
+    return found
 
 
 def test_options_are_the_projects(request):
@@ -183,11 +183,19 @@ def _files(root) -> set[str]:
     }
 
 
-def _harness_processes_left() -> list[str]:
-    import subprocess
+def _processes_in(folder) -> list[str]:
+    """Processes but this one whose working folder is `folder` (fork servers inherit pytest's)."""
+    from pathlib import Path
 
-    out = subprocess.run(["ps", "-eo", "pid,ppid,args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if "harness.isolation" in line and str(os.getpid()) in line.split()[1:2]]
+    folder = Path(folder).resolve()
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int(proc.name) != os.getpid() and Path(proc / "cwd").resolve() == folder:
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
 
 
 @pytest.mark.parametrize(
@@ -210,7 +218,7 @@ def test_a_bare_pytest_in_a_foreign_project_is_left_alone(pytester: pytest.Pytes
     assert result.ret == pytest.ExitCode.OK
     assert not [line for line in result.outlines + result.errlines if "spmd harness" in line]
     assert _files(pytester.path) == before  # no results/run-*, nothing else
-    assert _harness_processes_left() == []
+    assert _processes_in(pytester.path) == []  # nothing outlives the run
 
 
 def test_a_foreign_projects_own_markers_are_listed_once_as_it_wrote_them(pytester: pytest.Pytester):
