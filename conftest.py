@@ -1,9 +1,11 @@
 """Top-level conftest: deliberately thin. The harness is a plugin (harness/plugin.py, registered
-through the pytest11 entry point); this file only enables pytester for the harness's self-tests
-and picks the Hypothesis profile."""
+through the pytest11 entry point); this file only enables pytester for the harness's self-tests,
+picks the Hypothesis profile and keeps `-m spmd` from collecting the self-tests."""
 
 import os
+from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 pytest_plugins = ["pytester"]
@@ -11,3 +13,14 @@ pytest_plugins = ["pytester"]
 # CI runs derandomized so a red build reproduces with the same examples on a laptop.
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+TESTS_DIR = "tests"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """`pytest -m spmd` (the SPMD suite alone) does not collect the ~900 self-tests only to
+    deselect them all: none of them is marked spmd (tests/test_shared_venv.py holds this). Only
+    when the paths are the ini's testpaths; a path given on the command line is collected as given."""
+    if (config.option.markexpr or "").strip() == "spmd" and config.args_source is pytest.Config.ArgsSource.TESTPATHS:
+        config.args[:] = [arg for arg in config.args if Path(arg).name != TESTS_DIR]

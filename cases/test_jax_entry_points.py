@@ -163,7 +163,7 @@ def body_every_entry_point_guards_jax(ctx, reintroduce_deleting_guard: bool = Fa
             continue
         try:
             function = getattr(importlib.import_module(entry["module"]), entry["qualname"])
-        except Exception as exc:  # noqa: BLE001 - an optional module (e.g. TPU-only) that does not import here
+        except Exception as exc:  # an optional module (e.g. TPU-only) that does not import here
             calls.append(
                 {"entry": f"{entry['module']}.{entry['qualname']}", "skipped": f"{type(exc).__name__}: {exc}"[:200]}
             )
@@ -178,7 +178,7 @@ def body_every_entry_point_guards_jax(ctx, reintroduce_deleting_guard: bool = Fa
             try:
                 _call(function, entry["qualname"], tensor)
                 raised = None
-            except Exception as exc:  # noqa: BLE001 - the body may refuse placeholder arguments; the guard ran before it
+            except Exception as exc:  # the body may refuse placeholder arguments; the guard ran before it
                 raised = f"{type(exc).__name__}: {str(exc)[:160]}"
             after = os.environ.get(VAR)
             name = f"{entry['module']}.{entry['qualname']}"

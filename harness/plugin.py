@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
-from harness import baseline, baselinefile, costcheck, options, results, runfolder, versions
+from harness import activation, baseline, baselinefile, costcheck, options, results, runfolder, versions
 from harness.backends import XLA_DUMP_ROOT_ENV, Backend, make_backend
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.isolation import runservers
@@ -50,7 +50,9 @@ ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()
 RUN_SERVERS_KEY = pytest.StashKey[runservers.RunServers]()
 RUN_FOLDER_KEY = pytest.StashKey[runfolder.RunFolder]()
 PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
+EARLY_KEY = pytest.StashKey[bool]()  # the command line selects SPMD cases (harness.activation)
 WORKERINPUT_RUN_KEY = "spmd_harness_run"
+WORKERINPUT_ACTIVE_KEY = "spmd_harness_active"
 CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
 # Options that make pytest print something and stop: the plugin then writes and starts nothing.
 INFORMATION_ONLY_OPTIONS = ("help", "version", "collectonly", "markers", "showfixtures", "show_fixtures_per_test")
@@ -61,7 +63,7 @@ RESULTS_WRITE_FATAL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 RECORD_EVIDENCE_LIMIT = 8000
 
 MARKERS = (
-    "spmd: an SPMD regression case that runs torch_xla in a child process",
+    "spmd: an SPMD regression case that runs torch_xla in a child process; the markers below are read on spmd items only",
     "needs(backend=None, devices=0, jax=False, multislice=False, xla=True, reason=''): what a case needs from the backend; unmet needs skip with the numbers",
     "known_bug(entry_id): judge this case against a known-bug registry entry; several markers: the entry whose carried_by holds the child's torch_xla judges it",
     "no_sharding_baseline(reason): keep this case out of the sharding baseline (its recorded tensors vary by design)",
@@ -104,6 +106,9 @@ class HarnessSession:
         self.shardings_updated: dict[str, list[Any]] | None = None  # set by --spmd-update-shardings
         self.shardings_not_written: str | None = None  # why --spmd-update-shardings wrote nothing
         self.early_start_done = False
+        # Inert until the run selects an SPMD case (harness.activation): no process, file, line.
+        self.active = False
+        self.header_shown = False
         self._baseline_option: str | None = options.value(config, "spmd_shardings_baseline")
         self._rootpath = config.rootpath
         self.update_shardings: bool = config.getoption(options.UPDATE_SHARDINGS)
@@ -140,6 +145,25 @@ class HarnessSession:
             raise pytest.UsageError(f"results folder: {exc}") from None
         _share_dump_root(folder)
         return folder
+
+    def activate(self, config: pytest.Config) -> None:
+        """The run selects SPMD cases: read the inputs (a bad file stops it now) and take SIGTERM."""
+        if self.active:
+            return
+        self.active = True
+        if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
+            _load_inputs(self)
+            if _cost_baseline_wanted(config, self.backend):
+                config.stash[costcheck.SESSION_KEY].baseline()
+        _stop_on_sigterm(config)
+
+    def header(self) -> str:
+        count = getattr(self.backend, "devices", None)  # a TPU host's chips are probed at the first case
+        devices = f"{count} devices" if count else "this host's chips"
+        return (
+            f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}; "
+            f"{versions.describe(versions.stack())}; results {self.run.path}"
+        )
 
     def charge_late_fault(self, fault: LateFault) -> None:
         """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""
@@ -214,8 +238,11 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     if _looks_like_xdist_worker():
         return  # only the controlling process starts servers; workers get their addresses
     namespace = early_config.known_args_namespace
-    if _information_only(namespace):
-        return
+    if _information_only(namespace) or not activation.selects_spmd_early(
+        namespace, early_config.rootpath, early_config.getini("testpaths")
+    ):
+        return  # a run that may hold no SPMD case decides after collection (pytest_collection_finish)
+    early_config.stash[EARLY_KEY] = True
     try:
 
         def value(name: str) -> Any:
@@ -227,11 +254,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     except (pytest.UsageError, HarnessError, AttributeError, ValueError, TypeError):
         return  # pytest_configure reports a bad option as a usage error
     early_config.stash[RUN_FOLDER_KEY] = run
-    if not (
-        wanted
-        and runservers.servers_can_start(backend)
-        and runservers.selection_may_hold_spmd_cases(namespace, early_config.rootpath, early_config.getini("testpaths"))
-    ):
+    if not (wanted and runservers.servers_can_start(backend)):
         return
     try:
         _share_dump_root(run.claim())
@@ -246,39 +269,63 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     """One line that says what the run uses: which backend and devices, which torch_xla stack,
     where its results go (the run folder is made when the first SPMD case has something to write)."""
     harness = config.stash.get(SESSION_KEY, None)
-    if harness is None or harness.worker != "main":
+    if harness is None or harness.worker != "main" or not harness.active:
+        return None  # a run that selects SPMD cases only after collection: pytest_report_collectionfinish
+    harness.header_shown = True
+    return [harness.header()]
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
+    """The header of a run that turned out to select SPMD cases at collection."""
+    harness = config.stash.get(SESSION_KEY, None)
+    if harness is None or harness.worker != "main" or not harness.active or harness.header_shown:
         return None
-    count = getattr(harness.backend, "devices", None)  # a TPU host's chips are probed at the first case
-    devices = f"{count} devices" if count else "this host's chips"
-    return [
-        f"spmd harness {versions.harness()}: backend {harness.backend.name}, {devices}; "
-        f"{versions.describe(versions.stack())}; results {harness.run.path}"
-    ]
+    harness.header_shown = True
+    return [harness.header()]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist controller, for each worker it starts: the run's folder and its fork servers' addresses."""
-    node.workerinput[WORKERINPUT_RUN_KEY] = node.config.stash[SESSION_KEY].run.to_workerinput()
+    harness = node.config.stash[SESSION_KEY]
+    node.workerinput[WORKERINPUT_RUN_KEY] = harness.run.to_workerinput()
+    node.workerinput[WORKERINPUT_ACTIVE_KEY] = harness.active
     servers = node.config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         node.workerinput[runservers.WORKERINPUT_KEY] = runservers.addresses_to_workerinput(servers.addresses())
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for line in MARKERS:
-        config.addinivalue_line("markers", line)
+    _register_markers(config)
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
-    if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
-        _load_inputs(session)
-    costcheck.configure(
-        config,
-        session.backend,
-        load=not getattr(config.option, "help", False)
-        and (session.backend.name != "tpu" or bool(options.value(config, "spmd_costs_baseline"))),
+    costcheck.configure(config, session.backend, load=False)
+    workerinput = getattr(config, "workerinput", None)
+    if config.stash.get(EARLY_KEY, False) or (workerinput or {}).get(WORKERINPUT_ACTIVE_KEY):
+        session.activate(config)
+    elif _names_input_files(config) and not getattr(config.option, "help", False):
+        _load_inputs(session)  # a file the user named is checked now, in the xdist controller too
+
+
+def _names_input_files(config: pytest.Config) -> bool:
+    """The command line or ini names a registry or a baseline: the user means this plugin."""
+    return any(
+        options.value(config, name) for name in ("spmd_known_bugs", "spmd_shardings_baseline", "spmd_costs_baseline")
     )
-    _stop_on_sigterm(config)
+
+
+def _register_markers(config: pytest.Config) -> None:
+    """The plugin's markers, except a name the project registers itself (its own `needs`, say):
+    `--markers` then lists it once, as the project wrote it."""
+    own = {str(line).split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers")}
+    for line in MARKERS:
+        if line.split(":", 1)[0].split("(", 1)[0] not in own:
+            config.addinivalue_line("markers", line)
+
+
+def _cost_baseline_wanted(config: pytest.Config, backend: Backend) -> bool:
+    """A TPU's default cost baseline is named by its chips: read when a case needs it."""
+    return backend.name != "tpu" or bool(options.value(config, "spmd_costs_baseline"))
 
 
 def _load_inputs(session: HarnessSession) -> None:
@@ -338,6 +385,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     problems = []
     registry_path = config.stash[SESSION_KEY].registry_path
     for item in items:
+        if not activation.is_spmd(item):
+            continue  # a foreign test's known_bug marker is its own
         try:
             item.stash[ENTRIES_KEY] = _entries_of(item, registry_path)
         except RegistryError as exc:
@@ -361,6 +410,10 @@ def _entries_of(item: pytest.Item, registry_path: Path) -> list[KnownBug]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     harness = session.config.stash.get(SESSION_KEY, None)
     if harness is None:
+        return
+    if not harness.active:
+        if harness.worker == "main" and harness.run.exists():
+            _close_run(session, harness)  # an xdist controller whose workers found SPMD cases
         return
     for fault in harness.pool.idle_deaths():
         harness.charge_late_fault(fault)
@@ -439,8 +492,8 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
     case's record, so the controller does: a started case always leaves a failed record."""
     worker_node = getattr(report, "node", None)  # xdist's WorkerController for the dead worker
     harness = worker_node.config.stash.get(SESSION_KEY, None) if worker_node is not None else None
-    if harness is None or worker_node is None:
-        return
+    if harness is None or worker_node is None or not (harness.active or harness.run.exists()):
+        return  # a foreign project's crash: not the harness's to record
     worker = getattr(getattr(worker_node, "gateway", None), "id", "?")
     reason = f"xdist worker {worker} crashed while running this case (the worker process died; see the pytest output)"
     record = results.CaseRecord(
@@ -485,6 +538,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     harness = config.stash.get(SESSION_KEY, None)
     if harness is None:
         return
+    if not harness.active:
+        if harness.worker == "main" and harness.run.exists():  # xdist workers found SPMD cases
+            terminalreporter.write_line(harness.header())
+        return
     _summarise_baseline(terminalreporter, harness)
     costcheck.summarise(terminalreporter, config)
     if not harness.late_faults:
@@ -496,11 +553,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """At the first SPMD case collected, start the import (a fork server's): it overlaps collection."""
+    """At the first SPMD case collected, start the import (a fork server's): it overlaps collection.
+    A run whose options may still deselect that case waits for the end of collection."""
     harness = item.config.stash[SESSION_KEY]
-    if harness.early_start_done or not item.get_closest_marker("spmd") or item.config.option.collectonly:
+    if harness.early_start_done or not activation.is_spmd(item) or item.config.option.collectonly:
+        return
+    if not harness.active and activation.may_be_deselected(item):
         return
     harness.early_start_done = True
+    harness.activate(item.config)
     if harness.pool.fork and not harness.backend.exclusive_device and harness.backend.capabilities().has_xla:
         harness.claim_run_folder()
         runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
@@ -514,10 +575,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     the chips before the warm child takes them.
     """
     harness = session.config.stash[SESSION_KEY]
-    if session.config.option.collectonly or not harness.backend.capabilities().has_xla:
+    spmd_items = [item for item in session.items if activation.is_spmd(item)]
+    if session.config.option.collectonly or not spmd_items:
+        return
+    harness.activate(session.config)
+    if not harness.backend.capabilities().has_xla:
         return
     harness.baseline()  # read at configure time, except a TPU's (see _load_inputs)
-    spmd_items = [item for item in session.items if item.get_closest_marker("spmd")]
     runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
     # Cases parametrized over `functionalization` say which modes this selection needs. Only one
     # child is prewarmed where the cores are already busy (xdist) or the device is exclusive (TPU):
@@ -537,6 +601,8 @@ def _functionalization_of(item: pytest.Item) -> bool:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if not activation.is_spmd(item):
+        return  # a foreign test's needs marker is its own
     harness = item.config.stash[SESSION_KEY]
     reason = unmet_needs(item, harness.backend)
     if reason:
@@ -548,6 +614,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
     """Runs case bodies in child processes; see harness.isolation.case.SpmdRunner.run."""
     harness = request.config.stash[SESSION_KEY]
+    harness.activate(request.config)  # a test that asks for the fixture is an SPMD case, marked or not
     journal = harness.claim_run_folder() / runfolder.requests_name(harness.worker)
     runner = SpmdRunner(
         harness.pool,

@@ -37,6 +37,7 @@ class KnownBug:
     status: str  # "fixed" | "open"
     carried_by: SpecifierSet
     signatures: tuple[re.Pattern[str], ...]
+    source: Path = REGISTRY_PATH  # the registry file it was read from (--spmd-known-bugs): hints name it
 
     def carried_by_release(self, version: str) -> bool:
         """Whether `version` carries the bug. Nightlies (2.9.0.dev20250601) are placed by their date.
@@ -64,6 +65,8 @@ def parse_version(text: str) -> Version:
 ENTRY_KEYS = ("id", "title", "upstream_issue", "fix", "status", "carried_by", "signatures")
 REQUIRED_KEYS = ("id", "title", "status", "carried_by", "signatures")
 STATUSES = ("fixed", "open")
+# Operators that put an upper bound on a carried_by window: a fixed bug is carried up to its fix.
+UPPER_BOUND_OPERATORS = ("<", "<=", "==", "===", "~=")
 
 
 def _entry_from_table(table: Any, number: int, path: Path) -> KnownBug:
@@ -89,14 +92,22 @@ def _entry_from_table(table: Any, number: int, path: Path) -> KnownBug:
             raise RegistryError(f'{where}: {key} must be a non-empty string, e.g. {key} = "..."; got {shown(value)}')
     if table["status"] not in STATUSES:
         raise RegistryError(f"{where}: status must be 'fixed' or 'open', not {shown(table['status'])}")
+    carried_by = _carried_by(table["carried_by"], where)
+    if table["status"] == "fixed" and not any(spec.operator in UPPER_BOUND_OPERATORS for spec in carried_by):
+        raise RegistryError(
+            f'{where}: status = "fixed" but carried_by = "{carried_by}" has no upper bound, so every later '
+            f'release would carry the bug; bound it by the first fixed release (e.g. "{carried_by},<2.7") '
+            'or write status = "open"'
+        )
     return KnownBug(
         id=table["id"],
         title=table["title"],
         upstream_issue=table.get("upstream_issue", ""),
         fix=table.get("fix", ""),
         status=table["status"],
-        carried_by=_carried_by(table["carried_by"], where),
+        carried_by=carried_by,
         signatures=_signatures(table["signatures"], where),
+        source=path,
     )
 
 
@@ -134,10 +145,15 @@ def _signatures(value: Any, where: str) -> tuple[re.Pattern[str], ...]:
             patterns.append(re.compile(text))
         except re.error as exc:
             raise RegistryError(
-                f"{where}: signatures[{index}] {text!r} is not a regular expression ({exc}); "
+                f"{where}: signatures[{index}] {shown_pattern(text)} is not a regular expression ({exc}); "
                 'escape what is meant literally (in the TOML file, "\\\\(" matches a literal "(")'
             ) from None
     return tuple(patterns)
+
+
+def shown_pattern(pattern: str) -> str:
+    """A regular expression as its author wrote it (repr() would double every backslash)."""
+    return f'"{pattern}"'
 
 
 @cache
@@ -196,7 +212,7 @@ def check_disjoint(entries: Sequence[KnownBug]) -> None:
         if len(claimants) > 1:
             raise RegistryError(
                 f"entries {' and '.join(claimants)} both claim torch_xla {probe}; one case can be judged "
-                f"against only one entry per release. Make their carried_by windows disjoint in {REGISTRY_PATH.name}."
+                f"against only one entry per release. Make their carried_by windows disjoint in {entries[0].source}."
             )
 
 
@@ -253,7 +269,7 @@ def judge(entries: KnownBug | Sequence[KnownBug], version: str | None, evidence:
             return Judgement(
                 JudgementKind.REGRESSED,
                 (
-                    f"REGRESSION? {where} fails with the signature of known bug {entry.id} ({signature!r}), "
+                    f"REGRESSION? {where} fails with the signature of known bug {entry.id} ({shown_pattern(signature)}), "
                     f"which the registry says is fixed there ({entry.fix}): {cause}"
                 ),
                 signature,
@@ -271,7 +287,7 @@ def _judge_carried(entry: KnownBug, where: str, evidence: str | None) -> Judgeme
             (
                 f"known bug {entry.id} ({entry.upstream_issue}) did not reproduce on {where}, which the "
                 f"registry says carries it (carried_by {entry.carried_by}). If it was fixed, update "
-                f"carried_by in harness/known_bugs.toml; if not, the case no longer detects it."
+                f"carried_by in {entry.source}; if not, the case no longer detects it."
             ),
             entry=entry.id,
         )
@@ -280,11 +296,11 @@ def _judge_carried(entry: KnownBug, where: str, evidence: str | None) -> Judgeme
     if signature:
         return Judgement(
             JudgementKind.REPRODUCED,
-            f"known bug {entry.id} ({entry.upstream_issue}) on {where}: {cause} (matched {signature!r})",
+            f"known bug {entry.id} ({entry.upstream_issue}) on {where}: {cause} (matched {shown_pattern(signature)})",
             signature,
             entry.id,
         )
-    expected = " | ".join(p.pattern for p in entry.signatures)
+    expected = " | ".join(shown_pattern(p.pattern) for p in entry.signatures)
     return Judgement(
         JudgementKind.FAILED,
         (

@@ -35,19 +35,39 @@ from harness.isolation import protocol
 
 
 def read_journal(results_dir: Path, case_filter: str = "") -> list[dict[str, Any]]:
-    entries = []
     run = runfolder.resolve(results_dir) or results_dir  # a results folder means its latest run
+    everything = _journal(run)
+    entries = [entry for entry in everything if case_filter in entry["request"]["case"]]
+    if not entries:
+        raise HarnessUsageError(_nothing_to_replay(results_dir, run, case_filter, everything))
+    return entries
+
+
+def _journal(run: Path) -> list[dict[str, Any]]:
+    entries = []
     for path in sorted(run.glob(runfolder.REQUESTS_GLOB)):
         for line in path.read_text(encoding="utf-8").splitlines():
-            entry = json.loads(line)
-            if case_filter in entry["request"]["case"]:
-                entries.append(entry)
-    if not entries:
-        raise HarnessUsageError(
-            f"no journalled requests{f' matching {case_filter!r}' if case_filter else ''} in {results_dir}; "
-            "run pytest with --spmd-results-dir there first"
-        )
+            entries.append(json.loads(line))
     return entries
+
+
+def _nothing_to_replay(results_dir: Path, run: Path, case_filter: str, everything: list[dict[str, Any]]) -> str:
+    """Say which run was read, that it lacks the case, and which other runs have it."""
+    if not everything:
+        return f"no journalled requests in {run}; run pytest with --spmd-results-dir {results_dir} first"
+    cases = sorted({entry["request"]["case"] for entry in everything})
+    shown = ", ".join(cases[:5]) + (f" and {len(cases) - 5} more" if len(cases) > 5 else "")
+    message = f"run {run} has no case matching {case_filter!r} (it ran {shown})"
+    picked = "" if runfolder.is_run_folder(Path(results_dir)) else f" (the newest run in {results_dir})"
+    others = [
+        other
+        for other in sorted(Path(run).parent.glob(f"{runfolder.RUN_PREFIX}*"), reverse=True)
+        if other.resolve() != Path(run).resolve()
+        and any(case_filter in entry["request"]["case"] for entry in _journal(other))
+    ]
+    if others:
+        return f"{message}{picked}; it is in {', '.join(str(o) for o in others[:3])}: pick one with --results-dir RUN"
+    return f"{message}{picked}; no other run in {Path(run).parent} has it: pick a run with --results-dir RUN"
 
 
 def group_by_process(entries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -229,3 +231,54 @@ def test_the_matrix_calls_xdist_workers_workers_as_ci_spmd_does():
 
     assert run_parser().parse_args(["--releases", "2.9.0", "--workers", "2"]).jobs_per_env == 2
     assert compare_parser().parse_args(["--good", "a", "--bad", "b", "--workers", "2"]).jobs_per_env == 2
+
+
+def _run_with_requests(base: Path, run_id: str, cases: list[str]) -> Path:
+    run = base / run_id
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"run_id": run_id}))
+    lines = [json.dumps({"request": {"case": case}, "spec": {}, "fresh": False}) for case in cases]
+    (run / "requests-main.jsonl").write_text("\n".join(lines) + "\n")
+    return run
+
+
+def test_replay_of_a_case_the_newest_run_lacks_names_that_run_and_the_one_that_has_it(tmp_path: Path):
+    older = _run_with_requests(tmp_path, "run-20261124-000001-p1", ["cases/test_a.py::test_wanted"])
+    newest = _run_with_requests(tmp_path, "run-20261124-000002-p2", ["cases/test_b.py::test_other"])
+    (tmp_path / "latest").symlink_to(newest.name)
+    proc = run_module("harness.replay", "--results-dir", str(tmp_path), "--case", "test_wanted", "--print-commands")
+    assert proc.returncode == 2
+    assert f"run {newest} has no case matching 'test_wanted' (it ran cases/test_b.py::test_other)" in proc.stderr
+    assert f"it is in {older}: pick one with --results-dir RUN" in proc.stderr
+    assert "run pytest with" not in proc.stderr  # the old hint: the run exists, it lacks the case
+
+
+def test_every_option_of_spmd_gke_run_says_what_it_does():
+    text = run_module("harness.gke", "run", "--help").stdout
+    assert "--namespace NS Kubernetes namespace the JobSet runs in" in " ".join(text.split())
+
+
+def test_the_matrix_help_speaks_of_no_particular_machine():
+    text = " ".join(run_module("harness.matrix", "--help").stdout.split())
+    assert "pytest-xdist workers inside each suite run" in text and "machines here" not in text
+
+
+def test_every_noqa_names_a_rule_ruff_checks():
+    """A `# noqa: CODE` for a rule family ruff does not select claims a check that never runs."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
+    selected = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]["select"]
+    offenders = []
+    for path in sorted(REPO.glob("**/*.py")):
+        if ".venv" in path.parts or path.relative_to(REPO).parts[0] not in ("harness", "cases", "tests", "scripts"):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            for codes in re.findall(r"#\s*noqa:\s*([A-Z]+[0-9]+(?:\s*,\s*[A-Z]+[0-9]+)*)", line):
+                offenders += [
+                    f"{path.relative_to(REPO)}:{number} {code.strip()}"
+                    for code in codes.split(",")
+                    if not any(code.strip().startswith(family) for family in selected)
+                ]
+    assert offenders == []

@@ -289,6 +289,7 @@ def test_forked_torch_xla_children_do_not_share_random_state(runner_for):
         ({"markexpr": "spmd and not slow"}, True),
         ({"markexpr": "selftest"}, False),  # the harness's own tests: no torch_xla import wanted
         ({"markexpr": "not spmd"}, False),
+        ({"markexpr": "not slow"}, False),  # a foreign project's everyday filter: selects unmarked items too
         ({}, True),  # no paths: testpaths, which hold cases/
         ({"file_or_dir": ["cases/test_smoke.py::test_x"]}, True),
         ({"file_or_dir": ["tests/test_hlo.py"]}, False),
@@ -300,11 +301,33 @@ def test_forked_torch_xla_children_do_not_share_random_state(runner_for):
 def test_which_selections_start_the_runs_server_early(tmp_path, options, expected):
     import argparse
 
-    from harness.isolation.runservers import selection_may_hold_spmd_cases
+    from harness.activation import selects_spmd_early
 
     (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "test_x.py").write_text("import pytest\npytestmark = pytest.mark.spmd\n")
     namespace = argparse.Namespace(**{"markexpr": "", "file_or_dir": [], **options})
-    assert selection_may_hold_spmd_cases(namespace, tmp_path, ["cases", "tests"]) is expected
+    assert selects_spmd_early(namespace, tmp_path, ["cases", "tests"]) is expected
+
+
+@pytest.mark.parametrize("cases", ["none", "empty", "plain tests"])
+def test_a_rootdir_without_spmd_cases_is_never_started_early(tmp_path, cases):
+    """A foreign project's bare `pytest`: `.` is the parent of <rootdir>/cases whether it exists or not."""
+    import argparse
+
+    from harness.activation import selects_spmd_early
+
+    if cases != "none":
+        (tmp_path / "cases").mkdir()
+    if cases == "plain tests":
+        (tmp_path / "cases" / "test_x.py").write_text("def test_x():\n    pass\n")
+    for markexpr, paths, testpaths in (
+        ("", [], []),
+        ("", ["."], []),
+        ("", [], ["cases"]),
+        ("", ["cases"], []),
+    ):
+        namespace = argparse.Namespace(markexpr=markexpr, file_or_dir=paths)
+        assert not selects_spmd_early(namespace, tmp_path, testpaths), (markexpr, paths, testpaths)
 
 
 # --------------------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def test_signatures_written_as_a_string_are_refused_not_matched_letter_by_letter
         # A regex that does not compile names the pattern and the regex error.
         pytest.param(
             ENTRY.replace("signatures = [", 'signatures = ["ok", "Check failed: (", '),
-            ["'list-spec'", "signatures[1]", "'Check failed: ('", "not a regular expression"],
+            ["'list-spec'", "signatures[1]", '"Check failed: ("', "not a regular expression"],
             id="bad-regex",
         ),
         # A TOML syntax error names the line.

@@ -15,7 +15,7 @@ import pytest
 
 from harness.matrix import envs, render
 from harness.matrix.__main__ import Deps, main
-from harness.matrix.compare import compare, to_text
+from harness.matrix.compare import compare, compare_all, to_text
 from harness.matrix.envs import EnvCache, EnvRequest
 from harness.matrix.errors import EnvBuildError, EnvMismatchError, NotEnoughDiskError
 from harness.matrix.suite import SuiteRun
@@ -262,6 +262,19 @@ def test_compare_names_only_entries_whose_verdict_changed(registry):
     assert "fixed-in-2.7: fixed (1 passed) -> unexpected (1 regressed)" in text
     assert compare(registry, good, column("x", healthy("2.7.0"))) == []
     assert "No registry entry changed verdict" in to_text([], good, good)
+
+
+def test_compare_of_a_partial_run_lists_what_did_not_run_and_changes_nothing(registry):
+    """Not run is not changed (issue 29): a run of one file against the full suite."""
+    full = column("2.7.0", healthy("2.7.0"))
+    partial = column("2.7.1", healthy("2.7.0")[:1])  # only the scalar case ran
+    changes, not_run = compare_all(registry, full, partial)
+    assert changes == []
+    assert [n.entry for n in not_run] == ["open"]
+    text = to_text(changes, full, partial, not_run)
+    assert "No registry entry changed verdict." in text
+    assert "1 entry not run on one side (not compared):" in text and "- open: reproduced" in text
+    assert compare(registry, partial, full) == []  # either way round
 
 
 # ---------------------------------------------------------------------------------------------

@@ -180,3 +180,52 @@ def test_the_fix_procedures_window_judges_builds_as_the_readme_says():
     evidence = "AssertionError: blocks.0.mlp.fc1.weight left {replicated} instead of sharded"
     assert entry.matching_signature(evidence)
     assert judge(fixed, "2.10.0+gitold", evidence).kind is JudgementKind.REGRESSED  # a branch from before the fix
+
+
+# --- what README lists is what the harness has (issue 29) -----------------------------------------
+
+
+def _all_options() -> list[str]:
+    from harness import options
+
+    class Group:
+        def __init__(self) -> None:
+            self.names: list[str] = []
+
+        def addoption(self, *names: str, **_: object) -> None:
+            self.names += [n for n in names if n.startswith("--")]
+
+    class Parser:
+        def __init__(self) -> None:
+            self.group = Group()
+
+        def getgroup(self, *_: object, **__: object) -> Group:
+            return self.group
+
+        def addini(self, *_: object, **__: object) -> None:
+            pass
+
+    parser = Parser()
+    options.add_options(parser)  # type: ignore[arg-type]  # the two methods add_options calls
+    return parser.group.names
+
+
+def test_the_options_table_lists_every_option():
+    table = section("## Run it")
+    names = _all_options()
+    assert names and [n for n in names if f"`{n}" not in table] == []
+
+
+def test_what_it_checks_names_every_registry_entry():
+    from harness.registry import load_registry
+
+    table = section("## What it checks")
+    assert [entry for entry in load_registry() if f"`{entry}`" not in table] == []
+
+
+def test_the_results_layout_names_every_folder_a_run_writes():
+    from harness import runfolder
+
+    layout = section("## Run it")
+    written = [runfolder.LOGS_DIR, runfolder.HLO_DIR, runfolder.COST_DUMPS_DIR]
+    assert [name for name in written if f"results/run-*/{name}/" not in layout] == []

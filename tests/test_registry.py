@@ -275,3 +275,57 @@ def test_big(spmd):
     result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["SKIPPED ?1? test_needs.py:?: needs 64 devices; backend fake has 4"])
+
+
+ENTRY = """[[bug]]
+id = "demo"
+title = "a demo bug"
+upstream_issue = "pytorch/xla#1"
+status = "{status}"
+carried_by = "{carried_by}"
+signatures = ['{signature}']
+"""
+
+
+def _registry(
+    tmp_path: Path, status="open", carried_by=">=2.4", signature=r"unhashable type: \(list\)", name="copy.toml"
+) -> Path:
+    path = tmp_path / name  # a new name for each file: load_registry caches by path
+    path.write_text(ENTRY.format(status=status, carried_by=carried_by, signature=signature))
+    return path
+
+
+def test_hints_name_the_registry_in_use_not_the_shipped_one(tmp_path: Path):
+    """With --spmd-known-bugs=COPY the maintainer must edit COPY (issue 29, item 3)."""
+    copy = _registry(tmp_path)
+    message = judge(get_entry("demo", copy), "2.9.0", None).message
+    assert str(copy) in message and "harness/known_bugs.toml" not in message
+    other = _registry(tmp_path, carried_by="<2.7", name="other.toml")
+    with pytest.raises(RegistryError) as caught:
+        check_disjoint([get_entry("demo", copy), load_registry(other)["demo"]])
+    assert str(copy) in str(caught.value) and "known_bugs.toml" not in str(caught.value)
+
+
+@pytest.mark.parametrize("carried_by", [">=2.4", ">=2.4,!=2.5.0", "!=2.6.0"])
+def test_a_fixed_bug_needs_an_upper_bound(tmp_path: Path, carried_by: str):
+    with pytest.raises(
+        RegistryError, match=r'status = "fixed" but carried_by = .* has no upper bound.*status = "open"'
+    ):
+        load_registry(_registry(tmp_path, status="fixed", carried_by=carried_by))
+
+
+@pytest.mark.parametrize("carried_by", ["<2.7", ">=2.4,<=2.6.0", "~=2.5.0", "==2.5.*"])
+def test_a_fixed_bug_with_a_bounded_window_loads(tmp_path: Path, carried_by: str):
+    assert load_registry(_registry(tmp_path, status="fixed", carried_by=carried_by))["demo"].status == "fixed"
+
+
+def test_regular_expressions_are_shown_as_written(tmp_path: Path):
+    entry = get_entry("demo", _registry(tmp_path))
+    written = r"unhashable type: \(list\)"
+    reproduced = judge(entry, "2.9.0", "TypeError: unhashable type: (list)").message
+    new_failure = judge(entry, "2.9.0", "ValueError: other").message
+    for message in (reproduced, new_failure):
+        assert f'"{written}"' in message and "\\\\" not in message, message
+    with pytest.raises(RegistryError) as caught:
+        load_registry(_registry(tmp_path, signature=r"\d(unclosed", name="bad.toml"))
+    assert r'"\d(unclosed"' in str(caught.value)

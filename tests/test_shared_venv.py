@@ -4,6 +4,8 @@ ini key, and the run header says what the run uses. See harness/options.py."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytestmark = pytest.mark.selftest
@@ -93,3 +95,200 @@ def test_each_marker_is_listed_once(pytester: pytest.Pytester):
     result = pytester.runpytest_subprocess("--markers", "-p", "no:cacheprovider", timeout=120)
     for marker in ("spmd", "needs", "known_bug", "no_sharding_baseline"):
         assert sum(line.startswith(f"@pytest.mark.{marker}") for line in result.outlines) == 1, marker
+
+
+# A foreign project of the same venv (issue 29): 25 plain tests, its own options (one of them
+# spmd-like) and its own `needs` / `known_bug` markers, registered in its own ini under
+# --strict-markers. The plugin must leave it alone: no process, no file, no line, no marker read.
+FOREIGN_INI = """[pytest]
+addopts = --strict-markers
+markers =
+    needs: this project's own resource marker
+    known_bug: this project's own ticket marker
+    slow: this project's slow tests
+"""
+
+FOREIGN_CONFTEST = """
+def pytest_addoption(parser):
+    parser.addoption("--backend", default="sqlite")
+    parser.addoption("--spmd-mode", default="off")  # spmd-like, but the project's
+"""
+
+FOREIGN_TESTS = """
+import os
+from pathlib import Path
+
+import pytest
+
+
+def harness_processes():
+    # Every process in this project's folder (fork servers inherit pytest's cwd) but pytest's own
+    # (under xdist: the controller and its workers), found by cwd, not by parentage: a run started
+    # from inside another xdist run inherits PYTEST_XDIST_WORKER without being a worker.
+    here = Path.cwd().resolve()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if Path(proc / "cwd").resolve() != here:
+                continue
+            command = (proc / "cmdline").read_bytes().replace(b"\\0", b" ").decode()
+        except OSError:
+            continue
+        if "pytest" not in command and "execnet" not in command and " -c " not in command:
+            found.append(command)
+    return found
+
+
+def test_options_are_the_projects(request):
+    assert request.config.getoption("backend") == "postgres"
+    assert request.config.getoption("spmd_mode") == "on"
+
+
+def test_no_harness_process_runs_during_the_run():
+    assert harness_processes() == []
+    assert "XLA_DUMP_ROOT" not in " ".join(os.environ)
+
+
+@pytest.mark.needs("network")
+def test_needs_with_a_positional_argument():
+    pass
+
+
+@pytest.mark.needs(devices=8)
+def test_needs_with_devices_is_not_skipped():
+    pass
+
+
+@pytest.mark.known_bug("JIRA-123")
+def test_known_bug_names_a_ticket():
+    pass
+
+
+@pytest.mark.parametrize("n", range(20))
+def test_plain(n):
+    assert n == n
+"""
+
+
+PYTESTER_OWN = ("runpytest-", "stdout", "stderr")  # pytester's basetemp and captured streams
+
+
+def _files(root) -> set[str]:
+    return {
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if "__pycache__" not in p.parts and not p.relative_to(root).parts[0].startswith(PYTESTER_OWN)
+    }
+
+
+def _processes_in(folder) -> list[str]:
+    """Processes but this one whose working folder is `folder` (fork servers inherit pytest's)."""
+    from pathlib import Path
+
+    folder = Path(folder).resolve()
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int(proc.name) != os.getpid() and Path(proc / "cwd").resolve() == folder:
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param([], id="bare"),
+        pytest.param(["-n", "2"], id="xdist"),
+        pytest.param(["-m", "not slow"], id="m-other"),  # a marker expression that selects no spmd item
+    ],
+)
+def test_a_bare_pytest_in_a_foreign_project_is_left_alone(pytester: pytest.Pytester, extra: list[str]):
+    pytester.makeini(FOREIGN_INI)
+    pytester.makeconftest(FOREIGN_CONFTEST)
+    pytester.makepyfile(test_project=FOREIGN_TESTS)
+    before = _files(pytester.path)
+    result = pytester.runpytest_subprocess(
+        "--backend=postgres", "--spmd-mode=on", "-p", "no:cacheprovider", *extra, timeout=120
+    )
+    result.assert_outcomes(passed=25)
+    assert result.ret == pytest.ExitCode.OK
+    assert not [line for line in result.outlines + result.errlines if "spmd harness" in line]
+    assert _files(pytester.path) == before  # no results/run-*, nothing else
+    assert _processes_in(pytester.path) == []  # nothing outlives the run
+
+
+def test_a_foreign_projects_own_markers_are_listed_once_as_it_wrote_them(pytester: pytest.Pytester):
+    pytester.makeini(FOREIGN_INI)
+    result = pytester.runpytest_subprocess("--markers", "-p", "no:cacheprovider", timeout=120)
+    needs = [line for line in result.outlines if line.startswith("@pytest.mark.needs")]
+    assert needs == ["@pytest.mark.needs: this project's own resource marker"]
+    assert sum(line.startswith("@pytest.mark.spmd") for line in result.outlines) == 1
+
+
+def test_the_harness_markers_still_judge_spmd_items(pytester: pytest.Pytester):
+    """On items marked spmd the old names keep their meaning: needs(devices=8) skips with the numbers,
+    known_bug naming no registry entry is a usage error."""
+    pytester.makepyfile(
+        test_cases="""
+import pytest
+
+@pytest.mark.spmd
+@pytest.mark.needs(devices=8, xla=False)
+def test_too_many_devices():
+    pass
+"""
+    )
+    result = pytester.runpytest_subprocess(
+        "--spmd-backend=fake", "--spmd-devices=2", "-rs", "-p", "no:cacheprovider", timeout=120
+    )
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*needs 8 devices; backend fake has 2*"])
+    pytester.makepyfile(
+        test_cases="""
+import pytest
+
+@pytest.mark.spmd
+@pytest.mark.known_bug("JIRA-123")
+def test_named_bug():
+    pass
+"""
+    )
+    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", timeout=120)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*known-bug registry:", "*JIRA-123*"])
+
+
+def test_a_foreign_project_with_a_spmd_case_gets_the_header_after_collection(pytester: pytest.Pytester):
+    pytester.makepyfile(test_project=PROJECT_TESTS.replace("def test_projects_own_options", "def _unused"))
+    result = pytester.runpytest_subprocess(
+        "--spmd-backend=fake", "--spmd-devices=2", "-p", "no:cacheprovider", timeout=120
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["collected 1 item", "spmd harness *: backend fake, 2 devices; *; results *run-*"])
+    assert list(pytester.path.glob("results/run-*/verdicts-main.jsonl"))
+
+
+def test_the_spmd_suite_alone_does_not_collect_the_self_tests():
+    """`pytest -m spmd` in this repository (issue 29): the same cases as with both folders named,
+    without collecting the ~900 self-tests only to deselect them (the repository's conftest.py)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+
+    def collect(*args: str) -> list[str]:
+        command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "spmd"]
+        proc = subprocess.run([*command, *args], capture_output=True, text=True, cwd=repo, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout.splitlines()
+
+    alone = collect()
+    named = collect("cases", "tests")
+    items = [line for line in alone if "::" in line]
+    assert items and items == [line for line in named if "::" in line]
+    assert "deselected" not in alone[-1], alone[-1]  # before: 81/929 tests collected (848 deselected)

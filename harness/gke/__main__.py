@@ -69,7 +69,12 @@ def _add_run(p: argparse.ArgumentParser) -> None:
         "--slices", type=int, default=2, help=f"{accelerators.MIN_SLICES}..{accelerators.MAX_SLICES} (default 2)"
     )
     p.add_argument("--image", help="worker image (built from k8s/image/Dockerfile); required unless --local")
-    p.add_argument("--namespace", default=manifest.BASE_NAME)
+    p.add_argument(
+        "--namespace",
+        default=manifest.BASE_NAME,
+        metavar="NS",
+        help=f"Kubernetes namespace the JobSet runs in; it must exist (default: {manifest.BASE_NAME}, as k8s/base makes it)",
+    )
     p.add_argument(
         "--name",
         default="",

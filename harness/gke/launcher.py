@@ -154,7 +154,7 @@ def _cleanup(cfg: RunConfig, kube: Kube, out: IO[str]) -> None:
         return
     try:
         deleted = kube.delete_jobset(cfg.namespace, cfg.name)
-    except Exception as exc:  # noqa: BLE001 - never mask the run's own outcome or exception
+    except Exception as exc:  # never mask the run's own outcome or exception
         _say(
             out,
             f"WARNING: could not delete JobSet {cfg.namespace}/{cfg.name}: {exc}; "

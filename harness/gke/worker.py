@@ -113,7 +113,7 @@ def run_worker(opts: WorkerOptions, env: dict[str, str], out: IO[str]) -> int:
         report = _run_suite(argv, placement, opts, env, out)
         report.records = _tagged_records(opts.results_dir, placement)
         report.error = report.error or _suite_error(report)
-    except Exception as exc:  # noqa: BLE001 - turned into the report's error, never lost
+    except Exception as exc:  # turned into the report's error, never lost
         report.error = report.error or f"worker error: {type(exc).__name__}: {exc}"
     finally:
         _publish(report, opts, out)

@@ -241,7 +241,7 @@ class Server:
                 )
             keeper, child = self._fork_keeper(request, fds)
             reply = forkwire.Spawned(pid=child, keeper=keeper)
-        except Exception as exc:  # noqa: BLE001 - the client must hear why; the server goes on
+        except Exception as exc:  # the client must hear why; the server goes on
             reply = forkwire.SpawnFailed(error=f"{type(exc).__name__}: {exc}")
         finally:
             for fd in fds:
@@ -358,15 +358,15 @@ def become_child(request: forkwire.SpawnRequest, stdin_fd: int, log_fd: int, pas
         os.environ.clear()
         os.environ.update(env)
         reseed()
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - fd 0 is the new stdin now
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the child's stdout for its whole life
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 - the child's stderr for its whole life
+        sys.stdin = open(0, closefd=False)  # fd 0 is the new stdin now
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # the child's stdout for its whole life
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # the child's stderr for its whole life
         from harness.isolation import child
 
         code = child.main()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # noqa: BLE001 - report and leave; the client sees the exit code
+    except BaseException:  # report and leave; the client sees the exit code
         import traceback
 
         traceback.print_exc()

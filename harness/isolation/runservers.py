@@ -7,14 +7,12 @@ import overlaps pytest's own start-up and collection, and xdist's worker start-u
 the torch-only server (bodies that must see a process without torch_xla). Workers receive the
 addresses in `workerinput`; their pools connect to them and start servers of their own only for keys nobody serves.
 
-Started early only when the selection can hold SPMD cases: `-m` selects items marked spmd, or the
-paths reach the repository's cases/ folder. Otherwise the first SPMD case collected starts a
-server in its own pool, as before.
+Started early only when the command line selects SPMD cases (harness.activation.selects_spmd_early).
+Otherwise the first SPMD case selected starts a server in its own pool (under xdist: each worker's).
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,39 +21,7 @@ from harness.isolation.case import child_spec
 from harness.isolation.child_process import ChildSpec
 from harness.isolation.forkclient import ForkServer, ServerAddress, server_key
 
-CASES_DIR = "cases"
 WORKERINPUT_KEY = "harness_fork_servers"
-
-
-def selection_may_hold_spmd_cases(options: argparse.Namespace, rootpath: Path, testpaths: Sequence[str]) -> bool:
-    """Whether the command line can select SPMD cases (a cheap guess from the options alone)."""
-    if getattr(options, "help", False) or getattr(options, "version", False) or getattr(options, "collectonly", False):
-        return False
-    markexpr = getattr(options, "markexpr", "") or ""
-    if markexpr:
-        return _marker_expression_selects_spmd(markexpr)
-    paths = list(getattr(options, "file_or_dir", None) or []) or list(testpaths) or ["."]
-    cases = (rootpath / CASES_DIR).resolve()
-    for arg in paths:
-        path = (
-            (rootpath / arg.split("::", 1)[0]).resolve() if not Path(arg).is_absolute() else Path(arg.split("::", 1)[0])
-        )
-        if path == cases or cases in path.parents or path in cases.parents:
-            return True
-    return False
-
-
-def _marker_expression_selects_spmd(markexpr: str) -> bool:
-    """True if an item marked `spmd` (and nothing the expression names otherwise) is selected."""
-    try:
-        from _pytest.mark.expression import Expression  # pytest's own parser for -m
-
-        def only_spmd(name: str, /, **_: object) -> bool:
-            return name == "spmd"
-
-        return bool(Expression.compile(markexpr).evaluate(only_spmd))
-    except Exception:  # noqa: BLE001 - a private API or a bad expression: pytest reports the latter later
-        return False
 
 
 class RunServers:

@@ -8,7 +8,7 @@ verdict changed between a good and a bad build (for `git bisect run`).
     python -m harness.matrix compare --good DIR --bad DIR [--results-dir DIR] [--cache DIR] [--jobs-per-env N]
 
 Exit codes: 0 every cell agrees with the registry (compare: no entry changed verdict);
-1 a disagreement (compare: some entry changed); 2 usage error; 3 an environment could not be
+1 a disagreement (compare: some entry changed; one that did not run on a side is listed, not counted); 2 usage error; 3 an environment could not be
 built or a suite could not be run; 125 (compare) a column's records are damaged, so this commit
 cannot be judged (git bisect run skips it); 130 interrupted.
 """
@@ -84,7 +84,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=argtypes.positive_int,
         default=1,
         metavar="N",
-        help="pytest-xdist workers inside each suite run (default 1: the 2-core machines here are shared)",
+        help="pytest-xdist workers inside each suite run (default 1: environments are measured side by side; raise it on a machine with cores to spare)",
     )
     p.add_argument(
         "--suite-timeout",
@@ -305,8 +305,8 @@ def _compare(args: argparse.Namespace, deps: Deps) -> int:
             file=deps.stderr,
         )
         return EXIT_SKIP
-    changes = cmp.compare(registry, measured_good, measured_bad)
-    print(cmp.to_text(changes, measured_good, measured_bad), file=deps.stdout, end="")
+    changes, not_run = cmp.compare_all(registry, measured_good, measured_bad)
+    print(cmp.to_text(changes, measured_good, measured_bad, not_run), file=deps.stdout, end="")
     return EXIT_DISAGREE if changes else EXIT_AGREE
 
 
