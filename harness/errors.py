@@ -14,7 +14,8 @@ tests/test_errors.py keeps the drawing true:
     │   ├── NotAPositiveNumber            also an argparse.ArgumentTypeError
     │   ├── BaselineError
     │   │   └── CostBaselineError         harness.costbaseline
-    │   └── ObservationsTooLarge
+    │   ├── ObservationsTooLarge
+    │   └── BaseRunError                  harness.basecompare: the run --spmd-compare names
     ├── RegistryError
     ├── DamagedRecord                     also a ValueError
     ├── CostReadError                     harness.costs; also a ValueError

@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
-from harness import baseline, costcheck, options, results, runfolder, versions
+from harness import basecheck, baseline, costcheck, options, results, runfolder, versions
 from harness.backends import XLA_DUMP_ROOT_ENV, Backend, make_backend
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.isolation import runservers
@@ -246,10 +246,11 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         return None
     count = getattr(harness.backend, "devices", None)  # a TPU host's chips are probed at the first case
     devices = f"{count} devices" if count else "this host's chips"
+    compared = basecheck.report_header(config)
     return [
         f"spmd harness {versions.harness()}: backend {harness.backend.name}, {devices}; "
         f"{versions.describe(versions.stack())}; results {harness.run.path}"
-    ]
+    ] + ([compared] if compared else [])
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -274,6 +275,7 @@ def pytest_configure(config: pytest.Config) -> None:
         load=not getattr(config.option, "help", False)
         and (session.backend.name != "tpu" or bool(config.getoption("costs_baseline"))),
     )
+    basecheck.configure(config, session.backend, session.run.path)
     _stop_on_sigterm(config)
 
 
@@ -544,6 +546,7 @@ def pytest_runtest_makereport(
         _apply_registry(item, call, report, case)
         _compare_shardings(item, report, case)
         costcheck.judge(item, report, case.runner, case.torch_xla, call.excinfo is None)
+        basecheck.judge(item, report, case.case_id, case.shardings, case.torch_xla, call.excinfo is None)
         if spmd:
             _write_record(item, call, report, case)
     elif call.when == "setup" and not report.passed and spmd:
