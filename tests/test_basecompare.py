@@ -10,6 +10,7 @@ read `2.10.0+git...`, as pytorch/xla's PR builds do.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ TILED = "{devices=[4,1]0,1,2,3}"
 
 CASES = """
 import json
+import sys
 import os
 import pytest
 
@@ -274,3 +276,18 @@ def test_the_ini_key_is_read(suite, pytester):
     suite(version=BASE_BUILD, results="base")
     pytester.makeini("[pytest]\nspmd_compare = base\n")
     suite(costs=signature(all_gather=5)).assert_outcomes(failed=1, passed=1, xfailed=1)
+
+
+def test_the_report_shows_the_comparison_and_refuses_a_damaged_one(suite, pytester):
+    suite(version=BASE_BUILD, results="base")
+    suite("--spmd-compare=base", costs=signature(all_gather=5), fixed=True).assert_outcomes(failed=2, passed=1)
+    report = pytester.run(sys.executable, "-m", "harness.report", "pr")
+    summary = (only_run(pytester.path / "pr") / "summary.md").read_text()
+    assert report.ret == 0, report.stdout.str() + report.stderr.str()
+    assert "### ❌ Compared with the base build" in summary
+    assert "this build 2.10.0+git2222222: step0: all-gather 3 -&gt; 5 (+64 KiB per device)" in summary  # HTML-escaped
+    assert "fixed by this build: mark-sharding-list-spec" in summary
+    (only_run(pytester.path / "pr") / "comparison.json").write_text('{"schema": 1, "compared": "all"}')
+    damaged = pytester.run(sys.executable, "-m", "harness.report", "pr")
+    assert damaged.ret == 1
+    assert "comparison.json is unreadable" in (only_run(pytester.path / "pr") / "summary.md").read_text()
