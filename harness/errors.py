@@ -15,7 +15,8 @@ tests/test_errors.py keeps the drawing true:
     │   ├── BaselineError
     │   │   ├── CostBaselineError         harness.costbaseline
     │   │   └── BaselineUpdateRefused     harness.baselinefile; an update run wrote nothing (exit 4)
-    │   └── ObservationsTooLarge
+    │   ├── ObservationsTooLarge
+    │   └── BaseRunError                  harness.basecompare: the run --spmd-compare names
     ├── RegistryError
     ├── DamagedRecord                     also a ValueError
     ├── CostReadError                     harness.costs; also a ValueError

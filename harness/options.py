@@ -114,6 +114,15 @@ OPTIONS = (
         "landed in your torch_xla). Default: the one shipped in harness/known_bugs.toml.",
     ),
     Option(
+        "spmd_compare",
+        None,
+        metavar="PATH",
+        help="hold every passing case to its record in a run of the same suite on the base build "
+        "(a results folder: its newest finished run; or one run folder): recorded shardings and cost "
+        "signatures must match whatever the two versions; a difference fails the case "
+        "(harness/basecompare.py). Default: no comparison.",
+    ),
+    Option(
         "spmd_fork_server",
         None,
         choices=FORK_SERVER_CHOICES,

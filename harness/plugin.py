@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
-from harness import activation, baseline, baselinefile, costcheck, options, results, runfolder, versions
+from harness import activation, basecheck, baseline, baselinefile, costcheck, options, results, runfolder, versions
 from harness.backends import XLA_DUMP_ROOT_ENV, Backend, make_backend
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.isolation import runservers
@@ -157,13 +157,15 @@ class HarnessSession:
                 config.stash[costcheck.SESSION_KEY].baseline()
         _stop_on_sigterm(config)
 
-    def header(self) -> str:
+    def header_lines(self, config: pytest.Config) -> list[str]:
+        """What the run uses: backend and devices, the torch_xla stack, where results go, the base run."""
         count = getattr(self.backend, "devices", None)  # a TPU host's chips are probed at the first case
         devices = f"{count} devices" if count else "this host's chips"
-        return (
+        compared = basecheck.report_header(config)
+        return [
             f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}; "
             f"{versions.describe(versions.stack())}; results {self.run.path}"
-        )
+        ] + ([compared] if compared else [])
 
     def charge_late_fault(self, fault: LateFault) -> None:
         """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""
@@ -272,7 +274,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if harness is None or harness.worker != "main" or not harness.active:
         return None  # a run that selects SPMD cases only after collection: pytest_report_collectionfinish
     harness.header_shown = True
-    return [harness.header()]
+    return harness.header_lines(config)
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
@@ -281,7 +283,7 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
     if harness is None or harness.worker != "main" or not harness.active or harness.header_shown:
         return None
     harness.header_shown = True
-    return [harness.header()]
+    return harness.header_lines(config)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -305,6 +307,7 @@ def pytest_configure(config: pytest.Config) -> None:
         session.activate(config)
     elif _names_input_files(config) and not getattr(config.option, "help", False):
         _load_inputs(session)  # a file the user named is checked now, in the xdist controller too
+    basecheck.configure(config, session.backend, session.run.path)  # only with --spmd-compare
 
 
 def _names_input_files(config: pytest.Config) -> bool:
@@ -641,6 +644,7 @@ def pytest_runtest_makereport(
         _apply_registry(item, call, report, case)
         _compare_shardings(item, report, case)
         costcheck.judge(item, report, case.runner, case.torch_xla, call.excinfo is None)
+        basecheck.judge(item, report, case.case_id, case.shardings, case.torch_xla, call.excinfo is None)
         if spmd:
             _write_record(item, call, report, case)
         if not report.passed:

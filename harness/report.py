@@ -49,6 +49,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from harness import cli, runfolder
+from harness.basecompare import Comparison, read_comparison
 from harness.results import CaseRecord, family_of, read_records, suite_exit_problem
 
 # Long log tails would make the summary table unreadable; the full text is in the uploaded JSON.
@@ -87,6 +88,8 @@ class Results:
     # failed, error, passed, ...), and the exit status the caller got from pytest, if it said.
     pytest_counts: dict[str, int] = dataclasses.field(default_factory=dict)
     pytest_exit: int | None = None
+    # What each run found against its base build's run (--spmd-compare; harness.basecompare).
+    comparisons: list[Comparison] = dataclasses.field(default_factory=list)
 
 
 def is_failure(record: CaseRecord) -> bool:
@@ -122,10 +125,22 @@ def load_results(results_dir: Path, pytest_exit: int | None = None) -> Results:
         )
     for run in runs:
         cross_check_run(run, results, pytest_exit is not None)
+        read_run_comparison(run, results)
     if pytest_exit not in (None, 0) and not results.problems and not any(is_failure(r) for r in results.records):
         problem = suite_exit_problem(pytest_exit) or f"pytest exited {pytest_exit} (tests failed)"
         results.problems.append(f"{problem}, but no failing test was recorded; see the pytest output")
     return results
+
+
+def read_run_comparison(run: Path, results: Results) -> None:
+    """The run's comparison with its base build's run, if it made one; a damaged one is a problem."""
+    try:
+        comparison = read_comparison(run)
+    except (OSError, ValueError) as exc:
+        results.problems.append(f"{run.name}/{runfolder.COMPARISON_NAME} is unreadable ({exc})")
+        return
+    if comparison is not None:
+        results.comparisons.append(comparison)
 
 
 def cross_check_run(run: Path, results: Results, manifest_required: bool = False) -> None:
@@ -289,11 +304,21 @@ def render_summary(results: Results, title: str = "SPMD regression results") -> 
         for family, members in group_by_family(records).items():
             lines += [f"### `{heading_safe(family)}` ({count_outcomes(members)})", ""]
             lines += family_table(members, with_hosts) + [""]
+    for comparison in results.comparisons:
+        lines += comparison_section(comparison)
     if results.unreadable:
         shown = ", ".join(results.unreadable[:10])
         lines += [f"⚠️ {len(results.unreadable)} unreadable record line(s): {markdown_cell(shown)}", ""]
     lines.append(f"**Totals:** {totals_line(results)}")
     return "\n".join(lines) + "\n"
+
+
+def comparison_section(comparison: Comparison) -> list[str]:
+    """Both builds, what differs (failed), what changed in the registry's judgement, what the base lacks."""
+    mark = "❌" if comparison.differ else "✅"
+    lines = [f"### {mark} Compared with the base build", ""]
+    lines += [f"- {markdown_cell(line)}" for line in comparison.lines()]
+    return lines + [""]
 
 
 def totals_line(results: Results) -> str:

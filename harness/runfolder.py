@@ -12,6 +12,7 @@
         costs/                    the partitioned modules of a failing cost-measured case
         xla-dumps/                the children's XLA dumps, removed when the run ends
         summary.md                written by harness.report
+        comparison.json           how the run compared with its base run (--spmd-compare; harness.basecompare)
         replay-group-<n>.json     written by harness.replay --print-commands
 
 `<worker>` is `main`, or xdist's worker id (`gw0`, `gw1`, ...): every pytest process writes files
@@ -60,6 +61,7 @@ HLO_DIR = "hlo"
 COST_DUMPS_DIR = "costs"
 XLA_DUMPS_DIR = "xla-dumps"
 SUMMARY_NAME = "summary.md"
+COMPARISON_NAME = "comparison.json"
 JUNIT_NAME = "junit.xml"  # beside the run folders, not in one
 
 

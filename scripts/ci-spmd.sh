@@ -8,6 +8,10 @@
 #
 # Options (each also settable through the environment variable in brackets):
 #   --wheels DIR     folder with one torch-*.whl and one torch_xla-*.whl   [SPMD_WHEELS_DIR]
+#   --base-wheels DIR  the PR's base build (same layout): the suite runs on it first, in a venv of
+#                    its own (VENV-base) with results in RESULTS/base/, then on --wheels with
+#                    --spmd-compare pointed at that exact run folder: a sharding or cost change
+#                    between the two builds fails the PR's case   [SPMD_BASE_WHEELS_DIR]
 #   --devices N      CPU XLA devices per case (default 4)                   [SPMD_DEVICES]
 #   --results-dir DIR  results folder (default results)                     [SPMD_RESULTS_DIR]
 #   --known-bugs PATH  the known-bug registry to judge by (default: the harness's own,
@@ -40,6 +44,8 @@ JAX_NIGHTLY_INDEX=https://us-python.pkg.dev/ml-oss-artifacts-published/jax/simpl
 PYTEST_NO_TESTS_COLLECTED=5
 
 wheels_dir=${SPMD_WHEELS_DIR:-}
+base_wheels_dir=${SPMD_BASE_WHEELS_DIR:-}
+base_run=''  # the base build's run folder, once it ran
 devices=${SPMD_DEVICES:-4}
 results_dir=${SPMD_RESULTS_DIR:-}
 known_bugs=${SPMD_KNOWN_BUGS:-}
@@ -61,6 +67,7 @@ parse_args() {
   while [[ $# -gt 0 ]]; do
     case $1 in
       --wheels) wheels_dir=${2:?--wheels needs a folder}; shift 2 ;;
+      --base-wheels) base_wheels_dir=${2:?--base-wheels needs a folder}; shift 2 ;;
       --devices) devices=${2:?--devices needs a number}; shift 2 ;;
       --results-dir) results_dir=${2:?--results-dir needs a folder}; shift 2 ;;
       # The 0.1.0 spelling, kept so existing callers keep working; --help shows only --results-dir.
@@ -79,6 +86,7 @@ parse_args() {
   [[ $devices =~ ^[1-9][0-9]*$ ]] || die "--devices must be a positive integer, got '$devices'"
   [[ $workers =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer, got '$workers'"
   # Checked here, before minutes of installing: pytest would refuse it only at its start.
+  [[ -z $base_wheels_dir || -d $base_wheels_dir ]] || die "--base-wheels $base_wheels_dir: no such folder"
   [[ -z $known_bugs || -f $known_bugs ]] ||
     die "--known-bugs $known_bugs: no such file (a path in the calling repository's checkout, e.g. its copy of harness/known_bugs.toml)"
 }
@@ -147,21 +155,44 @@ run_pytest() {
   # `--opt=value`: pytest finds its rootdir and config before plugins register their options, so
   # a separate value of a plugin option would be taken for a test path. `cases` keeps the run to
   # the SPMD cases: collecting tests/ could fail on test-only imports this venv does not have.
-  local registry=()
+  local registry=() compare=()
   [[ -n $known_bugs ]] && registry=("--spmd-known-bugs=$known_bugs")
+  [[ -n $base_run ]] && compare=("--spmd-compare=$base_run")
   "$venv/bin/pytest" cases -m spmd -n "$workers" --spmd-backend=cpu --spmd-devices="$devices" \
     --spmd-results-dir="$results_dir" --spmd-run-id="$run_id" --junitxml="$results_dir/junit.xml" \
-    "${registry[@]}" "${pytest_extra[@]}"
+    "${registry[@]}" "${compare[@]}" "${pytest_extra[@]}"
 }
 
 # The report of this run's folder, held to the exit status pytest gave this script: a manifest
 # that disagrees, or a missing one, is a failure; a non-zero status is never reported green.
 report() {
-  local pytest_rc=$1 annotate=()
-  [[ ${GITHUB_ACTIONS:-} == true ]] && annotate=(--annotate)
+  local pytest_rc=$1 label=${2:-} annotate=()
+  local title=(--title "SPMD regression results${label:+: $label}")
+  # The base build's failures are not the PR's: only the PR's run annotates the job.
+  [[ ${GITHUB_ACTIONS:-} == true && -z $label ]] && annotate=(--annotate)
   # python -m puts the working directory (the repo root) on sys.path, so harness imports even
   # when the venv was set up by someone else.
-  "$venv/bin/python" -m harness.report "$results_dir/$run_id" --pytest-exit-status "$pytest_rc" "${annotate[@]}"
+  "$venv/bin/python" -m harness.report "$results_dir/$run_id" --pytest-exit-status "$pytest_rc" \
+    "${annotate[@]}" "${title[@]}"
+}
+
+# The suite on the base build, in a venv and a results folder of its own; sets base_run to the
+# exact run folder it made (named here, like the PR's), for --spmd-compare.
+run_base() {
+  local pr_wheels=$wheels_dir pr_venv=$venv pr_results=$results_dir rc=0
+  wheels_dir=$base_wheels_dir venv=$venv-base results_dir=$results_dir/base
+  [[ $skip_install == true ]] || install
+  mkdir -p "$results_dir"
+  run_id=$(new_run_id)
+  untrusted_output run_pytest || rc=$?
+  if [[ ! -d $results_dir/$run_id || -L $results_dir/$run_id ]]; then
+    die "the base build's suite (pytest exit $rc) wrote no run folder under $results_dir: nothing to compare with"
+  fi
+  # 0 and 1 are a suite that ran as a whole; anything else leaves records the comparison refuses.
+  [[ $rc -le 1 ]] || die "the base build's suite ended with pytest exit $rc: nothing to compare with"
+  base_run=$results_dir/$run_id
+  report "$rc" "base build" || true  # its summary goes first in the job summary; its failures are its own
+  wheels_dir=$pr_wheels venv=$pr_venv results_dir=$pr_results
 }
 
 # This same script, inside `image`: the repository, the wheels, the results folder and the job
@@ -171,6 +202,7 @@ run_in_image() {
   command -v docker > /dev/null || die "--image needs docker on PATH (or run without --image / container: '')"
   local mounts=(-v "$PWD:$PWD") env=(-e HOME=/tmp -e "USER=${USER:-spmd}")
   [[ -n $wheels_dir ]] && mounts+=(-v "$wheels_dir:$wheels_dir:ro")
+  [[ -n $base_wheels_dir ]] && mounts+=(-v "$base_wheels_dir:$base_wheels_dir:ro")
   [[ $results_dir == "$PWD"/* ]] || { mkdir -p "$results_dir"; mounts+=(-v "$results_dir:$results_dir"); }
   [[ $venv == "$PWD"/* ]] || { mkdir -p "$venv"; mounts+=(-v "$venv:$venv"); }
   [[ -n $known_bugs && $known_bugs != "$PWD"/* ]] && mounts+=(-v "$known_bugs:$known_bugs:ro")
@@ -187,6 +219,7 @@ run_in_image() {
                --venv "$venv")
   [[ -n $known_bugs ]] && inner+=(--known-bugs "$known_bugs")
   [[ -n $wheels_dir ]] && inner+=(--wheels "$wheels_dir")
+  [[ -n $base_wheels_dir ]] && inner+=(--base-wheels "$base_wheels_dir")
   [[ -n $python_version ]] && inner+=(--python-version "$python_version")
   [[ $skip_install == true ]] && inner+=(--skip-install)
   # --shm-size: what pytorch/xla's _test.yml gives its test containers.
@@ -202,6 +235,7 @@ absolute() {
 main() {
   parse_args "$@"
   wheels_dir=$(absolute "$wheels_dir")
+  base_wheels_dir=$(absolute "$base_wheels_dir")
   results_dir=$(absolute "$results_dir")
   venv=$(absolute "$venv")
   known_bugs=$(absolute "$known_bugs")
@@ -210,6 +244,7 @@ main() {
   # A venv made in the image points at the image's Python: keep it apart from the host's .venv.
   if [[ -n $image ]]; then venv=${venv:-$PWD/.venv-image}; run_in_image; fi
   venv=${venv:-$PWD/.venv}
+  [[ -n $base_wheels_dir ]] && run_base
   [[ $skip_install == true ]] || install
   mkdir -p "$results_dir"
 

@@ -1,0 +1,159 @@
+"""The plugin's side of --spmd-compare (harness.basecompare): load the base run, judge each
+case, list what changed at the end of the run and leave it in the run's folder.
+
+Called by harness.plugin after the registry and the committed baselines: a case whose body
+passed and that is not an xfail is compared with its record in the base run, and fails (or, when
+a committed baseline failed it already, gets a section) with one line per item that differs.
+
+Under xdist every process loads the base run once, at configure time (the controller too, so a
+bad base is a usage error before any worker starts). Each worker's finding travels to the
+controller on the test's report (a user property), as pytest's own reports do, so the controller
+prints the end-of-run listing and writes `comparison.json` whatever worker judged a case, and a
+crashed worker loses only its own case.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import basecompare, costcheck, options, runfolder
+from harness.basecompare import BaseRun, Comparison
+from harness.errors import HarnessError
+
+SESSION_KEY = pytest.StashKey["CompareSession"]()
+PROPERTY = "spmd_base_compare"  # a report's user property: this case against the base (JSON)
+
+
+class CompareSession:
+    """The base run this process holds cases to, and (controller) what the run found; registered
+    as a plugin so its hooks see every report, the xdist workers' included."""
+
+    def __init__(self, config: pytest.Config, base: BaseRun, own_run: Path) -> None:
+        self.config = config
+        self.base = base
+        self.own_run = own_run
+        self.comparison = Comparison(str(base.path), base.torch_xla)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        collect(self, report)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        summarise(self, terminalreporter)
+
+    def pytest_sessionfinish(self) -> None:
+        finish(self)
+
+
+def configure(config: pytest.Config, backend: Any, own_run: Path) -> None:
+    """Load and validate the base run now (every process): a bad one is a usage error (exit 4)."""
+    path = options.value(config, "spmd_compare")
+    if not path or getattr(config.option, "help", False):
+        return
+    try:
+        base = BaseRun.load(Path(path), backend.name, backend.capabilities().devices, own_run)
+    except HarnessError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    session = config.stash[SESSION_KEY] = CompareSession(config, base, own_run)
+    config.pluginmanager.register(session, "spmd_base_compare")
+
+
+def report_header(config: pytest.Config) -> str | None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return None
+    base = session.base
+    return f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, {len(base.records)} case records)"
+
+
+def judge(
+    item: pytest.Item,
+    report: pytest.TestReport,
+    case_id: str,
+    shardings: dict[str, str],
+    version: str | None,
+    body_passed: bool,
+) -> None:
+    """Hold one case to its base record; its finding goes on the report for the controller."""
+    session: CompareSession | None = item.config.stash.get(SESSION_KEY, None)
+    if session is None or not item.get_closest_marker("spmd"):
+        return
+    registry = dict(item.user_properties)  # the registry's judgement of this case (harness.plugin)
+    finding: dict[str, Any] = {
+        "case": case_id,
+        "version": version,
+        "known_bug": registry.get("known_bug"),
+        "registry_verdict": registry.get("registry_verdict"),
+    }
+    if body_passed and not hasattr(report, "wasxfail") and not report.skipped:
+        signatures = None if item.get_closest_marker("no_cost_check") else costcheck.record_fields(item)["costs"]
+        judged = None if item.get_closest_marker("no_sharding_baseline") else shardings
+        comparison = basecompare.compare_case(session.base, case_id, judged, signatures)
+        finding.update(compared=comparison.not_compared is None, differences=comparison.differences, new=comparison.new)
+        if comparison.not_compared:
+            finding["not_compared"] = comparison.not_compared
+        if comparison.differences:
+            finding["failure"] = _fail(report, basecompare.failure_text(session.base, version, comparison))
+        if comparison.new:
+            report.sections.append(
+                ("new in this build (the base run lacks them; listed, not failed)", "\n".join(comparison.new))
+            )
+    # On the report itself: pytest copied the item's properties into it before this hook's end.
+    report.user_properties.append((PROPERTY, json.dumps(finding, sort_keys=True)))
+
+
+def _fail(report: pytest.TestReport, message: str) -> list[str]:
+    if report.passed:
+        report.outcome = "failed"
+        report.longrepr = message
+    else:  # a committed baseline failed it already: this finding is shown next to that one
+        report.sections.append(("compared with the base run", message))
+    return message.splitlines()[:-1]
+
+
+def collect(session: CompareSession, report: pytest.TestReport) -> None:
+    """The controller (or a run without xdist) adds each case's finding to the run's comparison."""
+    if hasattr(session.config, "workerinput") or report.when != "call":
+        return
+    properties = dict(report.user_properties)
+    if PROPERTY not in properties:
+        return
+    finding = json.loads(str(properties[PROPERTY]))
+    case, comparison = finding["case"], session.comparison
+    if finding.get("version") and finding["version"] not in comparison.this_torch_xla:
+        comparison.this_torch_xla.append(finding["version"])
+    if finding.get("compared"):
+        comparison.compared += 1
+    if finding.get("failure"):
+        comparison.differ[case] = finding["failure"]
+    if finding.get("new"):
+        comparison.new[case] = finding["new"]
+    if finding.get("not_compared"):
+        comparison.not_compared[case] = finding["not_compared"]
+    base_record = session.base.records.get(case)
+    entry = finding.get("known_bug")
+    if base_record is not None and entry:
+        line = basecompare.registry_change(
+            str(entry), case, base_record.registry_verdict, finding.get("registry_verdict")
+        )
+        if line:
+            comparison.registry.append(basecompare.printable(line))
+
+
+def summarise(session: CompareSession, terminalreporter: Any) -> None:
+    if hasattr(session.config, "workerinput"):
+        return
+    comparison = session.comparison
+    terminalreporter.section(f"compared with the base run {session.base.path}", red=bool(comparison.differ))
+    for line in comparison.lines():
+        terminalreporter.line(line, red=line.startswith(("differs", "newly failing")))
+
+
+def finish(session: CompareSession) -> None:
+    """The controller leaves the comparison in the run's folder, for harness.report."""
+    if hasattr(session.config, "workerinput") or not runfolder.is_run_folder(session.own_run):
+        return
+    runfolder.replace_file(session.own_run / runfolder.COMPARISON_NAME, session.comparison.to_json())

@@ -1,0 +1,334 @@
+"""Judge this build against its base: the same suite's run on the torch_xla a PR started from.
+
+The committed baselines (harness.baseline, harness.costbaseline) fail a change only on their
+own release line, so on a PR build of the next release (`2.10.0+git1a2b3c4`) a sharding or cost
+change is only reported. `--spmd-compare=PATH` names a run of the same suite on the PR's base
+build; every case that passes here and passed there is held to it strictly, whatever the two
+versions: its recorded shardings (canonical text, harness.baseline's comparison) and its cost
+signature (harness.costbaseline's comparison, so whatever the signature gains is compared too).
+One line per item names both builds:
+
+    base 2.10.0+git1111111 -> this build 2.10.0+git2222222: step0: all-gather 38 -> 34 (-5.2 KiB per device)
+
+What the base lacks (a case, a tensor, a training loop) is listed, never failed. The committed
+baselines keep their rule beside this one.
+
+This module is the pure part: finding and validating the base run, comparing one case, the
+known-bug judgements that changed, and the comparison file a run leaves for harness.report
+(`comparison.json` in its folder). The plugin's side: harness.basecheck.
+
+A base run is untrusted input (an artifact of another job, a hand edit): it is refused as a whole
+(BaseRunError, a usage error before any case runs) when it did not finish, holds no case records,
+was taken on another backend or device count, mixes builds, or holds a record that is damaged or
+contradicts its own manifest. Text read from it is escaped before it is printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from harness import runfolder
+from harness.baseline import Baseline
+from harness.costbaseline import CostBaseline
+from harness.errors import DamagedRecord, HarnessUsageError
+from harness.isolation.evidence import headline
+from harness.registry import JudgementKind
+from harness.results import CaseRecord, read_records, suite_exit_problem
+from harness.schema import shown
+from harness.sharding import canonical_text
+
+OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
+VERDICTS = tuple(kind.value for kind in JudgementKind)
+# Registry judgements in which the bug showed (its signature, or another failure) and in which the case passed.
+BUG_SHOWED = ("reproduced", "regressed", "failed")
+CASE_PASSED = ("passed", "unexpected-pass")
+COMPARISON_SCHEMA = 1
+MAX_LINES_PER_CASE = 100  # a forged base could differ in every tensor: the failure stays readable
+
+
+class BaseRunError(HarnessUsageError):
+    """The run --spmd-compare names cannot be compared with (missing, unfinished, another backend
+    or device count, no case records, a damaged or contradictory record)."""
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable escaped (\\x1b, \\n): a base run's bytes
+    cannot move the cursor, colour the terminal or start a line of their own."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseRun:
+    path: Path  # the run folder
+    torch_xla: str | None  # the one build its cases ran (None: no child reported one)
+    backend: str
+    devices: int
+    records: dict[str, CaseRecord]  # by case id
+
+    @classmethod
+    def load(cls, path: Path, backend: str, devices: int, own_run: Path | None = None) -> BaseRun:
+        """The run `path` names (harness.runfolder: a run folder, or a results folder's newest
+        finished run), validated for comparing a run of `backend` with `devices` devices."""
+        run = find_run(Path(path), own_run)
+        where = f"--spmd-compare: base run {run}"
+        manifest = runfolder.read_manifest(run)
+        try:
+            records: dict[str, CaseRecord] = {}
+            for record in read_records(run):
+                if record.nodeid in records:
+                    raise DamagedRecord(f"case {record.nodeid!r} has two records (two verdicts files)")
+                records[record.nodeid] = record
+        except DamagedRecord as exc:
+            raise BaseRunError(f"{where} holds a damaged record: {printable(str(exc))}; {RERUN}") from None
+        except OSError as exc:
+            raise BaseRunError(f"{where} cannot be read ({exc.strerror or exc})") from None
+        if not any(r.outcome != "skipped" for r in records.values()):
+            raise BaseRunError(
+                f"{where} holds no case records{' that ran' if records else ''} "
+                f"({runfolder.VERDICTS_GLOB}); run the suite on the base build first (pytest -m spmd) and point "
+                "--spmd-compare at its results folder or run folder"
+            )
+        for record in records.values():
+            _check_record(record, where)
+        failed = set(manifest.failed_ids)
+        for record in records.values():
+            if record.nodeid in failed and record.outcome in ("passed", "xfailed"):
+                raise BaseRunError(
+                    f"{where}: pytest reported {record.nodeid!r} failed, but its record says "
+                    f"{record.outcome}: the records contradict the run's manifest (damaged or edited); {RERUN}"
+                )
+        setups = {(r.backend, r.devices) for r in records.values()}
+        if setups != {(backend, devices)}:
+            taken = "; ".join(f"backend {printable(str(b))} with {d} devices" for b, d in sorted(setups, key=str))
+            raise BaseRunError(
+                f"{where} was taken on {taken}; this run uses backend {backend} with {devices} devices, whose "
+                "shardings and costs it does not predict. Compare with a base run of the same backend and "
+                "device count (--spmd-backend, --spmd-devices)"
+            )
+        builds = sorted({r.torch_xla for r in records.values() if r.torch_xla is not None})
+        if len(builds) > 1:
+            raise BaseRunError(
+                f"{where} mixes torch_xla builds ({', '.join(builds)}): it is not one base build's run; {RERUN}"
+            )
+        return cls(run, builds[0] if builds else None, backend, devices, records)
+
+
+RERUN = "run the suite on the base build again and point --spmd-compare at that run"
+
+
+def _check_record(record: CaseRecord, where: str) -> None:
+    """What CaseRecord.from_dict cannot know: the values a judge acts on, beyond their types."""
+    what = f"{where}: record of {record.nodeid!r}"
+    if record.outcome not in OUTCOMES:
+        raise BaseRunError(f"{what}: outcome {record.outcome!r} is not one of {', '.join(OUTCOMES)}")
+    if record.registry_verdict is not None and record.registry_verdict not in VERDICTS:
+        raise BaseRunError(f"{what}: registry_verdict {record.registry_verdict!r} is not one of {', '.join(VERDICTS)}")
+    if record.torch_xla is not None:
+        try:
+            Version(record.torch_xla)
+        except InvalidVersion:
+            raise BaseRunError(f"{what}: torch_xla {record.torch_xla!r} is not a PEP 440 version; {RERUN}") from None
+
+
+def find_run(path: Path, own_run: Path | None = None) -> Path:
+    """The run folder `path` names: itself when it is one (it must have finished), else the
+    newest finished run in it. `latest` is not followed: it points at whichever run started last,
+    finished or not (this very run, when both share a results folder)."""
+    path = path.expanduser().absolute()
+    if not path.is_dir():
+        raise BaseRunError(f"--spmd-compare={path}: no such folder; point it at the base build's results folder")
+    if runfolder.is_run_folder(path):
+        problem = _unfinished(path)
+        if problem:
+            raise BaseRunError(f"--spmd-compare: base run {path} {problem}; its records may not cover every case")
+        return path
+    runs = sorted(
+        (p for p in path.glob(f"{runfolder.RUN_PREFIX}*") if p.is_dir() and not p.is_symlink()),
+        key=lambda p: p.name,
+        reverse=True,
+    )
+    skipped = []
+    for run in runs:
+        if own_run is not None and run.absolute() == own_run.absolute():
+            continue
+        problem = _unfinished(run) if runfolder.is_run_folder(run) else "has no manifest"
+        if problem is None:
+            return run
+        skipped.append(f"{run.name} {problem}")
+    detail = f" ({'; '.join(skipped[:5])})" if skipped else ""
+    raise BaseRunError(
+        f"--spmd-compare={path} holds no finished run folder ({runfolder.RUN_PREFIX}*/{runfolder.MANIFEST_NAME})"
+        f"{detail}; run the suite on the base build with --spmd-results-dir={path} first"
+    )
+
+
+def _unfinished(run: Path) -> str | None:
+    """Why a run's records are not a whole run, or None."""
+    try:
+        manifest = runfolder.read_manifest(run)
+    except (OSError, ValueError) as exc:
+        return f"has an unreadable manifest ({printable(str(exc))})"
+    if manifest.status != "finished":
+        return "did not finish (killed, or still running)"
+    problem = suite_exit_problem(manifest.exitstatus)
+    return f"is incomplete: {problem}" if problem else None
+
+
+# --------------------------------------------------------------------------------------------
+# One case
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CaseComparison:
+    """How one case of this run stands against the base run."""
+
+    case: str
+    differences: list[str] = dataclasses.field(default_factory=list)  # items that fail it, without the builds
+    new: list[str] = dataclasses.field(default_factory=list)  # what the base lacks (listed)
+    not_compared: str | None = None  # why the base cannot judge it (the base lacks it, or failed it)
+
+
+def compare_case(
+    base: BaseRun,
+    case: str,
+    shardings: Mapping[str, str] | None,
+    signatures: Mapping[str, Mapping[str, Any]] | None,
+) -> CaseComparison:
+    """Compare a passing case's shardings and cost signatures (None: not judged here, e.g. a
+    no_sharding_baseline or no_cost_check case) with its record in the base run."""
+    result = CaseComparison(case)
+    record = base.records.get(case)
+    if record is None:
+        result.not_compared = "the base run has no record of it"
+        return result
+    if record.outcome != "passed":
+        reason = headline(record.reason or record.late_fault or "", 300)
+        result.not_compared = f"the base run's record says {record.outcome}" + (
+            f": {printable(reason)}" if reason else ""
+        )
+        return result
+    if shardings is not None:
+        expected = {name: canonical_text(spec) for name, spec in record.shardings.items()}
+        judge = Baseline(base.path, base.backend, base.devices, base.torch_xla, {case: expected})
+        for change in judge.compare(case, shardings) or []:
+            (result.new if change.before is None else result.differences).append(
+                printable(str(change).replace("(not in the baseline)", "(not in the base run)"))
+            )
+    if signatures is not None:
+        measured = {label: sig for label, sig in signatures.items() if label in record.costs}
+        result.new += [
+            f"{label}: training loop not measured in the base run"
+            for label in sorted(signatures)
+            if label not in record.costs
+        ]
+        judge_costs = CostBaseline(base.path, base.backend, base.devices, base.torch_xla, {case: dict(record.costs)})
+        result.differences += [printable(str(c)) for c in judge_costs.compare(case, measured) or []]
+    return result
+
+
+def failure_text(base: BaseRun, this_build: str | None, comparison: CaseComparison) -> str:
+    """The failure of a case that differs: one line per item naming both builds, first."""
+    builds = f"base {base.torch_xla or '?'} -> this build {this_build or '?'}"
+    lines = [f"{builds}: {item}" for item in comparison.differences[:MAX_LINES_PER_CASE]]
+    if len(comparison.differences) > MAX_LINES_PER_CASE:
+        lines.append(f"... {len(comparison.differences) - MAX_LINES_PER_CASE} more item(s)")
+    lines.append(
+        f"(judged against the base run {base.path} by --spmd-compare; a change the PR means "
+        "is a change reviewers should see named here)"
+    )
+    return "\n".join(lines)
+
+
+def registry_change(entry: str, case: str, before: str | None, after: str | None) -> str | None:
+    """A known-bug judgement that differs between the base run and this one, as a line."""
+    if before == after or before is None or after is None:
+        return None
+    detail = f"{entry} ({case}: base {before} -> this build {after})"
+    if before in BUG_SHOWED and after in CASE_PASSED:
+        return f"fixed by this build: {detail}"
+    if before in CASE_PASSED and after in BUG_SHOWED:
+        return f"newly failing in this build: {detail}"
+    return f"judged differently: {detail}"
+
+
+# --------------------------------------------------------------------------------------------
+# The comparison a run leaves in its folder (read by harness.report)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Comparison:
+    """What a run's comparison with its base found, for the end of the run and the report."""
+
+    base: str  # the base run folder
+    base_torch_xla: str | None
+    this_torch_xla: list[str] = dataclasses.field(default_factory=list)
+    compared: int = 0  # cases held to the base
+    differ: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # case -> failure lines
+    new: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # case -> what the base lacks
+    not_compared: dict[str, str] = dataclasses.field(default_factory=dict)  # case -> why
+    registry: list[str] = dataclasses.field(default_factory=list)  # registry_change lines
+    schema: int = COMPARISON_SCHEMA
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=1, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> Comparison:
+        """Strict: a file of the wrong shape is a ValueError naming the field."""
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("schema") != COMPARISON_SCHEMA:
+            raise ValueError(f"not a comparison of schema {COMPARISON_SCHEMA}")
+        checks: dict[str, Any] = {
+            "base": lambda v: isinstance(v, str),
+            "base_torch_xla": lambda v: v is None or isinstance(v, str),
+            "this_torch_xla": lambda v: _strings(v),
+            "compared": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+            "differ": lambda v: isinstance(v, dict) and all(_strings(x) for x in v.values()),
+            "new": lambda v: isinstance(v, dict) and all(_strings(x) for x in v.values()),
+            "not_compared": lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+            "registry": lambda v: _strings(v),
+        }
+        for name, check in checks.items():
+            if name not in data or not check(data[name]):
+                raise ValueError(f"field {name!r} is {shown(data.get(name))}")
+        return cls(**{name: data[name] for name in (*checks, "schema")})
+
+    def lines(self) -> list[str]:
+        """The end-of-run listing (also the report's, in Markdown there)."""
+        out = [
+            f"base torch_xla {self.base_torch_xla or '?'} -> this build {', '.join(self.this_torch_xla) or '?'}; "
+            f"{self.compared} case(s) compared, {len(self.differ)} differ"
+        ]
+        out += [f"differs: {case}: {lines[0] if lines else ''}" for case, lines in sorted(self.differ.items())]
+        out += [
+            f"new in this build (listed, not failed): {case}: {item}"
+            for case, items in sorted(self.new.items())
+            for item in items
+        ]
+        out += [f"not compared: {case}: {why}" for case, why in sorted(self.not_compared.items())]
+        out += list(self.registry)
+        return [printable(line) for line in out]
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(x, str) for x in value)
+
+
+def read_comparison(run: Path) -> Comparison | None:
+    """The comparison a run left, None where it made none; ValueError for a damaged file."""
+    path = run / runfolder.COMPARISON_NAME
+    if not path.is_file():
+        return None
+    return Comparison.from_json(path.read_text(encoding="utf-8"))
+
+
+def sorted_unique(values: Iterable[str]) -> list[str]:
+    return sorted(set(values))
