@@ -24,6 +24,7 @@ import itertools
 import os
 import re
 import secrets
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,9 +52,12 @@ class StepMeter:
         warmup: int = costs.DEFAULT_WARMUP,
         parameters: Iterable[Any] = (),
         optimizer: Any = None,
+        host_only: bool = False,
     ) -> None:
         """label: the loop's name in the case's signatures; warmup: steps allowed to compile
-        (the first step compiles the graph; the second may, once the optimizer state exists)."""
+        (the first step compiles the graph; the second may, once the optimizer state exists).
+        host_only: a loop without torch_xla (the gloo reference): only what each step leaves
+        alive on the host is measured, no counters, graphs or device tensors."""
         if not re.fullmatch(r"[A-Za-z0-9_]+", label):
             raise ValueError(f"StepMeter label {label!r}: letters, digits and '_' only (it names XLA modules)")
         if getattr(ctx, "bodies_before", 0):
@@ -65,6 +69,7 @@ class StepMeter:
                 "body(ies) before: pass fresh=True to spmd.run for this body"
             )
         self.ctx = ctx
+        self.host_only = host_only
         self.label = label
         self.parameters = list(parameters)
         self.optimizer = optimizer
@@ -89,6 +94,13 @@ class StepMeter:
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         index = len(self.signature["steps"])
+        if self.host_only:
+            yield
+            entry: dict[str, Any] = {"graphs": []}
+            self._record_alive(index, entry)
+            entry["live"] = {"host_objects": entry["live"]["host_objects"]}
+            self.signature["steps"].append(entry)
+            return
         self._clear_dumps()
         before = _counters()
         watch = _CounterWatch(self.sentinel)
@@ -100,7 +112,7 @@ class StepMeter:
                 xla.name_graphs(previous_name)
         after = _counters()
         watch.check(f"step{index}")
-        entry: dict[str, Any] = {name: after[name] - before[name] for name in costs.STEP_FIELDS}
+        entry = {name: after[name] - before[name] for name in costs.STEP_FIELDS}
         entry["graphs"] = self._read_graphs(index, entry)
         self._record_alive(index, entry)
         self.signature["steps"].append(entry)
@@ -246,11 +258,20 @@ def _samples(name: str) -> int:
     return int(data[0]) if data else 0
 
 
-# The collector stops tracking a tuple or a dict whose items are all atomic when it next meets it,
-# so their counts drop while nothing is freed: counted, they read as growth at one step and as
-# shrinking at the next (seen: a step that kept four objects holding a tuple each read +4 objects,
-# -4 tuples). Every other tracked type (class instances, lists, sets, functions, tensors) is counted.
+# The collector stops tracking a tuple or a dict whose items are all untracked when it next meets
+# it, one level of nesting per collection, so their counts drop while nothing is freed (seen: a
+# module imported during step 0 read as 4 tuples fewer at step 2). Such containers are not
+# counted; one holding a tracked object (a leaked per-parameter placements tuple) is.
 _UNTRACKED_LATER = (tuple, dict)
+
+
+def _stays_tracked(value: Any, depth: int = 0) -> bool:
+    if type(value) not in _UNTRACKED_LATER:
+        return gc.is_tracked(value)
+    if depth > 8:  # deeper than any spec or cache a step builds: count it
+        return True
+    items = value.items() if isinstance(value, dict) else ((item, None) for item in value)
+    return any(_stays_tracked(k, depth + 1) or _stays_tracked(v, depth + 1) for k, v in items)
 
 
 class _Alive:
@@ -270,7 +291,7 @@ class _Alive:
             if id(obj) in own:
                 continue
             kind = type(obj)
-            if kind in _UNTRACKED_LATER:
+            if kind in _UNTRACKED_LATER and not _stays_tracked(obj):
                 continue
             types[kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"] += 1
             if _is_device_tensor(obj):
@@ -326,6 +347,8 @@ def _is_device_tensor(obj: Any) -> bool:
     import torch
 
     if not issubclass(type(obj), torch.Tensor) or hasattr(obj, "_local_tensor") or hasattr(obj, "global_tensor"):
+        return False
+    if "torch_xla" not in sys.modules:  # no XLA tensor can exist (the gloo reference loops)
         return False
     try:
         return bool(obj.device.type == "xla")
