@@ -255,3 +255,44 @@ def test_the_summary_shows_temp_memory_and_what_is_alive_after_the_last_step():
     line = costs.summary(costs.comparable(signature(live=[4, 6, 6], temp=2048)))
     assert "step0: all-gather 3, all-reduce 2, temp 2 KiB, peak 10 KiB" in line, line
     assert line.endswith("live after step2: 6 tensors (192 B per device)"), line
+
+
+HOST_LOOP = """
+import gc, json, sys
+from types import SimpleNamespace
+from harness import costs, stepcosts
+
+class Spec:
+    pass
+
+ctx = SimpleNamespace(values={}, bodies_before=0, devices=None)
+meter = stepcosts.StepMeter(ctx, label="host", host_only=True)
+kept = []
+for _ in range(3):
+    with meter.step():
+        kept += [Spec() for _ in range(int(sys.argv[1]))]
+        if sys.argv[2] == "freeze":
+            gc.freeze()  # hides what it keeps from gc.get_objects()
+print(json.dumps(costs.steady_state_problems(ctx.values[costs.SIGNATURES_KEY]["host"], "host")))
+"""
+
+
+@pytest.mark.parametrize("freeze", ["plain", "freeze"])
+def test_a_host_only_loop_that_keeps_objects_fails_steady_state_even_if_it_freezes_them(freeze):
+    """In a fresh interpreter (the meter freezes the collector's generations): no torch at all."""
+    import json
+    import subprocess
+    import sys
+
+    def problems(kept: int) -> list[str]:
+        run = subprocess.run([sys.executable, "-c", HOST_LOOP, str(kept), freeze], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout)
+
+    leaking = problems(4)
+    assert len(leaking) == 1 and leaking[0].startswith("host/step2 left more alive than step1: host objects"), leaking
+    if freeze == "plain":
+        assert problems(0) == []
+        assert "__main__.Spec +4" in leaking[0], leaking
+    else:  # what a freeze moved is counted, whatever it was (the meter's own records too: on the safe side)
+        assert "objects frozen by the loop (gc.freeze) +" in leaking[0], leaking
