@@ -7,11 +7,18 @@ does, naming what changed:
 * steady state (pytorch/xla#9755's kind): the input batch's sharding annotation changes every
   step, so every step traces and compiles a new graph with the same numerics;
 * the cost baseline: a wrapped block computes its output from two row halves of its weight,
-  so the partitioner gathers the weight twice; nothing recorded moves, the losses match.
+  so the partitioner gathers the weight twice; nothing recorded moves, the losses match;
+* steady state, leaks (pytorch/xla#8423's kind, pytorch/pytorch#178276's on the host): the loop
+  keeps one XLA tensor per step, or one host object per parameter per step;
+* the cost baseline, memory: a block computes its product for eight copies of each row and keeps
+  one, so its step graph's temp memory almost doubles; no collective, sharding or number moves;
+* the meter itself: a body that clears torch_xla's counters every step (while every step compiles
+  a new graph) is refused, never read as "no compiles".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -32,7 +39,16 @@ STEPS = 3  # the third runs after the meter's two-step warm-up
 ROTATING_SPECS = [("fsdp", None), (None, None), (None, "fsdp")]
 
 
-def body_two_layer_fsdpv2(ctx, steps: int, rotate_input_sharding: bool = False, gather_twice: bool = False) -> None:
+def body_two_layer_fsdpv2(
+    ctx,
+    steps: int,
+    rotate_input_sharding: bool = False,
+    gather_twice: bool = False,
+    keep_tensor_per_step: bool = False,
+    keep_host_object_per_parameter: bool = False,
+    clear_counters: bool = False,
+    double_temp: bool = False,
+) -> None:
     """A 2-layer MLP, each layer its own FSDPv2 unit, SGD on a batch-sharded input."""
     import functools
 
@@ -47,6 +63,11 @@ def body_two_layer_fsdpv2(ctx, steps: int, rotate_input_sharding: bool = False, 
 
     class Layer(nn.Linear):
         def forward(self, x):
+            if double_temp:
+                # The product computed for eight copies of each row, one kept: each device holds
+                # eight times the activation; the rows stay where they were, so do the numbers and
+                # the collectives.
+                return super().forward(torch.stack([x] * 8, dim=1))[:, 0]
             if not gather_twice:
                 return super().forward(x)
             # The same rows in two halves: each half of the sharded weight is gathered on its own.
@@ -67,8 +88,13 @@ def body_two_layer_fsdpv2(ctx, steps: int, rotate_input_sharding: bool = False, 
     meter = stepcosts.StepMeter(ctx, parameters=wrapped.parameters(), optimizer=optimizer)
     x_cpu = torch.randn(4 * n, 16)
     losses = []
+    kept = []  # what a leaking loop holds on to, step after step
     for step in range(steps):
         with meter.step():
+            if clear_counters:
+                import torch_xla.debug.metrics as met
+
+                met.clear_counters()
             x = x_cpu.to(xla.device())
             xs.mark_sharding(
                 x, mesh, ROTATING_SPECS[step % len(ROTATING_SPECS)] if rotate_input_sharding else ("fsdp", None)
@@ -79,10 +105,22 @@ def body_two_layer_fsdpv2(ctx, steps: int, rotate_input_sharding: bool = False, 
             optimizer.step()
             if step == 0:
                 recording.record_step_graph(ctx, "step0", [loss, *wrapped.parameters()])
+            if keep_tensor_per_step:
+                kept.append(loss.detach() * 1)  # one XLA tensor more alive after every step
+            if keep_host_object_per_parameter:  # as a spec cache that never forgets (pytorch/pytorch#178276)
+                kept += [ParameterSpec(name, tuple(p.shape)) for name, p in wrapped.named_parameters()]
             xla.sync()
         losses.append(loss.item())
     ctx.record("losses", losses)
     recording.record_parameters(ctx, wrapped, suffix="@after-steps")
+
+
+@dataclasses.dataclass
+class ParameterSpec:
+    """A host-side record per parameter, like DTensor's DTensorSpec."""
+
+    name: str
+    shape: tuple
 
 
 def signature_of(result) -> dict:
@@ -120,3 +158,54 @@ def test_cost_baseline_catches_communication_that_changes_no_sharding(spmd) -> N
     lines = [str(c) for c in base.compare("case", {costs.DEFAULT_LABEL: signature_of(after)})]
     assert lines and all(line.startswith("step0: ") for line in lines), lines
     assert any(kind in line for line in lines for kind in COLLECTIVE_OPCODES), f"no collective named: {lines}"
+
+
+def test_steady_state_detector_catches_a_tensor_kept_per_step(spmd) -> None:
+    healthy = spmd.run(body_two_layer_fsdpv2, steps=STEPS, fresh=True)
+    leaking = spmd.run(body_two_layer_fsdpv2, steps=STEPS, keep_tensor_per_step=True, fresh=True)
+    assert_same_numbers(healthy, leaking)
+    assert costs.steady_state_problems(signature_of(healthy)) == [], "a healthy loop must pass the detector"
+    live = [step["live"]["tensors"] for step in signature_of(leaking)["steps"]]
+    assert live[1:] == [live[1] + n for n in range(STEPS - 1)], f"one tensor more alive per step: {live}"
+    problems = costs.steady_state_problems(signature_of(leaking))
+    assert [p.split(" ", 1)[0] for p in problems] == [f"step{i}" for i in range(2, STEPS)], problems
+    # The step, the growth and what stayed alive: the kept loss, a 0-dim float32 tensor.
+    assert "left more alive than step1: XLA tensors" in problems[0], problems[0]
+    assert "XLA tensors kept: float32[] +1" in problems[0], problems[0]
+
+
+def test_steady_state_detector_catches_a_host_object_kept_per_parameter_per_step(spmd) -> None:
+    leaking = spmd.run(body_two_layer_fsdpv2, steps=STEPS, keep_host_object_per_parameter=True, fresh=True)
+    problems = costs.steady_state_problems(signature_of(leaking))
+    assert [p.split(" ", 1)[0] for p in problems] == [f"step{i}" for i in range(2, STEPS)], problems
+    # One per parameter (two Linear layers: a weight and a bias each), named by type.
+    assert "host objects kept: cases.test_costs.ParameterSpec +4" in problems[0], problems[0]
+    assert "XLA tensors" not in problems[0], f"no device tensor was kept: {problems[0]}"
+
+
+def test_cost_baseline_catches_temp_memory_that_changes_no_collective(spmd) -> None:
+    before = spmd.run(body_two_layer_fsdpv2, steps=STEPS, fresh=True)
+    after = spmd.run(body_two_layer_fsdpv2, steps=STEPS, double_temp=True, fresh=True)
+    assert_same_numbers(before, after)
+    assert before.shardings == after.shardings, "the change must leave every recorded sharding as it was"
+    graph_before, graph_after = signature_of(before)["graphs"]["step0"], signature_of(after)["graphs"]["step0"]
+    assert graph_before["collectives"] == graph_after["collectives"], "the change must move no collective"
+    assert graph_after["memory"]["temp"] > 1.5 * graph_before["memory"]["temp"], (graph_before, graph_after)
+    base = CostBaseline(
+        None, "cpu", 0, "2.9.0", {"case": {costs.DEFAULT_LABEL: costs.comparable(signature_of(before))}}
+    )  # type: ignore[arg-type]  # no file: only compare() is used
+    lines = [str(c) for c in base.compare("case", {costs.DEFAULT_LABEL: signature_of(after)})]
+    temp = f"temp {costs.kib(graph_before['memory']['temp'])} -> {costs.kib(graph_after['memory']['temp'])} per device"
+    assert len(lines) == 1 and lines[0].startswith("step0: ") and temp in lines[0], lines
+    assert not any(kind in lines[0] for kind in COLLECTIVE_OPCODES), lines
+
+
+def test_a_body_that_resets_the_counters_is_refused(spmd) -> None:
+    """Every step compiles a new graph (the rotating input sharding) and clears the counters: it
+    must not read as 'no compiles after the warm-up'."""
+    result = spmd.run(
+        body_two_layer_fsdpv2, steps=STEPS, rotate_input_sharding=True, clear_counters=True, fresh=True, check=False
+    )
+    assert result.exception is not None, "a step whose counters were reset must not pass"
+    assert result.exception.type == "harness.costs.CountersReset", result.exception
+    assert "step0: torch_xla's counters or metrics were reset during the measured step" in result.exception.message

@@ -121,12 +121,13 @@ class CostBaseline:
 
 
 def _compact(value: Any, depth: int = 0) -> str:
-    """JSON with each innermost object (a step, a collective, the memory) on one line."""
+    """JSON with each innermost object (a step, a collective, the memory) on one line, and any
+    object that fits on a line of ~130 characters (a step with what was alive after it)."""
     flat = all(
         not isinstance(v, (dict, list)) or (isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v))
         for v in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
     )
-    if not isinstance(value, (dict, list)) or flat:
+    if not isinstance(value, (dict, list)) or flat or len(json.dumps(value)) + depth <= 130:
         return json.dumps(value)
     pad, inner = " " * depth, " " * (depth + 1)
     if isinstance(value, dict):

@@ -5,7 +5,9 @@ judges first (an xfail is never compared), then shardings, then costs. For every
 recorded signatures (harness.stepcosts):
 
 1. Steady state, whatever the baseline says: a step after the loop's warm-up that compiled a new
-   graph fails the case, naming the step and what differs between the two graphs.
+   graph fails the case, naming the step and what differs between the two graphs; so does one
+   that left more XLA tensors, device bytes or host objects alive than the step before, naming
+   what stayed alive.
 2. The cost baseline (harness.costbaseline): a change fails on the baseline's release line, one
    line per item; elsewhere it is reported in a section of the test's report and in the record.
 3. The partitioned modules the signatures were read from reach the results folder
@@ -125,8 +127,8 @@ def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: st
         item.stash[CHANGES_KEY] = [f"steady state: {p}" for p in problems]
         _fail(
             report,
-            "steady state: a step after the warm-up compiled a new graph (every step pays a compilation):\n"
-            + "\n".join(f"  {p}" for p in problems),
+            "steady state: a step after the warm-up compiled a new graph (every step pays a compilation) "
+            "or left more alive than the step before (every step leaks):\n" + "\n".join(f"  {p}" for p in problems),
         )
     case = _case_id(item)
     if session.update:

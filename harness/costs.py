@@ -81,12 +81,25 @@ ELEMENT_BYTES = {
 }
 MEMORY_FIELDS = ("parameters", "gradients", "optimizer_state")
 STEP_FIELDS = ("compiles", "cache_hits", "executions")
+# What is alive after a step (harness.stepcosts): XLA tensors the loop holds and their bytes on the
+# device holding most, GC-tracked host objects the loop created. Host objects only judge growth
+# (steady state): their count depends on what was imported before the loop, so it is not baselined.
+LIVE_FIELDS = ("tensors", "bytes_per_device", "host_objects")
+BASELINED_LIVE_FIELDS = ("tensors", "bytes_per_device")
+# A compiled step graph's memory per device, from XLA's buffer assignment of the partitioned module.
+GRAPH_MEMORY_FIELDS = ("arguments", "outputs", "temp", "peak")
 
 _ARRAY_SHAPE = re.compile(r"(?P<type>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\]")
 
 
 class CostReadError(HarnessError, ValueError):
     """HLO text or a signature that cannot be read as one: the message names where and what."""
+
+
+class CountersReset(HarnessError):
+    """torch_xla's counters or metrics went backwards during a measured step (something called
+    metrics.clear_counters(), clear_all() or clear_metrics(), in Python or in C++): the step's
+    compiles and executions cannot be known, so the case errors instead of reading as clean."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,6 +211,36 @@ def collectives(hlo: str | HloModule, devices: int, where: str = "the partitione
     ]
 
 
+_ALLOCATION = re.compile(r"^allocation \d+: size (?P<size>\d+)(?P<kinds>[^\n]*?):?$", re.MULTILINE)
+_PEAK_SECTION = re.compile(r"^\s*Live ranges at \d+ \(peak\):\n(?P<body>(?:[ \t]+\S[^\n]*\n?)*)", re.MULTILINE)
+_CUMULATIVE = re.compile(r"cumulative: (\d+) bytes")
+
+
+def buffer_memory(text: str, where: str = "the buffer assignment") -> dict[str, int]:
+    """A partitioned module's memory on one device, from XLA's `*-buffer-assignment.txt`:
+    arguments (entry parameters), outputs (buffers that may live out, and the output tuple),
+    temp (everything else XLA allocates: preallocated temp, scratch; not constants or
+    thread-local scalars) and, where XLA printed its live ranges, peak (bytes live at once)."""
+    totals = dict.fromkeys(("arguments", "outputs", "temp"), 0)
+    found = False
+    for match in _ALLOCATION.finditer(text):
+        found = True
+        size, kinds = int(match.group("size")), match.group("kinds")
+        if ", parameter " in kinds:
+            totals["arguments"] += size
+        elif "maybe-live-out" in kinds or "output shape is" in kinds:
+            totals["outputs"] += size
+        elif "constant" not in kinds and "thread-local" not in kinds:
+            totals["temp"] += size
+    if not found:
+        raise CostReadError(f"{where}: no 'allocation N: size S' line; not an XLA buffer assignment")
+    peak = _PEAK_SECTION.search(text)
+    cumulative = _CUMULATIVE.findall(peak.group("body")) if peak else []
+    if cumulative:
+        totals["peak"] = int(cumulative[-1])
+    return totals
+
+
 def entry_inputs(hlo: str | HloModule, where: str = "the step graph") -> list[str]:
     """Each entry parameter of a graph as `shape sharding` (`f32[8,16] {devices=[4,1]0,1,2,3}`),
     in parameter order: what a new compilation's inputs differ in (layouts dropped)."""
@@ -282,18 +325,31 @@ def check_signature(data: Any, where: str) -> dict[str, Any]:
 def _check_step(step: Any, where: str) -> None:
     if not isinstance(step, dict):
         raise CostReadError(f"{where}: {shown(step)}, not a step (compiles, cache_hits, executions, graphs)")
-    for name in STEP_FIELDS:
-        if not _is_count(step.get(name)):
+    for name in STEP_FIELDS:  # absent in a host-only loop (no torch_xla counters to read)
+        if name in step and not _is_count(step.get(name)):
             raise CostReadError(f"{where}: {name} is {shown(step.get(name))}, not a whole number")
     if not isinstance(step.get("graphs", []), list) or not all(isinstance(g, str) for g in step.get("graphs", [])):
         raise CostReadError(f"{where}: graphs must be a list of graph names")
-    if not isinstance(step.get("differs", []), list) or not all(isinstance(d, str) for d in step.get("differs", [])):
-        raise CostReadError(f"{where}: differs must be a list of lines")
+    for lines in ("differs", "kept"):
+        if not isinstance(step.get(lines, []), list) or not all(isinstance(d, str) for d in step.get(lines, [])):
+            raise CostReadError(f"{where}: {lines} must be a list of lines")
+    if "live" in step:
+        _check_counts(step["live"], LIVE_FIELDS, f"{where}: live")
+    unknown = sorted(set(step) - {*STEP_FIELDS, "graphs", "differs", "kept", "live"})
+    if unknown:
+        raise CostReadError(f"{where}: unknown key {unknown[0]!r}")
+
+
+def _check_counts(value: Any, fields: tuple[str, ...], where: str) -> None:
+    if not isinstance(value, dict) or not all(k in fields and _is_count(v) for k, v in value.items()):
+        raise CostReadError(f"{where} must map {', '.join(fields)} to whole numbers; got {shown(value)}")
 
 
 def _check_graph(graph: Any, where: str) -> None:
     if not isinstance(graph, dict):
         raise CostReadError(f"{where}: {shown(graph)}, not a graph (collectives, fingerprint)")
+    if "memory" in graph:
+        _check_counts(graph["memory"], GRAPH_MEMORY_FIELDS, f"{where}: memory")
     listed = graph.get("collectives")
     if listed is None:  # not read: the reason says why
         if not isinstance(graph.get("unread"), str):
@@ -319,17 +375,29 @@ def comparable(signature: Mapping[str, Any]) -> dict[str, Any]:
     """What a baseline keeps and compares: counts, collectives, memory. Not the fingerprints
     (any change of any op moves them) nor the steady-state explanations."""
     return {
-        "steps": [{k: step[k] for k in (*STEP_FIELDS, "graphs") if k in step} for step in signature.get("steps", [])],
-        "graphs": {
-            name: (
-                {"collectives": g["collectives"]}
-                if g.get("collectives") is not None
-                else {"collectives": None, "unread": g.get("unread", "")}
-            )
-            for name, g in sorted(signature.get("graphs", {}).items())
-        },
+        "steps": [_comparable_step(step) for step in signature.get("steps", [])],
+        "graphs": {name: _comparable_graph(g) for name, g in sorted(signature.get("graphs", {}).items())},
         "memory": dict(sorted(signature.get("memory", {}).items())),
     }
+
+
+def _comparable_step(step: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {k: step[k] for k in (*STEP_FIELDS, "graphs") if k in step}
+    live = {k: step["live"][k] for k in BASELINED_LIVE_FIELDS if k in step.get("live", {})}
+    if live:  # a host-only loop (gloo) has nothing baselined alive
+        kept["live"] = live
+    return kept
+
+
+def _comparable_graph(graph: Mapping[str, Any]) -> dict[str, Any]:
+    kept: dict[str, Any] = (
+        {"collectives": graph["collectives"]}
+        if graph.get("collectives") is not None
+        else {"collectives": None, "unread": graph.get("unread", "")}
+    )
+    if "memory" in graph:
+        kept["memory"] = dict(graph["memory"])
+    return kept
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,18 +406,40 @@ def comparable(signature: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LABEL) -> list[str]:
-    """One line per step after the warm-up that compiled a new graph, saying what differs."""
+    """One line per step after the warm-up that compiled a new graph, saying what differs, and
+    one per step after the warm-up that left more alive than the step before (XLA tensors,
+    their bytes, host objects), saying what stayed alive."""
     warmup = signature.get("warmup", DEFAULT_WARMUP)
+    steps = signature.get("steps", [])
     problems = []
-    for index, step in enumerate(signature.get("steps", [])):
-        if index < warmup or not step.get("compiles"):
+    for index, step in enumerate(steps):
+        if index < warmup:
             continue
-        why = "; ".join(step.get("differs") or ["what differs is unknown (no dump of the new graph)"])
-        problems.append(
-            f"{_prefix(label)}step{index} compiled {step['compiles']} new graph(s) after the "
-            f"{warmup}-step warm-up: {why}"
-        )
+        if step.get("compiles"):
+            why = "; ".join(step.get("differs") or ["what differs is unknown (no dump of the new graph)"])
+            problems.append(
+                f"{_prefix(label)}step{index} compiled {step['compiles']} new graph(s) after the "
+                f"{warmup}-step warm-up: {why}"
+            )
+        growth = _growth(steps[index - 1].get("live"), step.get("live")) if index else None
+        if growth:
+            kept = "; ".join(step.get("kept") or ["what stayed alive is unknown"])
+            problems.append(f"{_prefix(label)}step{index} left more alive than step{index - 1}: {growth}; {kept}")
     return problems
+
+
+def _growth(before: Mapping[str, int] | None, after: Mapping[str, int] | None) -> str | None:
+    """'XLA tensors 10 -> 11 (+512 B per device), host objects 40 -> 44'; None where nothing grew."""
+    if not before or not after:
+        return None
+    parts = []
+    tensors = [before.get("tensors", 0), after.get("tensors", 0)]
+    moved = after.get("bytes_per_device", 0) - before.get("bytes_per_device", 0)
+    if tensors[1] > tensors[0] or moved > 0:
+        parts.append(f"XLA tensors {tensors[0]} -> {tensors[1]}" + (f" ({_signed(moved)} per device)" if moved else ""))
+    if after.get("host_objects", 0) > before.get("host_objects", 0):
+        parts.append(f"host objects {before.get('host_objects', 0)} -> {after['host_objects']}")
+    return ", ".join(parts) or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,6 +478,9 @@ def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str
             continue
         a, b = before_steps[index], after_steps[index]
         moved = [f"{k} {a.get(k)} -> {b.get(k)}" for k in STEP_FIELDS if k != "cache_hits" and a.get(k) != b.get(k)]
+        live = _live_change(a.get("live"), b.get("live"))
+        if live:
+            moved.append(live)
         if moved:
             changes.append(CostChange(f"{prefix}step{index}", ", ".join(moved)))
     graphs_a, graphs_b = expected.get("graphs", {}), observed.get("graphs", {})
@@ -406,20 +499,52 @@ def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str
     return changes
 
 
+def _live_change(before: Mapping[str, int] | None, after: Mapping[str, int] | None) -> str | None:
+    """'live after step: 10 -> 14 tensors (+32 KiB per device)'. A baseline taken before live
+    tensors were measured has none: nothing to compare; a signature that lost them says so."""
+    if before is None:
+        return None
+    if after is None:
+        return "live after step: not measured"
+    count_a, count_b = before.get("tensors"), after.get("tensors")
+    moved = after.get("bytes_per_device", 0) - before.get("bytes_per_device", 0)
+    if count_a == count_b and not moved:
+        return None
+    return f"live after step: {count_a} -> {count_b} tensors" + (f" ({_signed(moved)} per device)" if moved else "")
+
+
+def _memory_change(before: Mapping[str, int] | None, after: Mapping[str, int] | None) -> list[str]:
+    """'temp 1.2 MiB -> 2.5 MiB per device', one part per field that moved."""
+    if before is None:
+        return []
+    if after is None:
+        return ["memory not read"]
+    return [
+        f"{k} {kib(before.get(k, 0))} -> {kib(after.get(k, 0))} per device"
+        for k in GRAPH_MEMORY_FIELDS
+        if before.get(k) != after.get(k) and k in before and k in after
+    ]
+
+
 def _graph_change(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> str | None:
     if before is None:
         return "new graph, " + _listing(after.get("collectives") if after else None) + " (not in the baseline)"
     if after is None:
         return "no longer compiled"
+    parts = _collectives_change(before, after) + _memory_change(before.get("memory"), after.get("memory"))
+    return ", ".join(parts) or None
+
+
+def _collectives_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     listed_a, listed_b = before.get("collectives"), after.get("collectives")
     if listed_a is None or listed_b is None:
         if listed_a is None and listed_b is None:
-            return None
-        return (
+            return []
+        return [
             f"collectives no longer read ({after.get('unread', '')})"
             if listed_b is None
             else f"collectives read now: {_listing(listed_b)}"
-        )
+        ]
     parts = []
     for kind in sorted({c["kind"] for c in listed_a} | {c["kind"] for c in listed_b}):
         a = [c for c in listed_a if c["kind"] == kind]
@@ -433,7 +558,7 @@ def _graph_change(before: Mapping[str, Any] | None, after: Mapping[str, Any] | N
             parts.append(f"{kind} over {_groups(a)} -> {_groups(b)}{moved}")
         elif moved:
             parts.append(f"{kind} {count_a}{moved}")
-    return ", ".join(parts) or None
+    return parts
 
 
 def _groups(entries: list[Mapping[str, Any]]) -> str:
@@ -452,13 +577,26 @@ def _listing(listed: list[Mapping[str, Any]] | None) -> str:
 
 
 def summary(signature: Mapping[str, Any]) -> str:
-    """One line for a whole signature: 'new: 3 steps, 1 graph (all-gather 3, all-reduce 2), ...'."""
+    """One line for a whole signature: '3 steps, 1 compilation(s); step0: all-gather 3, temp 7 KiB;
+    per device parameters 1 KiB, ...; live after step2: 6 tensors (1.5 KiB per device)'."""
     graphs = signature.get("graphs", {})
-    listed = "; ".join(f"{name}: {_listing(g.get('collectives'))}" for name, g in sorted(graphs.items()))
+    listed = "; ".join(
+        f"{name}: {_listing(g.get('collectives'))}"
+        + "".join(f", {k} {kib(g['memory'][k])}" for k in ("temp", "peak") if k in g.get("memory", {}))
+        for name, g in sorted(graphs.items())
+    )
     memory = ", ".join(f"{k.replace('_', ' ')} {kib(v)}" for k, v in sorted(signature.get("memory", {}).items()))
+    steps = signature.get("steps", [])
+    last = steps[-1].get("live") if steps else None
+    live = (
+        f"; live after step{len(steps) - 1}: {last.get('tensors', 0)} tensors "
+        f"({kib(last.get('bytes_per_device', 0))} per device)"
+        if last
+        else ""
+    )
     return (
-        f"{len(signature.get('steps', []))} steps, {sum(s.get('compiles', 0) for s in signature.get('steps', []))} "
-        f"compilation(s); {listed or 'no graph read'}; per device {memory or 'memory not measured'}"
+        f"{len(steps)} steps, {sum(s.get('compiles', 0) for s in steps)} "
+        f"compilation(s); {listed or 'no graph read'}; per device {memory or 'memory not measured'}{live}"
     )
 
 

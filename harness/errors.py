@@ -20,6 +20,7 @@ tests/test_errors.py keeps the drawing true:
     ├── RegistryError
     ├── DamagedRecord                     also a ValueError
     ├── CostReadError                     harness.costs; also a ValueError
+    ├── CountersReset                     harness.costs: torch_xla's counters reset during a measured step
     ├── ChildStartError                   a child's start-up, not a case, failed
     ├── CaseError                         outcome "error"
     │   ├── CaseFailed                    outcome "error": the body raised

@@ -17,10 +17,14 @@ results folder only when the case fails. What the signature holds is described i
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import gc
 import itertools
 import os
 import re
+import secrets
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,11 +33,13 @@ from harness import costs, xla
 from harness.errors import HarnessUsageError
 
 # XLA's dump file names: module_0003.<module name>.<unique id>.<stage>.txt; stage
-# `before_optimizations`, or `after_optimizations` with the backend's prefix (`cpu_`, `tpu_`).
+# `before_optimizations`, or `after_optimizations` with the backend's prefix (`cpu_`, `tpu_`),
+# and next to it the buffer assignment of the optimized module (`...after_optimizations-buffer-assignment`).
 _DUMP_FILE = re.compile(
     r"^module_(?P<number>\d+)\.(?P<name>.+)\.(?P<uid>\d+)\."
-    r"(?P<stage>before_optimizations|(?:[a-z]+_)?after_optimizations)\.txt$"
+    r"(?P<stage>before_optimizations|(?:[a-z]+_)?after_optimizations(?P<buffers>-buffer-assignment)?)\.txt$"
 )
+_STAGES = {"before_optimizations": "before"}
 MAX_DUMP_BYTES = 64 << 20  # a partitioned module this large is not a training step of a case
 _meter_numbers = itertools.count()
 
@@ -46,9 +52,12 @@ class StepMeter:
         warmup: int = costs.DEFAULT_WARMUP,
         parameters: Iterable[Any] = (),
         optimizer: Any = None,
+        host_only: bool = False,
     ) -> None:
         """label: the loop's name in the case's signatures; warmup: steps allowed to compile
-        (the first step compiles the graph; the second may, once the optimizer state exists)."""
+        (the first step compiles the graph; the second may, once the optimizer state exists).
+        host_only: a loop without torch_xla (the gloo reference): only what each step leaves
+        alive on the host is measured, no counters, graphs or device tensors."""
         if not re.fullmatch(r"[A-Za-z0-9_]+", label):
             raise ValueError(f"StepMeter label {label!r}: letters, digits and '_' only (it names XLA modules)")
         if getattr(ctx, "bodies_before", 0):
@@ -60,6 +69,7 @@ class StepMeter:
                 "body(ies) before: pass fresh=True to spmd.run for this body"
             )
         self.ctx = ctx
+        self.host_only = host_only
         self.label = label
         self.parameters = list(parameters)
         self.optimizer = optimizer
@@ -71,12 +81,30 @@ class StepMeter:
         self.dumps: dict[str, str] = ctx.values.setdefault(costs.DUMPS_KEY, {})
         self.last_inputs: list[str] | None = None
         self.last_fingerprint: str | None = None
+        self.last_graph_memory: dict[str, int] | None = None
+        # A counter only this meter knows the name of: a reset of torch_xla's counters drops it.
+        self.sentinel = f"HarnessStepMeter_{secrets.token_hex(6)}"
+        # What is alive after a step is what the loop created and keeps: every object that exists
+        # now (modules, the model, its parameters) moves to the collector's permanent generation,
+        # so a collection after each step scans only what the loop made (~0.1 ms, not ~250 ms for
+        # a full collection of torch's ~470k objects) and gc.get_objects() lists only that.
+        gc.freeze()
+        self.frozen_at_start = gc.get_freeze_count()
+        self.alive: _Alive | None = None
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         index = len(self.signature["steps"])
+        if self.host_only:
+            yield
+            entry: dict[str, Any] = {"graphs": []}
+            self._record_alive(index, entry)
+            entry["live"] = {"host_objects": entry["live"]["host_objects"]}
+            self.signature["steps"].append(entry)
+            return
         self._clear_dumps()
         before = _counters()
+        watch = _CounterWatch(self.sentinel)
         previous_name = xla.name_graphs(f"{self.graph_prefix}step{index}")
         try:
             yield
@@ -84,10 +112,28 @@ class StepMeter:
             if previous_name is not None:
                 xla.name_graphs(previous_name)
         after = _counters()
-        entry: dict[str, Any] = {name: after[name] - before[name] for name in costs.STEP_FIELDS}
+        watch.check(f"step{index}")
+        entry = {name: after[name] - before[name] for name in costs.STEP_FIELDS}
         entry["graphs"] = self._read_graphs(index, entry)
+        self._record_alive(index, entry)
         self.signature["steps"].append(entry)
         self.signature["memory"] = self._memory()
+
+    # ---------------------------------------------------------------- what a step leaves alive
+
+    def _record_alive(self, index: int, entry: dict[str, Any]) -> None:
+        alive = _Alive.now(exclude=(self.signature, self.dumps, self.last_inputs, self.alive, entry))
+        # A body that calls gc.freeze() itself hides what it keeps from gc.get_objects(): what the
+        # permanent generation gained since the meter's own freeze counts as kept by the loop.
+        frozen = gc.get_freeze_count() - self.frozen_at_start
+        if frozen > 0:
+            alive.types["objects frozen by the loop (gc.freeze)"] += frozen
+        entry["live"] = alive.totals()
+        if self.alive is not None and index >= self.signature["warmup"]:
+            kept = alive.kept_since(self.alive)
+            if kept:
+                entry["kept"] = kept
+        self.alive = alive
 
     # ---------------------------------------------------------------- partitioned modules
 
@@ -106,7 +152,7 @@ class StepMeter:
         for path in self._dump_files():
             match = _DUMP_FILE.match(path.name)
             if match and (not xla.can_name_graphs() or match.group("name").startswith(self.graph_prefix)):
-                stage = "before" if match.group("stage") == "before_optimizations" else "after"
+                stage = "buffers" if match.group("buffers") else _STAGES.get(match.group("stage"), "after")
                 modules.setdefault(match.group("number"), {})[stage] = path
         names = []
         for position, number in enumerate(sorted(modules, key=int)):
@@ -132,6 +178,9 @@ class StepMeter:
         where = f"{after.name} (partitioned module of {name})"
         graph: dict[str, Any] = {"collectives": costs.collectives(text, self.ctx.devices or xla.num_devices(), where)}
         self.dumps[f"{self.label}/{name}"] = text
+        buffers = stages.get("buffers")
+        if buffers is not None:
+            graph["memory"] = costs.buffer_memory(_read_text(buffers), f"{buffers.name} (buffer assignment of {name})")
         before = stages.get("before")
         if before is not None:
             module_before = _read_text(before)
@@ -143,6 +192,14 @@ class StepMeter:
                 ]
                 entry.setdefault("differs", []).extend(differs)
             self.last_inputs, self.last_fingerprint = inputs, graph["fingerprint"]
+        if self.last_graph_memory is not None and "memory" in graph:
+            # A recompiled step whose memory moved says so next to what its inputs differ in.
+            moved = costs.compare(
+                {"graphs": {name: {"collectives": None, "memory": self.last_graph_memory}}},
+                {"graphs": {name: {"collectives": None, "memory": graph["memory"]}}},
+            )
+            entry.setdefault("differs", []).extend(f"graph memory {c.detail}" for c in moved)
+        self.last_graph_memory = graph.get("memory", self.last_graph_memory)
         return graph
 
     def _why_unread(self) -> str:
@@ -160,6 +217,149 @@ class StepMeter:
             for per_param in self.optimizer.state.values():
                 state += [v for v in per_param.values() if _is_tensor(v)]
         return {"parameters": _bytes(self.parameters), "gradients": _bytes(grads), "optimizer_state": _bytes(state)}
+
+
+class _CounterWatch:
+    """Sees torch_xla's counters and metrics go backwards across a step: a reset, by the body
+    (metrics.clear_counters(), clear_all(), clear_metrics()) or inside torch_xla, in C++ too.
+    Observed, not intercepted: every counter and metric that exists before the step must not be
+    lower after it, and the meter's own counter, bumped before the step, must still be there."""
+
+    def __init__(self, sentinel: str) -> None:
+        import torch_xla
+        import torch_xla.debug.metrics as met
+
+        self.sentinel = sentinel
+        if hasattr(torch_xla._XLAC, "_xla_increment_counter"):  # 2.9; older releases: observation only
+            torch_xla._XLAC._xla_increment_counter(sentinel, 1)
+        self.counters = {name: int(met.counter_value(name) or 0) for name in met.counter_names()}
+        self.metrics = {name: _samples(name) for name in met.metric_names()}
+
+    def check(self, step: str) -> None:
+        import torch_xla.debug.metrics as met
+
+        back = [
+            f"counter {name} {value} -> {int(met.counter_value(name) or 0)}"
+            for name, value in self.counters.items()
+            if int(met.counter_value(name) or 0) < value
+        ] + [
+            f"metric {name} {value} -> {_samples(name)} samples"
+            for name, value in self.metrics.items()
+            if _samples(name) < value
+        ]
+        if back:
+            shown = ", ".join(line.replace(self.sentinel, "(the meter's own)") for line in back[:4])
+            raise costs.CountersReset(
+                f"{step}: torch_xla's counters or metrics were reset during the measured step ({shown}"
+                f"{', ...' if len(back) > 4 else ''}): something called metrics.clear_counters(), clear_all() or "
+                "clear_metrics(), so this step's compilations and executions cannot be counted. Remove the "
+                "reset from the measured loop (reset before the meter's first step, if at all)."
+            )
+
+
+def _samples(name: str) -> int:
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data(name)
+    return int(data[0]) if data else 0
+
+
+# The collector stops tracking a tuple or a dict whose items are all untracked when it next meets
+# it, one level of nesting per collection, so their counts drop while nothing is freed (seen: a
+# module imported during step 0 read as 4 tuples fewer at step 2). Such containers are not
+# counted; one holding a tracked object (a leaked per-parameter placements tuple) is.
+_UNTRACKED_LATER = (tuple, dict)
+
+
+def _stays_tracked(value: Any, depth: int = 0) -> bool:
+    if type(value) not in _UNTRACKED_LATER:
+        return gc.is_tracked(value)
+    if depth > 8:  # deeper than any spec or cache a step builds: count it
+        return True
+    items = value.items() if isinstance(value, dict) else ((item, None) for item in value)
+    return any(_stays_tracked(k, depth + 1) or _stays_tracked(v, depth + 1) for k, v in items)
+
+
+class _Alive:
+    """The objects the loop created and still holds after a step (everything older is frozen):
+    by type on the host, and the XLA tensors among them by shape, with their bytes per device."""
+
+    def __init__(self, types: collections.Counter[str], shapes: collections.Counter[str], device_bytes: int) -> None:
+        self.types, self.shapes, self.device_bytes = types, shapes, device_bytes
+
+    @classmethod
+    def now(cls, exclude: Iterable[Any]) -> _Alive:
+        gc.collect()
+        own = _ids_within(exclude)  # the meter's own records are not the loop's
+        types: collections.Counter[str] = collections.Counter()
+        tensors = []
+        for obj in gc.get_objects():
+            if id(obj) in own:
+                continue
+            kind = type(obj)
+            if kind in _UNTRACKED_LATER and not _stays_tracked(obj):
+                continue
+            types[kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"] += 1
+            if _is_device_tensor(obj):
+                tensors.append(obj)
+        shapes = collections.Counter(
+            f"{str(t.dtype).removeprefix('torch.')}[{','.join(map(str, t.shape))}]" for t in tensors
+        )
+        return cls(types, shapes, _bytes(tensors))
+
+    def totals(self) -> dict[str, int]:
+        return {
+            "tensors": sum(self.shapes.values()),
+            "bytes_per_device": self.device_bytes,
+            "host_objects": sum(self.types.values()),
+        }
+
+    def kept_since(self, before: _Alive) -> list[str]:
+        """What there is more of than after the step before: 'XLA tensors kept: float32[16,8] x1'."""
+        lines = []
+        for what, now, then in (
+            ("XLA tensors kept", self.shapes, before.shapes),
+            ("host objects kept", self.types, before.types),
+        ):
+            grew = sorted(((n - then[k], k) for k, n in now.items() if n > then[k]), key=lambda p: (-p[0], p[1]))
+            if grew:
+                listed = ", ".join(f"{name} +{count}" for count, name in grew[:6])
+                lines.append(f"{what}: {listed}" + (f" and {len(grew) - 6} more type(s)" if len(grew) > 6 else ""))
+        return lines
+
+
+def _ids_within(roots: Iterable[Any]) -> set[int]:
+    """ids of the containers in JSON-like trees (dicts, lists, tuples, sets, _Alive)."""
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        value = todo.pop()
+        if id(value) in seen:
+            continue
+        if isinstance(value, _Alive):
+            seen.add(id(value))
+            todo += [value.__dict__, value.types, value.shapes]
+        elif isinstance(value, dict):
+            seen.add(id(value))
+            todo += list(value.keys()) + list(value.values())
+        elif isinstance(value, (list, tuple, set)):
+            seen.add(id(value))
+            todo += list(value)
+    return seen
+
+
+def _is_device_tensor(obj: Any) -> bool:
+    """An XLA tensor that holds data itself (a DTensor or an XLAShardedTensor wraps one, counted once)."""
+    if "torch_xla" not in sys.modules:  # no XLA tensor can exist (the gloo reference loops); nor import torch here
+        return False
+    import torch
+
+    if not issubclass(type(obj), torch.Tensor) or hasattr(obj, "_local_tensor") or hasattr(obj, "global_tensor"):
+        return False
+    try:
+        return bool(obj.device.type == "xla")
+    except Exception:  # noqa: BLE001 - a tensor subclass without a device is no XLA buffer
+        return False
 
 
 def _counters() -> dict[str, int]:

@@ -81,7 +81,18 @@ def test_inputs_and_fingerprint_ignore_names_but_see_shardings():
     ]
 
 
-def signature(all_gather=3, all_reduce=2, steps=((1, 0), (0, 1), (0, 1)), parameters=1024):
+def signature(all_gather=3, all_reduce=2, steps=((1, 0), (0, 1), (0, 1)), parameters=1024, live=None, temp=None):
+    """live: tensors alive after each step (32 B each, 100 host objects more); temp: step0's temp bytes."""
+    sig = _signature(all_gather, all_reduce, steps, parameters)
+    if live is not None:
+        for step, tensors in zip(sig["steps"], live):
+            step["live"] = {"tensors": tensors, "bytes_per_device": 32 * tensors, "host_objects": 100 + tensors}
+    if temp is not None:
+        sig["graphs"]["step0"]["memory"] = {"arguments": 4096, "outputs": 4096, "temp": temp, "peak": 8192 + temp}
+    return sig
+
+
+def _signature(all_gather, all_reduce, steps, parameters):
     return {
         "warmup": 2,
         "steps": [
@@ -157,3 +168,131 @@ def test_a_damaged_signature_is_named(damage, named):
     damage(damaged)
     with pytest.raises(CostReadError, match=named.replace("(", r"\(").replace("{", r"\{")):
         costs.check_signature(damaged, "costs.json")
+
+
+# Trimmed from a real `*cpu_after_optimizations-buffer-assignment.txt` (torch_xla 2.9.0, 4 CPU devices).
+BUFFER_ASSIGNMENT = """\
+BufferAssignment:
+allocation 0: size 512, parameter 3, shape |f32[8,16]| at ShapeIndex {}, maybe-live-out:
+ value: <62 param.3 @0> (size=512,offset=0): f32[8,16]{1,0}
+allocation 1: size 512, maybe-live-out:
+ value: <165 fusion.1 @0> (size=512,offset=0): f32[8,16]{1,0}
+allocation 6: size 256, parameter 4, shape |f32[4,16]| at ShapeIndex {}:
+allocation 7: size 104, output shape is |(f32[], f32[32,2])|, maybe-live-out:
+allocation 15: size 4, constant:
+allocation 21: size 4, thread-local:
+allocation 36: size 7172, preallocated-temp:
+ value: <94 all-gather @0> (size=1024,offset=1024): f32[16,16]{1,0}
+
+Total bytes used: 8568 (8.4KiB)
+
+HloLiveRange (max 53):
+  Live ranges at 27 (peak):
+    all-gather.1{}: 2048 bytes (cumulative: 2048 bytes)
+    copy.9{}: 2048 bytes (cumulative: 4096 bytes)
+    param.7{}: 4 bytes (cumulative: 4100 bytes)
+  Stack trace breakdown for peak usage: 4 100 bytes
+"""
+
+
+def test_buffer_assignment_read_as_arguments_outputs_temp_and_peak_per_device():
+    assert costs.buffer_memory(BUFFER_ASSIGNMENT) == {"arguments": 768, "outputs": 616, "temp": 7172, "peak": 4100}
+    without_ranges = BUFFER_ASSIGNMENT.split("HloLiveRange")[0]
+    assert "peak" not in costs.buffer_memory(without_ranges)
+    with pytest.raises(CostReadError, match="not an XLA buffer assignment"):
+        costs.buffer_memory("HloModule m\n", "x-buffer-assignment.txt")
+
+
+def test_memory_and_live_tensors_compare_one_line_per_item():
+    before, after = signature(live=[4, 6, 6], temp=1258291), signature(live=[4, 10, 14], temp=2621440)
+    assert [str(c) for c in costs.compare(costs.comparable(before), costs.comparable(after))] == [
+        "step1: live after step: 6 -> 10 tensors (+128 B per device)",
+        "step2: live after step: 6 -> 14 tensors (+256 B per device)",
+        "step0: temp 1.2 MiB -> 2.5 MiB per device, peak 1.2 MiB -> 2.5 MiB per device",
+    ]
+    # Host objects are not baselined (they depend on what was imported before the loop).
+    more_objects = copy.deepcopy(before)
+    more_objects["steps"][2]["live"]["host_objects"] += 50
+    assert costs.compare(costs.comparable(before), costs.comparable(more_objects)) == []
+    # A baseline taken before memory was measured has nothing to compare; a signature that lost it says so.
+    assert costs.compare(costs.comparable(signature()), costs.comparable(after)) == []
+    lines = [str(c) for c in costs.compare(costs.comparable(after), costs.comparable(signature()))]
+    assert lines[0] == "step0: live after step: not measured" and lines[-1] == "step0: memory not read"
+
+
+def test_growth_after_the_warmup_is_a_steady_state_problem_naming_what_stayed_alive():
+    assert costs.steady_state_problems(signature(live=[4, 9, 9])) == []  # growth within the warm-up
+    leaking = signature(live=[4, 6, 7])
+    leaking["steps"][2]["kept"] = ["XLA tensors kept: float32[] +1"]
+    assert costs.steady_state_problems(leaking, "ref") == [
+        "ref/step2 left more alive than step1: XLA tensors 6 -> 7 (+32 B per device), host objects 106 -> 107; "
+        "XLA tensors kept: float32[] +1"
+    ]
+    host = signature(live=[4, 6, 6])
+    host["steps"][2]["live"]["host_objects"] += 4
+    assert costs.steady_state_problems(host)[0].startswith("step2 left more alive than step1: host objects 106 -> 110")
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (lambda s: s["steps"][1].update(live={"tensors": -1}), "step1: live must map tensors"),
+        (lambda s: s["steps"][1].update(live={"tensor": 1}), "step1: live must map"),
+        (lambda s: s["steps"][1].update(kept="DTensorSpec +4"), "step1: kept must be a list of lines"),
+        (lambda s: s["steps"][1].update(leaked=3), "step1: unknown key 'leaked'"),
+        (lambda s: s["graphs"]["step0"].update(memory={"temp": "2 MiB"}), "graph 'step0': memory must map"),
+        (lambda s: s["graphs"]["step0"].update(memory=[1]), "graph 'step0': memory must map"),
+    ],
+)
+def test_damaged_memory_fields_are_named(damage, named):
+    damaged = signature(live=[4, 6, 6], temp=100)
+    damage(damaged)
+    with pytest.raises(CostReadError, match=named):
+        costs.check_signature(damaged, "costs.json")
+
+
+def test_the_summary_shows_temp_memory_and_what_is_alive_after_the_last_step():
+    line = costs.summary(costs.comparable(signature(live=[4, 6, 6], temp=2048)))
+    assert "step0: all-gather 3, all-reduce 2, temp 2 KiB, peak 10 KiB" in line, line
+    assert line.endswith("live after step2: 6 tensors (192 B per device)"), line
+
+
+HOST_LOOP = """
+import gc, json, sys
+from types import SimpleNamespace
+from harness import costs, stepcosts
+
+class Spec:
+    pass
+
+ctx = SimpleNamespace(values={}, bodies_before=0, devices=None)
+meter = stepcosts.StepMeter(ctx, label="host", host_only=True)
+kept = []
+for _ in range(3):
+    with meter.step():
+        kept += [Spec() for _ in range(int(sys.argv[1]))]
+        if sys.argv[2] == "freeze":
+            gc.freeze()  # hides what it keeps from gc.get_objects()
+print(json.dumps(costs.steady_state_problems(ctx.values[costs.SIGNATURES_KEY]["host"], "host")))
+"""
+
+
+@pytest.mark.parametrize("freeze", ["plain", "freeze"])
+def test_a_host_only_loop_that_keeps_objects_fails_steady_state_even_if_it_freezes_them(freeze):
+    """In a fresh interpreter (the meter freezes the collector's generations): no torch at all."""
+    import json
+    import subprocess
+    import sys
+
+    def problems(kept: int) -> list[str]:
+        run = subprocess.run([sys.executable, "-c", HOST_LOOP, str(kept), freeze], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout)
+
+    leaking = problems(4)
+    assert len(leaking) == 1 and leaking[0].startswith("host/step2 left more alive than step1: host objects"), leaking
+    if freeze == "plain":
+        assert problems(0) == []
+        assert "__main__.Spec +4" in leaking[0], leaking
+    else:  # what a freeze moved is counted, whatever it was (the meter's own records too: on the safe side)
+        assert "objects frozen by the loop (gc.freeze) +" in leaking[0], leaking
