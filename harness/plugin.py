@@ -543,7 +543,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     if not harness.active:
         if harness.worker == "main" and harness.run.exists():  # xdist workers found SPMD cases
-            terminalreporter.write_line(harness.header())
+            for line in harness.header_lines(config):
+                terminalreporter.write_line(line)
         return
     _summarise_baseline(terminalreporter, harness)
     costcheck.summarise(terminalreporter, config)
