@@ -181,6 +181,20 @@ def test_a_known_bug_this_build_fixes_is_named(suite):
     )
 
 
+def test_a_known_bug_this_build_brings_back_is_named(suite, pytester):
+    """The other direction: the base passed the case, this build shows the bug's signature again."""
+    suite(version=BASE_BUILD, results="base", fixed=True)
+    result = suite("--spmd-compare=base", fixed=False)
+    result.assert_outcomes(passed=2, xfailed=1)
+    line = (
+        "newly failing in this build: mark-sharding-list-spec (test_cases.py::test_list_spec: "
+        "base unexpected-pass -> this build reproduced)"
+    )
+    result.stdout.fnmatch_lines(["*" + lit(line) + "*"])
+    comparison = json.loads((only_run(pytester.path / "pr") / "comparison.json").read_text())
+    assert comparison["registry"] == [line]
+
+
 def test_a_case_the_base_failed_is_not_compared_and_says_why(suite, pytester):
     suite(version=BASE_BUILD, results="base", costs={"steps": "three"})  # the base's child sent a bad signature
     result = suite("--spmd-compare=base")
