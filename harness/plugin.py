@@ -537,6 +537,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[PYTEST_SESSION_KEY] = session
 
 
+# tryfirst: a run that found its SPMD cases only in xdist workers prints its header here, and the
+# header comes before what other parts of the harness summarise (the base comparison's section).
+@pytest.hookimpl(tryfirst=True)
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     harness = config.stash.get(SESSION_KEY, None)
     if harness is None:

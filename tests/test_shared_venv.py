@@ -206,7 +206,12 @@ def _processes_in(folder) -> list[str]:
         pytest.param(["-m", "not slow"], id="m-other"),  # a marker expression that selects no spmd item
     ],
 )
-def test_a_bare_pytest_in_a_foreign_project_is_left_alone(pytester: pytest.Pytester, extra: list[str]):
+def test_a_bare_pytest_in_a_foreign_project_is_left_alone(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, extra: list[str]
+):
+    # A foreign project's shell has no harness run around it (this suite's own run exports the
+    # dump root to its children, pytester's included).
+    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
     pytester.makeini(FOREIGN_INI)
     pytester.makeconftest(FOREIGN_CONFTEST)
     pytester.makepyfile(test_project=FOREIGN_TESTS)
