@@ -523,10 +523,16 @@ def _memory_change(before: Mapping[str, int] | None, after: Mapping[str, int] | 
     if after is None:
         return ["memory not read"]
     return [
-        f"{k} {kib(before.get(k, 0))} -> {kib(after.get(k, 0))} per device"
+        f"{k} {_moved(before[k], after[k])} per device"
         for k in GRAPH_MEMORY_FIELDS
-        if before.get(k) != after.get(k) and k in before and k in after
+        if k in before and k in after and before[k] != after[k]
     ]
+
+
+def _moved(before: int, after: int) -> str:
+    """'1.2 MiB -> 2.5 MiB'; where both round alike, the bytes moved too: '177.3 KiB -> 177.3 KiB (+16 B)'."""
+    shown = f"{kib(before)} -> {kib(after)}"
+    return shown if kib(before) != kib(after) else f"{shown} ({_signed(after - before)})"
 
 
 def _graph_change(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> str | None:
