@@ -213,7 +213,9 @@ def collectives(hlo: str | HloModule, devices: int, where: str = "the partitione
 
 _ALLOCATION = re.compile(r"^allocation \d+: size (?P<size>\d+)(?P<kinds>[^\n]*?):?$", re.MULTILINE)
 _PEAK_SECTION = re.compile(r"^\s*Live ranges at \d+ \(peak\):\n(?P<body>(?:[ \t]+\S[^\n]*\n?)*)", re.MULTILINE)
-_CUMULATIVE = re.compile(r"cumulative: (\d+) bytes")
+# One buffer live at the peak: `copy.9{}: 2048 bytes (cumulative: 4096 bytes)` (XLA of torch_xla
+# 2.9), `copy.9: 2048 bytes` (2.4-2.8 print no running total). Its own size is the first number.
+_PEAK_BUFFER = re.compile(r"^[ \t]+\S+: (\d+) bytes(?: \(cumulative: \d+ bytes\))?$", re.MULTILINE)
 
 
 def buffer_memory(text: str, where: str = "the buffer assignment") -> dict[str, int]:
@@ -235,9 +237,10 @@ def buffer_memory(text: str, where: str = "the buffer assignment") -> dict[str, 
     if not found:
         raise CostReadError(f"{where}: no 'allocation N: size S' line; not an XLA buffer assignment")
     peak = _PEAK_SECTION.search(text)
-    cumulative = _CUMULATIVE.findall(peak.group("body")) if peak else []
-    if cumulative:
-        totals["peak"] = int(cumulative[-1])
+    live_at_peak = _PEAK_BUFFER.findall(peak.group("body")) if peak else []
+    if live_at_peak:
+        # The sum of the buffers listed, which is the last running total where XLA prints one.
+        totals["peak"] = sum(int(size) for size in live_at_peak)
     return totals
 
 
@@ -520,10 +523,16 @@ def _memory_change(before: Mapping[str, int] | None, after: Mapping[str, int] | 
     if after is None:
         return ["memory not read"]
     return [
-        f"{k} {kib(before.get(k, 0))} -> {kib(after.get(k, 0))} per device"
+        f"{k} {_moved(before[k], after[k])} per device"
         for k in GRAPH_MEMORY_FIELDS
-        if before.get(k) != after.get(k) and k in before and k in after
+        if k in before and k in after and before[k] != after[k]
     ]
+
+
+def _moved(before: int, after: int) -> str:
+    """'1.2 MiB -> 2.5 MiB'; where both round alike, the bytes moved too: '177.3 KiB -> 177.3 KiB (+16 B)'."""
+    shown = f"{kib(before)} -> {kib(after)}"
+    return shown if kib(before) != kib(after) else f"{shown} ({_signed(after - before)})"
 
 
 def _graph_change(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> str | None:

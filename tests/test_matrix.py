@@ -829,3 +829,30 @@ def test_cost_changes_between_consecutive_columns_list_changed_items_and_skip_co
     assert step.compared == 2
     text = "\n".join(to_markdown([old, new]))
     assert "### 2.6.0 -> 2.7.0: 1 item(s) changed in 2 loop(s) measured in both" in text
+
+
+def test_cost_section_shows_each_loops_graph_memory_and_live_tensors_per_release():
+    """Memory is shown per column, not only where it changed: a reader compares 2.4 and 2.9 at a glance."""
+    from harness import costs
+    from harness.matrix.costchanges import memory_cell, to_markdown
+    from tests.test_costs import signature
+
+    def rec_with(name: str, temp: int | None, live: list[int] | None, outcome: str = "passed") -> CaseRecord:
+        sig = costs.comparable(signature(temp=temp, live=live))
+        return CaseRecord(nodeid=f"cases/test_x.py::{name}", family="x", outcome=outcome, costs={"train": sig})
+
+    old = column("2.4.0", [rec_with("vit", 115792, [34, 34, 34]), rec_with("stops", 100, [1, 1, 1], "xfailed")])
+    new = column("2.9.0", [rec_with("vit", 97380, [34, 34, 35]), rec_with("stops", 100, [1, 1, 1])])
+    host_only = column("2.9.1", [rec_with("vit", None, None)])  # a loop with no device memory recorded
+    text = "\n".join(to_markdown([old, new, host_only]))
+    assert "### Memory per release" in text
+    assert (
+        "| `cases/test_x.py::vit` | train | step0 temp 113.1 KiB, peak 121.1 KiB; live after step2: 34 tensors "
+        "(1.1 KiB) | step0 temp 95.1 KiB, peak 103.1 KiB; live after step2: 35 tensors (1.1 KiB) | - |"
+    ) in text
+    # A case that stopped mid-loop on a release carrying its bug shows no memory there.
+    assert (
+        "| `cases/test_x.py::stops` | train | - | step0 temp 100 B, peak 8.1 KiB; live after step2: 1 tensors (32 B) | - |"
+        in text
+    )
+    assert memory_cell(costs.comparable(signature())) is None

@@ -4,6 +4,8 @@ signature (harness.costs) that differ between consecutive columns.
 Read from the records' `costs` of passing cases, for loops measured in both columns (a case that
 stops mid-loop on a release carrying a bug records part of one: the registry rows tell that story). A case
 whose loop was judged by no_cost_check (self-tests that record regressions on purpose) is left out.
+Then, per loop and column, the memory it was seen to hold: each step graph's temp and peak bytes
+on one device (XLA's buffer assignment) and the XLA tensors alive after the last step.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ def to_markdown(columns: Sequence[ColumnResult]) -> list[str]:
         "",
         "Training loops measured by the same case in both columns (harness.costs: per step compilations and "
         "executions, per step graph the collectives of XLA's partitioned module with the bytes a device moves "
-        "under the ring model, per device bytes of parameters, gradients and optimizer state) whose signature "
-        "differs.",
+        "under the ring model, per step graph its memory from XLA's buffer assignment, per step the XLA tensors "
+        "alive after it, per device bytes of parameters, gradients and optimizer state) whose signature differs.",
     ]
     for step in consecutive_changes(columns):
         lines += [
@@ -87,4 +89,49 @@ def to_markdown(columns: Sequence[ColumnResult]) -> list[str]:
             "|---|---|---|",
         ]
         lines += [f"| `{case}` | {loop} | {costs.summary(sig)} |" for (case, loop), sig in sorted(first.items())]
+    return lines + memory_table(columns)
+
+
+def memory_cell(signature: dict[str, Any]) -> str | None:
+    """'step0 temp 113.1 KiB, peak 140 KiB; live after step2: 34 tensors (20.2 KiB)'; None when
+    the loop recorded neither graph memory nor live XLA tensors (a host-only loop, no step run)."""
+    parts = [
+        f"{name} " + ", ".join(f"{k} {costs.kib(g['memory'][k])}" for k in ("temp", "peak") if k in g["memory"])
+        for name, g in sorted(signature.get("graphs", {}).items())
+        if g.get("memory")
+    ]
+    steps = signature.get("steps", [])
+    live = steps[-1].get("live") if steps else None
+    if live and "tensors" in live:
+        parts.append(
+            f"live after step{len(steps) - 1}: {live['tensors']} tensors ({costs.kib(live.get('bytes_per_device', 0))})"
+        )
+    return "; ".join(parts) or None
+
+
+def memory_table(columns: Sequence[ColumnResult]) -> list[str]:
+    """Loop x column: what each loop's graphs and live tensors held on one device there."""
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    for column in columns:
+        for key, signature in _signatures(column).items():
+            cell = memory_cell(signature)
+            if cell:
+                cells.setdefault(key, {})[column.name] = cell
+    if not cells:
+        return []
+    names = [c.name for c in columns]
+    lines = [
+        "",
+        "### Memory per release",
+        "",
+        "Per device, seen rather than derived: each step graph's temp and peak bytes (XLA's buffer assignment of "
+        "the partitioned module) and the XLA tensors alive after the last step with their bytes. "
+        "`-`: the loop did not pass there (a release carrying its bug) or recorded no memory.",
+        "",
+        "| case | loop | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for (case, loop), row in sorted(cells.items()):
+        shown = case.replace("|", "\\|")  # a nodeid's parametrize id may hold one
+        lines.append(f"| `{shown}` | {loop} | " + " | ".join(row.get(n, "-") for n in names) + " |")
     return lines
