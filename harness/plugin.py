@@ -24,14 +24,16 @@ import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
 from harness import activation, basecheck, baseline, baselinefile, costcheck, options, results, runfolder, versions
-from harness.backends import XLA_DUMP_ROOT_ENV, Backend, make_backend
+from harness.backends import make_backend
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.isolation import runservers
+from harness.isolation.backend import Backend
 from harness.isolation.case import CaseResult, SpmdRunner
 from harness.isolation.child_process import LateFault
 from harness.isolation.evidence import headline
 from harness.isolation.pool import ChildPool
 from harness.isolation.processes import signal_name
+from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 from harness.registry import (
     REGISTRY_PATH,
     Judgement,
