@@ -24,6 +24,8 @@ import pytest
 from harness import baseline, baselinefile, costs, options, results, runfolder
 from harness.costbaseline import CostBaseline, default_path
 from harness.errors import HarnessError
+from harness.isolation.backend import Backend
+from harness.isolation.case import CaseResult, SpmdRunner
 
 SESSION_KEY = pytest.StashKey["CostSession"]()
 SIGNATURES_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
@@ -37,7 +39,7 @@ NO_COST_CHECK_MARKER = (
 
 
 class CostSession:
-    def __init__(self, config: pytest.Config, backend: Any) -> None:
+    def __init__(self, config: pytest.Config, backend: Backend) -> None:
         self._option: str | None = options.value(config, "spmd_costs_baseline")
         self._rootpath = config.rootpath
         self._backend = backend  # a TPU's device count takes a probe: asked only when needed
@@ -53,11 +55,11 @@ class CostSession:
 
     @property
     def backend(self) -> str:
-        return str(self._backend.name)
+        return self._backend.name
 
     @property
     def devices(self) -> int:
-        return int(self._backend.capabilities().devices)
+        return self._backend.capabilities().devices
 
     @property
     def option_name(self) -> str | None:
@@ -80,7 +82,7 @@ class CostSession:
         return self._baseline
 
 
-def configure(config: pytest.Config, backend: Any, load: bool) -> None:
+def configure(config: pytest.Config, backend: Backend, load: bool) -> None:
     """At configure time (the xdist controller too): a damaged baseline is a usage error now."""
     config.addinivalue_line("markers", NO_COST_CHECK_MARKER)
     session = CostSession(config, backend)
@@ -89,7 +91,7 @@ def configure(config: pytest.Config, backend: Any, load: bool) -> None:
         session.baseline()
 
 
-def _signatures(item: pytest.Item, results_of_runs: list[Any]) -> dict[str, dict[str, Any]]:
+def _signatures(item: pytest.Item, results_of_runs: list[CaseResult]) -> dict[str, dict[str, Any]]:
     """Every loop's signature the case's bodies recorded; their dumps move to the item's stash."""
     signatures: dict[str, dict[str, Any]] = {}
     dumps: dict[str, str] = {}
@@ -103,7 +105,9 @@ def _signatures(item: pytest.Item, results_of_runs: list[Any]) -> dict[str, dict
     return signatures
 
 
-def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: str | None, body_passed: bool) -> None:
+def judge(
+    item: pytest.Item, report: pytest.TestReport, runner: SpmdRunner | None, version: str | None, body_passed: bool
+) -> None:
     """Steady state, then the baseline, for a case whose bodies passed and that is not an xfail."""
     session: CostSession = item.config.stash[SESSION_KEY]
     if runner is None:
@@ -192,15 +196,9 @@ def record_fields(item: pytest.Item) -> dict[str, Any]:
 
 def keep_dumps(folder: Path, item: pytest.Item, failed: bool) -> None:
     """The partitioned modules of a failing case, for reading what the partitioner did."""
-    dumps = item.stash.get(DUMPS_KEY, {})
-    if not failed or not dumps:
-        return
-    target = folder / runfolder.COST_DUMPS_DIR
-    target.mkdir(parents=True, exist_ok=True)
-    for name, text in dumps.items():
-        (
-            target / f"{results.safe_filename(_case_id(item))}__{results.safe_filename(name)}.after_optimizations.txt"
-        ).write_text(text, encoding="utf-8")
+    if failed:
+        dumps = item.stash.get(DUMPS_KEY, {})
+        results.keep_texts(folder / runfolder.COST_DUMPS_DIR, _case_id(item), dumps, ".after_optimizations.txt")
 
 
 def finish(pytest_session: pytest.Session) -> None:

@@ -16,7 +16,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -516,7 +516,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
     )
 
 
-def _write_results(harness: HarnessSession, config: pytest.Config, write: Any) -> None:
+def _write_results(harness: HarnessSession, config: pytest.Config, write: Callable[[], None]) -> None:
     """Run one write into the results folder. A full disk (or a read-only or failing one) cannot
     serve the next case either: the run stops after this case with a message naming the folder,
     and every record written before stays as it was."""
@@ -820,7 +820,7 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
     def write() -> None:
         folder = harness.claim_run_folder()
         for result in case.results:
-            _keep_hlo(folder, case.case_id, result.hlo)
+            results.keep_texts(folder / runfolder.HLO_DIR, case.case_id, result.hlo, ".txt")
         costcheck.keep_dumps(folder, item, report.failed)
         results.write_record(folder, record, harness.worker)
 
@@ -848,12 +848,3 @@ def _reason(report: pytest.TestReport, judgement: Judgement | None) -> str:
         crash = getattr(report.longrepr, "reprcrash", None)
         return headline(crash.message if crash else str(report.longrepr), 500)
     return ""
-
-
-def _keep_hlo(results_dir: Path, nodeid: str, hlo: dict[str, str]) -> None:
-    if not hlo:
-        return
-    folder = results_dir / runfolder.HLO_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in hlo.items():
-        (folder / f"{results.safe_filename(nodeid)}__{results.safe_filename(name)}.txt").write_text(text)
