@@ -39,7 +39,7 @@ def default_path(root: Path, backend: str, devices: int) -> Path:
 
 
 @dataclasses.dataclass(frozen=True)
-class Change:
+class ShardingChange:
     tensor: str
     before: str | None  # None: the tensor is new
     after: str | None  # None: the tensor disappeared
@@ -60,7 +60,7 @@ def _shown(spec: str | None) -> str:
 class CaseCheck:
     """What the baseline says of one passing case's shardings (Baseline.check)."""
 
-    changes: list[Change]  # against the case's entry; empty: the case matches it
+    changes: list[ShardingChange]  # against the case's entry; empty: the case matches it
     failure: str | None = None  # the case fails with this text (drift on the baseline's release line)
     heading: str = ""  # otherwise, where there are changes: the title they are reported under
     listing: str = ""  # the changes, a line per tensor, with device grids where they help (listing())
@@ -114,18 +114,18 @@ class Baseline:
         """Whether `version` is on the release line the baseline was taken on (same major.minor)."""
         return on_release_line(version, self.torch_xla)
 
-    def compare(self, case: str, observed: Mapping[str, str]) -> list[Change] | None:
+    def compare(self, case: str, observed: Mapping[str, str]) -> list[ShardingChange] | None:
         """Per-tensor changes against the case's entry; None when the baseline has no entry for it."""
         expected = self.cases.get(case)
         if expected is None:
             return None
         seen = {name: canonical_text(spec) for name, spec in observed.items()}
         changes = [
-            Change(name, expected[name], seen.get(name))
+            ShardingChange(name, expected[name], seen.get(name))
             for name in sorted(expected)
             if expected[name] != seen.get(name)
         ]
-        changes += [Change(name, None, seen[name]) for name in sorted(set(seen) - set(expected))]
+        changes += [ShardingChange(name, None, seen[name]) for name in sorted(set(seen) - set(expected))]
         return changes
 
     def check(self, case: str, observed: Mapping[str, str], version: str | None, rewrite: str) -> CaseCheck | None:
@@ -153,14 +153,14 @@ class Baseline:
         )
         return CaseCheck(changes, heading=f"sharding changes (reported, not failed: {why})", listing=shown)
 
-    def update(self, case: str, observed: Mapping[str, str], torch_xla: str | None) -> list[Change]:
+    def update(self, case: str, observed: Mapping[str, str], torch_xla: str | None) -> list[ShardingChange]:
         """Set the case's entry to what it observed; return what changed."""
         before = self.cases.get(case, {})
         after = {name: canonical_text(spec) for name, spec in observed.items()}
         self.cases[case] = after
         self.torch_xla = torch_xla or self.torch_xla
         names = sorted(set(before) | set(after))
-        return [Change(n, before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)]
+        return [ShardingChange(n, before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)]
 
     def render(self) -> str:
         """The file's text (harness.baselinefile.rewrite writes it): sorted, one tensor per line, a
@@ -267,7 +267,7 @@ def summarise(
         terminalreporter.line(f"add them with {update_flag} ({path})")
 
 
-def listing(changes: list[Change], indent: str = "  ") -> str:
+def listing(changes: list[ShardingChange], indent: str = "  ") -> str:
     """One line per change; a move that involves a partially replicated or multi-axis sharding is
     followed by both layouts as device grids (harness.tiles), since the one-line text of two such
     shardings can differ only in a device list that says nothing at a glance."""
@@ -286,6 +286,6 @@ def listing(changes: list[Change], indent: str = "  ") -> str:
     return "\n".join(lines)
 
 
-def is_drift(changes: list[Change] | None) -> bool:
+def is_drift(changes: list[ShardingChange] | None) -> bool:
     """A change that fails a case: a tensor whose sharding moved or that vanished (not a new one)."""
     return any(c.before is not None for c in changes or ())

@@ -97,8 +97,8 @@ def _signatures(item: pytest.Item, results_of_runs: list[CaseResult]) -> dict[st
     dumps: dict[str, str] = {}
     for result in results_of_runs:
         values = result.values
-        dumps.update(values.pop(costs.DUMPS_KEY, None) or {})
-        for label, signature in (values.get(costs.SIGNATURES_KEY) or {}).items():
+        dumps.update(values.pop(costs.DUMPS_VALUE, None) or {})
+        for label, signature in (values.get(costs.SIGNATURES_VALUE) or {}).items():
             signatures[label] = costs.check_signature(signature, f"cost signature {label!r} from the case's child")
     item.stash[DUMPS_KEY] = dumps
     item.stash[SIGNATURES_KEY] = signatures

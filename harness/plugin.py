@@ -643,7 +643,7 @@ def pytest_runtest_makereport(
     report: pytest.TestReport = yield
     spmd = item.get_closest_marker("spmd") is not None
     if call.when == "call":
-        case = CaseOutcome.of(item)
+        case = JudgedCase.of(item)
         _apply_registry(item, call, report, case)
         _compare_shardings(item, report, case)
         costcheck.judge(item, report, case.runner, case.torch_xla, call.excinfo is None)
@@ -653,7 +653,7 @@ def pytest_runtest_makereport(
         if not report.passed:
             _settle_updates(item, passed=False)
     elif call.when == "setup" and not report.passed and spmd:
-        _write_record(item, call, report, CaseOutcome.of(item))
+        _write_record(item, call, report, JudgedCase.of(item))
     elif call.when == "teardown":
         _settle_updates(item, passed=report.passed)
     return report
@@ -666,7 +666,7 @@ def _settle_updates(item: pytest.Item, passed: bool) -> None:
 
 
 @dataclasses.dataclass
-class CaseOutcome:
+class JudgedCase:
     """One case as the plugin judges it, gathered once (after its call, or at a failed set-up):
     the registry and the baselines read it and add what they found, and its record is written
     from it."""
@@ -680,7 +680,7 @@ class CaseOutcome:
     sharding_changes: list[str] = dataclasses.field(default_factory=list)  # against its baseline entry
 
     @classmethod
-    def of(cls, item: pytest.Item) -> CaseOutcome:
+    def of(cls, item: pytest.Item) -> JudgedCase:
         runner = item.stash.get(RUNNER_KEY, None)
         results = runner.results if runner else []
         reported = [r.torch_xla for r in results if r.torch_xla]
@@ -720,7 +720,7 @@ def _evidence(call: pytest.CallInfo[None]) -> str | None:
 
 
 def _apply_registry(
-    item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: CaseOutcome
+    item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: JudgedCase
 ) -> None:
     if not case.entries or report.skipped:
         return
@@ -754,7 +754,7 @@ def _lead_with_judgement(report: pytest.TestReport, message: str) -> None:
         crash.message = message
 
 
-def _compare_shardings(item: pytest.Item, report: pytest.TestReport, case: CaseOutcome) -> None:
+def _compare_shardings(item: pytest.Item, report: pytest.TestReport, case: JudgedCase) -> None:
     """After the registry: a passing case's shardings against its baseline entry, or kept for the
     rewrite (--spmd-update-shardings). Whether a change fails the case: harness.baseline."""
     harness = item.config.stash[SESSION_KEY]
@@ -792,7 +792,7 @@ def _outcome_of(report: pytest.TestReport) -> str:
     return report.outcome
 
 
-def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: CaseOutcome) -> None:
+def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: JudgedCase) -> None:
     harness = item.config.stash[SESSION_KEY]
     judgement, entries = case.judgement, case.entries
     record = results.CaseRecord(
