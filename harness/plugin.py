@@ -23,7 +23,7 @@ from typing import Any, TypedDict
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
-from harness import activation, basecheck, baseline, baselinefile, costcheck, options, results, runfolder, versions
+from harness import activation, basecheck, costcheck, options, results, runfolder, shardingcheck, versions
 from harness.backends import make_backend
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.isolation import runservers
@@ -105,39 +105,10 @@ class HarnessSession:
         )
         self.registry_path = Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH).resolve()
         self.late_faults: list[LateFault] = []
-        self.shardings_updated: dict[str, list[Any]] | None = None  # set by --spmd-update-shardings
-        self.shardings_not_written: str | None = None  # why --spmd-update-shardings wrote nothing
         self.early_start_done = False
         # Inert until the run selects an SPMD case (harness.activation): no process, file, line.
         self.active = False
         self.header_shown = False
-        self._baseline_option: str | None = options.value(config, "spmd_shardings_baseline")
-        self._rootpath = config.rootpath
-        self.update_shardings: bool = config.getoption(options.UPDATE_SHARDINGS)
-        if self.update_shardings:
-            baselinefile.refuse_under_xdist(config, "--spmd-update-shardings")
-        self._baseline: baseline.Baseline | None = None
-        self._baseline_loaded = False
-        self.shardings_updates = baselinefile.Updates()  # update mode: the cases it may write
-        self.cases_without_entry: list[str] = []
-
-    @property
-    def baseline_path(self) -> Path:
-        """--spmd-shardings-baseline, else the backend's file under the repository (pytest's rootdir)."""
-        if self._baseline_option:
-            return Path(self._baseline_option).resolve()
-        return baseline.default_path(self._rootpath, self.backend.name, self.backend.capabilities().devices)
-
-    def baseline(self) -> baseline.Baseline | None:
-        if not self._baseline_loaded:
-            self._baseline_loaded = True
-            try:
-                self._baseline = baseline.Baseline.load(
-                    self.baseline_path, self.backend.name, self.backend.capabilities().devices
-                )
-            except HarnessError as exc:
-                raise pytest.UsageError(str(exc)) from None
-        return self._baseline
 
     def claim_run_folder(self) -> Path:
         """The run folder, made with its manifest the first time this run has something to write."""
@@ -154,9 +125,8 @@ class HarnessSession:
             return
         self.active = True
         if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
-            _load_inputs(self)
-            if _cost_baseline_wanted(config, self.backend):
-                config.stash[costcheck.SESSION_KEY].baseline()
+            _load_inputs(self, config)
+            config.stash[costcheck.SESSION_KEY].read_unless_probed()
         _stop_on_sigterm(config)
 
     def header_lines(self, config: pytest.Config) -> list[str]:
@@ -214,18 +184,6 @@ def _information_only(options: Any) -> bool:
 def _fork_server_wanted(option: str | None, backend: Backend) -> bool:
     choice = option or "auto"
     return choice == "on" or (choice == "auto" and backend.name == "cpu")
-
-
-def _summarise_baseline(terminalreporter: Any, harness: HarnessSession) -> None:
-    baseline.summarise(
-        terminalreporter,
-        "sharding",
-        harness.baseline_path,
-        harness.shardings_updated,
-        harness.cases_without_entry,
-        "--spmd-update-shardings",
-        harness.shardings_not_written,
-    )
 
 
 def _bounded(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
@@ -303,12 +261,13 @@ def pytest_configure(config: pytest.Config) -> None:
     _register_markers(config)
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
+    shardingcheck.configure(config, session.backend)
     costcheck.configure(config, session.backend, load=False)
     workerinput = getattr(config, "workerinput", None)
     if config.stash.get(EARLY_KEY, False) or (workerinput or {}).get(WORKERINPUT_ACTIVE_KEY):
         session.activate(config)
     elif _names_input_files(config) and not getattr(config.option, "help", False):
-        _load_inputs(session)  # a file the user named is checked now, in the xdist controller too
+        _load_inputs(session, config)  # a file the user named is checked now, in the xdist controller too
     basecheck.configure(config, session.backend, session.run.path)  # only with --spmd-compare
 
 
@@ -328,12 +287,7 @@ def _register_markers(config: pytest.Config) -> None:
             config.addinivalue_line("markers", line)
 
 
-def _cost_baseline_wanted(config: pytest.Config, backend: Backend) -> bool:
-    """A TPU's default cost baseline is named by its chips: read when a case needs it."""
-    return backend.name != "tpu" or bool(options.value(config, "spmd_costs_baseline"))
-
-
-def _load_inputs(session: HarnessSession) -> None:
+def _load_inputs(session: HarnessSession, config: pytest.Config) -> None:
     """Read the registry (and the baseline) now, at configure time, in the xdist controller too:
     a malformed file is a usage error naming it before any case runs, not an INTERNALERROR in a
     worker, nor a wrong judgement."""
@@ -343,8 +297,7 @@ def _load_inputs(session: HarnessSession) -> None:
         raise pytest.UsageError(f"known-bug registry: {exc}") from None
     # A TPU's default baseline is named by its device count, which takes a probe of the chips:
     # that one is read at the end of collection, still before any case runs.
-    if session.backend.name != "tpu" or session._baseline_option:
-        session.baseline()
+    shardingcheck.session_of(config).read_unless_probed()
 
 
 def _stop_on_sigterm(config: pytest.Config) -> None:
@@ -422,17 +375,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     for fault in harness.pool.idle_deaths():
         harness.charge_late_fault(fault)
-    if harness.update_shardings:
-        devices = harness.backend.capabilities().devices
-        harness.shardings_updated, harness.shardings_not_written = baselinefile.write_updates(
-            session,
-            harness.shardings_updates,
-            harness.baseline_path,
-            "sharding",
-            "--spmd-update-shardings",
-            lambda: baseline.Baseline.load(harness.baseline_path, harness.backend.name, devices),
-            lambda: baseline.Baseline.empty(harness.baseline_path, harness.backend.name, devices),
-        )
+    shardingcheck.finish(session)
     costcheck.finish(session)
     if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -548,7 +491,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             for line in harness.header_lines(config):
                 terminalreporter.write_line(line)
         return
-    _summarise_baseline(terminalreporter, harness)
+    shardingcheck.summarise(terminalreporter, config)
     costcheck.summarise(terminalreporter, config)
     if not harness.late_faults:
         return
@@ -587,7 +530,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     harness.activate(session.config)
     if not harness.backend.capabilities().has_xla:
         return
-    harness.baseline()  # read at configure time, except a TPU's (see _load_inputs)
+    shardingcheck.session_of(session.config).baseline()  # read at configure time, except a TPU's (see _load_inputs)
     runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
     # Cases parametrized over `functionalization` say which modes this selection needs. Only one
     # child is prewarmed where the cores are already busy (xdist) or the device is exclusive (TPU):
@@ -626,7 +569,7 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
         harness.pool,
         harness.backend,
         harness.case_timeout,
-        _case_id(request.node),
+        results.item_case_id(request.node),
         journal,
         late_faults=harness.charge_late_fault,
     )
@@ -638,14 +581,16 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    if call.when == "setup" and item.get_closest_marker("spmd") and _case_id(item) != item.nodeid:
-        item.user_properties.append((CASE_ID_PROPERTY, _case_id(item)))  # before the report copies them
+    if call.when == "setup" and item.get_closest_marker("spmd") and results.item_case_id(item) != item.nodeid:
+        item.user_properties.append((CASE_ID_PROPERTY, results.item_case_id(item)))  # before the report copies them
     report: pytest.TestReport = yield
     spmd = item.get_closest_marker("spmd") is not None
     if call.when == "call":
         case = JudgedCase.of(item)
         _apply_registry(item, call, report, case)
-        _compare_shardings(item, report, case)
+        case.sharding_changes = shardingcheck.judge(
+            item, report, case.case_id, case.shardings, case.torch_xla, case.runner
+        )
         costcheck.judge(item, report, case.runner, case.torch_xla, call.excinfo is None)
         basecheck.judge(item, report, case.case_id, case.shardings, case.torch_xla, call.excinfo is None)
         if spmd:
@@ -661,7 +606,7 @@ def pytest_runtest_makereport(
 
 def _settle_updates(item: pytest.Item, passed: bool) -> None:
     """An update run writes a case only once pytest reported it passed in set-up, call and teardown."""
-    item.config.stash[SESSION_KEY].shardings_updates.settle(item.nodeid, passed)
+    shardingcheck.settle(item, passed)
     costcheck.settle(item, passed)
 
 
@@ -682,13 +627,13 @@ class JudgedCase:
     @classmethod
     def of(cls, item: pytest.Item) -> JudgedCase:
         runner = item.stash.get(RUNNER_KEY, None)
-        results = runner.results if runner else []
-        reported = [r.torch_xla for r in results if r.torch_xla]
+        ran = runner.results if runner else []
+        reported = [r.torch_xla for r in ran if r.torch_xla]
         shardings: dict[str, str] = {}
-        for result in results:
+        for result in ran:
             shardings.update(result.shardings)
         return cls(
-            case_id=_case_id(item),
+            case_id=results.item_case_id(item),
             runner=runner,
             entries=item.stash.get(ENTRIES_KEY, []),
             torch_xla=reported[-1] if reported else None,
@@ -698,11 +643,6 @@ class JudgedCase:
     @property
     def results(self) -> list[CaseResult]:
         return self.runner.results if self.runner else []
-
-
-def _case_id(item: pytest.Item) -> str:
-    """The stable case name records and baselines use (harness.results.case_id)."""
-    return results.case_id(item.nodeid, item.path, item.config.rootpath)
 
 
 def _case_id_of_report(report: Any) -> str:
@@ -752,38 +692,6 @@ def _lead_with_judgement(report: pytest.TestReport, message: str) -> None:
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None:
         crash.message = message
-
-
-def _compare_shardings(item: pytest.Item, report: pytest.TestReport, case: JudgedCase) -> None:
-    """After the registry: a passing case's shardings against its baseline entry, or kept for the
-    rewrite (--spmd-update-shardings). Whether a change fails the case: harness.baseline."""
-    harness = item.config.stash[SESSION_KEY]
-    if (
-        report.outcome != "passed"
-        or hasattr(report, "wasxfail")
-        or case.runner is None
-        or item.get_closest_marker("no_sharding_baseline")
-        or not case.shardings
-    ):
-        return
-    if harness.update_shardings:
-        harness.shardings_updates.observe(item.nodeid, case.case_id, case.shardings, case.torch_xla)
-        return
-    base = harness.baseline()
-    if base is None:
-        return
-    option = "spmd_shardings_baseline" if harness._baseline_option else None
-    rewrite = baselinefile.rewrite_command(item, "--spmd-update-shardings", option, base.path)
-    check = base.check(case.case_id, case.shardings, case.torch_xla, rewrite)
-    if check is None:
-        harness.cases_without_entry.append(case.case_id)
-        return
-    case.sharding_changes = [str(c) for c in check.changes]
-    if check.failure is not None:
-        report.outcome = "failed"
-        report.longrepr = check.failure
-    elif check.changes:
-        report.sections.append((check.heading, check.listing))
 
 
 def _outcome_of(report: pytest.TestReport) -> str:

@@ -133,6 +133,11 @@ _FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 
 
+def item_case_id(item: pytest.Item) -> str:
+    """The case's one key in records and both baselines (case_id below)."""
+    return case_id(item.nodeid, item.path, item.config.rootpath)
+
+
 def case_id(nodeid: str, path: Path, rootpath: Path) -> str:
     """The case's stable name in records, baselines and the journal: pytest's node id when the
     file lies under the rootdir, else the file's path from its outermost package folder.
