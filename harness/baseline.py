@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.baselinefile import BaselineFile, checked_header
+from harness.baselinefile import BaselineFile
 from harness.errors import BaselineError
 from harness.schema import shown
 from harness.sharding import canonical_text
@@ -69,26 +69,20 @@ class Baseline(BaselineFile[dict[str, str]]):
     DIR = BASELINE_DIR
     OPTION = "spmd_shardings_baseline"
     FLAG = "--spmd-update-shardings"
+    ENTRIES = "their tensors"
     ERROR = BaselineError
 
     @classmethod
-    def checked(cls, data: Any, where: str) -> tuple[str, int, str | None, dict[str, dict[str, str]]]:
-        """backend, devices, torch_xla and cases of a sharding baseline file."""
-        backend, devices, version, cases = checked_header(data, where, cls.ERROR, cls.rewrite_hint(), cls.PREDICTS)
-        if not isinstance(cases, dict):
-            raise BaselineError(f"{where}: cases must map case node ids to their tensors; got {shown(cases)}")
-        for case, tensors in cases.items():
-            if not isinstance(tensors, dict):
+    def checked_entry(cls, entry: Any, where: str) -> dict[str, str]:
+        if not isinstance(entry, dict):
+            raise BaselineError(f"{where} must map tensor names to sharding text; got {shown(entry)}")
+        for name, spec in entry.items():
+            if not isinstance(spec, str):
                 raise BaselineError(
-                    f"{where}: case {case!r} must map tensor names to sharding text; got {shown(tensors)}"
+                    f"{where}, tensor {name!r}: {shown(spec)} is not sharding text "
+                    f'(e.g. "{{replicated}}"); {cls.rewrite_hint()}'
                 )
-            for name, spec in tensors.items():
-                if not isinstance(spec, str):
-                    raise BaselineError(
-                        f"{where}: case {case!r}, tensor {name!r}: {shown(spec)} is not sharding text "
-                        f'(e.g. "{{replicated}}"); {cls.rewrite_hint()}'
-                    )
-        return backend, devices, version, {case: dict(tensors) for case, tensors in cases.items()}
+        return dict(entry)
 
     def compare(self, case: str, observed: Mapping[str, str]) -> list[ShardingChange] | None:
         """Per-tensor changes against the case's entry; None when the baseline has no entry for it."""

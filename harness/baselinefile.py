@@ -80,6 +80,7 @@ class BaselineFile(Generic[E]):
     DIR: ClassVar[Path]  # the default files' folder, under the repository root (pytest's rootdir)
     OPTION: ClassVar[str]  # the option that names another file
     FLAG: ClassVar[str]  # the flag of an update run
+    ENTRIES: ClassVar[str]  # what a case's entry holds, for messages: "their tensors"
     ERROR: ClassVar[type[BaselineError]]
 
     @classmethod
@@ -131,6 +132,19 @@ class BaselineFile(Generic[E]):
     @classmethod
     def checked(cls, data: Any, where: str) -> tuple[str, int, str | None, dict[str, E]]:
         """backend, devices, torch_xla and cases of a file read back, each of the type render() writes."""
+        backend, devices, version, cases = checked_header(data, where, cls.ERROR, cls.rewrite_hint(), cls.PREDICTS)
+        if not isinstance(cases, dict):
+            raise cls.ERROR(f"{where}: cases must map case node ids to {cls.ENTRIES}; got {shown(cases)}")
+        return (
+            backend,
+            devices,
+            version,
+            {case: cls.checked_entry(entry, f"{where}: case {case!r}") for case, entry in cases.items()},
+        )
+
+    @classmethod
+    def checked_entry(cls, entry: Any, where: str) -> E:
+        """One case's entry read back, of the type render() writes."""
         raise NotImplementedError
 
     def on_release_line(self, version: str | None) -> bool:

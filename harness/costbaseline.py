@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import costs
-from harness.baselinefile import BaselineFile, checked_header
+from harness.baselinefile import BaselineFile
 from harness.errors import BaselineError
 from harness.schema import shown
 
@@ -40,26 +40,19 @@ class CostBaseline(BaselineFile[dict[str, dict[str, Any]]]):
     DIR = COST_BASELINE_DIR
     OPTION = "spmd_costs_baseline"
     FLAG = "--spmd-update-costs"
+    ENTRIES = "their training loops"
     ERROR = CostBaselineError
 
     @classmethod
-    def checked(cls, data: Any, where: str) -> tuple[str, int, str | None, dict[str, dict[str, dict[str, Any]]]]:
-        backend, devices, version, cases = checked_header(data, where, cls.ERROR, cls.rewrite_hint(), cls.PREDICTS)
-        if not isinstance(cases, dict):
-            raise CostBaselineError(
-                f"{where}: cases must map case node ids to their training loops; got {shown(cases)}"
-            )
-        for case, loops in cases.items():
-            if not isinstance(loops, dict):
-                raise CostBaselineError(
-                    f"{where}: case {case!r} must map loop labels to signatures; got {shown(loops)}"
-                )
-            for label, signature in loops.items():
-                try:
-                    costs.check_signature(signature, f"{where}: case {case!r}, loop {label!r}")
-                except costs.CostReadError as exc:
-                    raise CostBaselineError(f"{exc}; {cls.rewrite_hint()}") from None
-        return backend, devices, version, {case: dict(loops) for case, loops in cases.items()}
+    def checked_entry(cls, entry: Any, where: str) -> dict[str, dict[str, Any]]:
+        if not isinstance(entry, dict):
+            raise CostBaselineError(f"{where} must map loop labels to signatures; got {shown(entry)}")
+        for label, signature in entry.items():
+            try:
+                costs.check_signature(signature, f"{where}, loop {label!r}")
+            except costs.CostReadError as exc:
+                raise CostBaselineError(f"{exc}; {cls.rewrite_hint()}") from None
+        return dict(entry)
 
     def compare(self, case: str, observed: Mapping[str, Mapping[str, Any]]) -> list[costs.CostChange] | None:
         """Per-item changes of every loop of the case; None when the baseline has no entry for it."""

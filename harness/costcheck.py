@@ -128,13 +128,6 @@ def judge(
         report.sections.append((f"cost changes (reported, not failed: {why})", listing))
 
 
-def settle(item: pytest.Item, passed: bool) -> None:
-    """The case's call ended failed (passed=False) or its teardown reported: see baselinefile.Updates."""
-    session = item.config.stash.get(SESSION_KEY, None)
-    if session is not None:
-        session.updates.settle(item.nodeid, passed)
-
-
 def _fail(report: pytest.TestReport, message: str) -> None:
     if report.passed:
         report.outcome = "failed"
@@ -157,15 +150,3 @@ def keep_dumps(folder: Path, item: pytest.Item, failed: bool) -> None:
         results.keep_texts(
             folder / runfolder.COST_DUMPS_DIR, results.item_case_id(item), dumps, ".after_optimizations.txt"
         )
-
-
-def finish(pytest_session: pytest.Session) -> None:
-    session = pytest_session.config.stash.get(SESSION_KEY, None)
-    if session is not None:
-        session.finish(pytest_session)
-
-
-def summarise(terminalreporter: Any, config: pytest.Config) -> None:
-    session = config.stash.get(SESSION_KEY, None)
-    if session is not None:
-        session.summarise(terminalreporter)

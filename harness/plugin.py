@@ -25,6 +25,7 @@ from _pytest._code.code import ReprEntryNative  # pytest's own printable traceba
 
 from harness import activation, basecheck, costcheck, options, results, runfolder, shardingcheck, versions
 from harness.backends import make_backend
+from harness.baselinefile import BaselineSession
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.isolation import runservers
 from harness.isolation.backend import Backend
@@ -375,8 +376,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     for fault in harness.pool.idle_deaths():
         harness.charge_late_fault(fault)
-    shardingcheck.finish(session)
-    costcheck.finish(session)
+    for check in _baseline_checks(session.config):
+        check.finish(session)
     if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if harness.worker == "main":
@@ -491,8 +492,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             for line in harness.header_lines(config):
                 terminalreporter.write_line(line)
         return
-    shardingcheck.summarise(terminalreporter, config)
-    costcheck.summarise(terminalreporter, config)
+    for check in _baseline_checks(config):
+        check.summarise(terminalreporter)
     if not harness.late_faults:
         return
     terminalreporter.section("faults after a case's verdict (charged to that case)", red=True)
@@ -606,8 +607,14 @@ def pytest_runtest_makereport(
 
 def _settle_updates(item: pytest.Item, passed: bool) -> None:
     """An update run writes a case only once pytest reported it passed in set-up, call and teardown."""
-    shardingcheck.settle(item, passed)
-    costcheck.settle(item, passed)
+    for check in _baseline_checks(item.config):
+        check.updates.settle(item.nodeid, passed)
+
+
+def _baseline_checks(config: pytest.Config) -> list[BaselineSession[Any]]:
+    """The sharding and the cost check, in the order they judge (either is missing before configure)."""
+    sessions = (config.stash.get(shardingcheck.SESSION_KEY, None), config.stash.get(costcheck.SESSION_KEY, None))
+    return [s for s in sessions if s is not None]
 
 
 @dataclasses.dataclass

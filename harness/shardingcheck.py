@@ -8,8 +8,6 @@ it is shown: harness.baseline.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from harness import options
@@ -72,22 +70,3 @@ def judge(
     elif check.changes:
         report.sections.append((check.heading, check.listing))
     return [str(c) for c in check.changes]
-
-
-def settle(item: pytest.Item, passed: bool) -> None:
-    """The case's call ended failed (passed=False) or its teardown reported: see baselinefile.Updates."""
-    session = item.config.stash.get(SESSION_KEY, None)
-    if session is not None:
-        session.updates.settle(item.nodeid, passed)
-
-
-def finish(pytest_session: pytest.Session) -> None:
-    session = pytest_session.config.stash.get(SESSION_KEY, None)
-    if session is not None:
-        session.finish(pytest_session)
-
-
-def summarise(terminalreporter: Any, config: pytest.Config) -> None:
-    session = config.stash.get(SESSION_KEY, None)
-    if session is not None:
-        session.summarise(terminalreporter)
