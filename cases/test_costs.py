@@ -124,7 +124,7 @@ class ParameterSpec:
 
 
 def signature_of(result) -> dict:
-    return costs.check_signature(result.values[costs.SIGNATURES_KEY][costs.DEFAULT_LABEL], "the body's signature")
+    return costs.check_signature(result.values[costs.SIGNATURES_VALUE][costs.DEFAULT_LABEL], "the body's signature")
 
 
 def assert_same_numbers(a, b) -> None:

@@ -247,7 +247,7 @@ def _gloo_rank(rank: int, world_size: int, queue) -> None:
         if grad is None:
             raise AssertionError(f"rank {rank}: {name} has no gradient after backward")
         diffs[f"{name}.grad"] = _assert_close(f"rank {rank}: {name}.grad", grad, param.grad)
-    queue.put({"rank": rank, "layout": layout, "diffs": diffs, "costs": meter_ctx.values[costs.SIGNATURES_KEY]})
+    queue.put({"rank": rank, "layout": layout, "diffs": diffs, "costs": meter_ctx.values[costs.SIGNATURES_VALUE]})
 
 
 def body_parallelize_module_gloo(ctx, world_size: int) -> None:
@@ -262,7 +262,7 @@ def body_parallelize_module_gloo(ctx, world_size: int) -> None:
     from harness import costs
 
     for report in reports:  # each rank's loop, judged (steady state, the cost baseline) like an XLA loop
-        ctx.values.setdefault(costs.SIGNATURES_KEY, {}).update(report.pop("costs"))
+        ctx.values.setdefault(costs.SIGNATURES_VALUE, {}).update(report.pop("costs"))
     ctx.record("ranks", reports)
     for name, layout in reports[0]["layout"].items():  # compared with the baseline like XLA shardings
         ctx.record_sharding(f"{name}:placements", "[" + ", ".join(layout["placements"]) + "]")

@@ -122,6 +122,17 @@ LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-5
 PARAM_ATOL = 1e-4  # largest |XLA - CPU| allowed in any parameter after the steps
 
 
+def check_losses(losses: list[float], cpu_losses: list[float]) -> None:
+    """Every XLA step's loss finite and within LOSS_RTOL / LOSS_ATOL of the CPU reference's."""
+    assert all(math.isfinite(x) for x in losses), f"non-finite loss on XLA: {losses}"
+    mismatched = [
+        (step, xla_loss, cpu_loss)
+        for step, (xla_loss, cpu_loss) in enumerate(zip(losses, cpu_losses))
+        if not math.isclose(xla_loss, cpu_loss, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL)
+    ]
+    assert not mismatched, f"(step, XLA loss, CPU loss) differing beyond rtol {LOSS_RTOL}: {mismatched}"
+
+
 def sgd_step(model, optimizer, images, labels):
     import torch.nn.functional as F
 
@@ -225,16 +236,10 @@ def test_fsdpv2_vit_train_steps_match_cpu(spmd, functionalization: bool) -> None
     result = spmd.run(
         body_fsdpv2_vit_train, functionalization=functionalization, steps=TRAIN_STEPS, lr=LEARNING_RATE, fresh=True
     )  # a cost-measured loop: no graph cached by an earlier case
-    losses, cpu_losses = result.values["losses"], result.values["cpu_losses"]
+    losses = result.values["losses"]
     assert len(losses) == TRAIN_STEPS, f"expected {TRAIN_STEPS} losses, got {losses}"
-    assert all(math.isfinite(x) for x in losses), f"non-finite loss on XLA: {losses}"
     # Both modes are held to the same CPU reference, so they also agree with each other.
-    mismatched = [
-        (step, xla_loss, cpu_loss)
-        for step, (xla_loss, cpu_loss) in enumerate(zip(losses, cpu_losses))
-        if not math.isclose(xla_loss, cpu_loss, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL)
-    ]
-    assert not mismatched, f"(step, XLA loss, CPU loss) differing beyond rtol {LOSS_RTOL}: {mismatched}"
+    check_losses(losses, result.values["cpu_losses"])
 
 
 # --------------------------------------------------------------------------------------------

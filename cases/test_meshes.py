@@ -22,18 +22,15 @@ code; the recordings also go to the sharding baseline.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from cases.test_functionalization import LEARNING_RATE, TRAIN_STEPS, body_fsdpv2_vit_train
+from cases.test_functionalization import LEARNING_RATE, TRAIN_STEPS, body_fsdpv2_vit_train, check_losses
 from cases.test_scalar_specs import body_fsdpv2_scalar_output, body_fsdpv2_scalar_param
 from harness.sharding import Tiled, as_sharding, is_replicated
 from harness.tiles import device_grid, holders_from_mesh, tile_holders
 
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(devices=4)]
 
-LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-5
 
 # Hybrid rows build the 2-slice mesh from CPU devices described as slices; on a TPU backend the
 # twin below builds it from the real slices instead (a single TPU slice has none to build it from).
@@ -109,16 +106,6 @@ def _check_fsdpv2_params(result, layout: str, prefix: str = "", suffix: str = ""
         )
 
 
-def _check_losses(losses: list[float], cpu_losses: list[float]) -> None:
-    assert all(math.isfinite(x) for x in losses), f"non-finite loss on XLA: {losses}"
-    mismatched = [
-        (step, a, b)
-        for step, (a, b) in enumerate(zip(losses, cpu_losses))
-        if not math.isclose(a, b, rel_tol=LOSS_RTOL, abs_tol=LOSS_ATOL)
-    ]
-    assert not mismatched, f"(step, XLA loss, CPU loss) differing beyond rtol {LOSS_RTOL}: {mismatched}"
-
-
 # --------------------------------------------------------------------------------------------
 # FSDPv2: the ViT train step and the scalar-parameter bodies over each layout
 # --------------------------------------------------------------------------------------------
@@ -129,7 +116,7 @@ def test_fsdpv2_vit_train_steps_match_cpu(spmd, layout: str) -> None:
     result = spmd.run(body_fsdpv2_vit_train, steps=TRAIN_STEPS, lr=LEARNING_RATE, layout=layout, fresh=True)
     losses = result.values["losses"]
     assert len(losses) == TRAIN_STEPS, f"expected {TRAIN_STEPS} losses, got {losses}"
-    _check_losses(losses, result.values["cpu_losses"])
+    check_losses(losses, result.values["cpu_losses"])
     _check_fsdpv2_params(result, layout)
     _check_fsdpv2_params(result, layout, suffix="@after-steps")
     # Every unit (the root and each block) cuts its output's batch dim over the batch axes:
@@ -213,7 +200,7 @@ def test_hybrid_mesh_puts_the_dcn_axis_across_slices(spmd, layout: str, axis: st
 def test_fsdpv2_vit_on_real_slices(spmd, layout: str) -> None:
     """The TPU twin (nightly GKE job): the same HybridMesh from the slices' own attributes."""
     result = spmd.run(body_fsdpv2_vit_train, steps=TRAIN_STEPS, lr=LEARNING_RATE, layout=layout, fresh=True)
-    _check_losses(result.values["losses"], result.values["cpu_losses"])
+    check_losses(result.values["losses"], result.values["cpu_losses"])
     _check_fsdpv2_params(result, layout)
     _assert_axis_across_slices(result.values["mesh"], "data" if layout == "hybrid-data" else "fsdp", slices=2)
 

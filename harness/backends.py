@@ -10,27 +10,32 @@ child process, lazily, the first time a case asks.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
 import subprocess
 import sys
-from typing import Protocol
 
 from harness.errors import HarnessUsageError
 from harness.isolation import protocol
+from harness.isolation.backend import Backend, Capabilities
 from harness.isolation.forkserver import TORCH_IMPORTS, XLA_IMPORTS
 
 # Set-up hook every XLA child runs before its first case: import torch_xla, switch SPMD on.
 XLA_SPMD_PRELOAD = "harness.xla:enable_spmd"
 
 # Variables a child inherits from the parent; everything else is set explicitly.
-# Where a child's XLA dumps go (harness.xla.enable_step_dumps): a folder in the run's folder that
-# the controlling pytest process removes at the end of the run. A forked child leaves through
-# os._exit, so a folder a child made in /tmp for itself would outlive it.
-XLA_DUMP_ROOT_ENV = "HARNESS_XLA_DUMP_ROOT"
-BASE_ENV_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRTUAL_ENV", "USER", XLA_DUMP_ROOT_ENV)
+BASE_ENV_VARS = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "USER",
+    protocol.XLA_DUMP_ROOT_ENV,
+)
 # CPU children compile with LLVM at -O0. The cases judge what XLA's HLO passes and the SPMD
 # partitioner decide (shardings, collectives) and numerics to a tolerance, never how fast the CPU
 # kernels run; LLVM's optimisation was a third of a ViT train step's compile. The optimised,
@@ -39,31 +44,6 @@ BASE_ENV_VARS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH", "VIRT
 CPU_XLA_FLAGS = "--xla_backend_optimization_level=0"
 # On a TPU host the runtime and GKE put the topology in these; a child must see them.
 TPU_ENV_PREFIXES = ("TPU_", "MEGASCALE_", "LIBTPU_", "JAX_", "SKIP_MEGASCALE", "XLA_FLAGS")
-
-
-@dataclasses.dataclass(frozen=True)
-class Capabilities:
-    devices: int
-    has_xla: bool
-    has_jax: bool
-    slices: int = 1
-
-
-class Backend(Protocol):
-    name: str
-    exclusive_device: bool  # one process at a time may hold the devices (TPU)
-
-    def child_env(self, functionalization: bool) -> dict[str, str]:
-        """The environment of a child that runs cases on this backend."""
-
-    def preload(self) -> tuple[str, ...]:
-        """Set-up hooks a warm child runs once before its first case."""
-
-    def fork_imports(self, preload: bool) -> tuple[str, ...] | None:
-        """What a fork server imports for this backend's children; None: exec each child fresh."""
-
-    def capabilities(self) -> Capabilities:
-        """What a case can count on; may start a probe child the first time."""
 
 
 def base_env() -> dict[str, str]:

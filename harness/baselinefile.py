@@ -1,5 +1,7 @@
-"""What an update run of either baseline (harness.baseline: shardings, harness.costbaseline: costs)
-may write, how it writes it, and the command a drift hint prints to rewrite one entry.
+"""What the two baseline checks share: the file (BaselineFile; harness.baseline holds shardings,
+harness.costbaseline costs), a check's state in one pytest process (BaselineSession; made by
+harness.shardingcheck and harness.costcheck), what an update run may write, how it writes it, and
+the command a drift hint prints to rewrite one entry.
 
 What: only a case pytest reported passed in set-up, call and teardown (Updates), and nothing at
 all when the run was interrupted (Ctrl-C, SIGTERM, a stop the harness asked for): a run cut short
@@ -19,19 +21,24 @@ only reported), so it is refused unless the run rewrites every entry the file ho
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
+import json
 import os
 import shlex
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import pytest
+from packaging.version import InvalidVersion, Version
 
-from harness.errors import BaselineError
+from harness.errors import BaselineError, HarnessError
+from harness.isolation.backend import Backend
+from harness.schema import shown, unknown_keys
 
 LOCK_TIMEOUT_S = 60.0  # a concurrent writer holds the lock for a read and a write: far less than this
 
@@ -41,21 +48,150 @@ class BaselineUpdateRefused(BaselineError):
     cannot be merged with, or the update would mix release lines. Nothing was written."""
 
 
-class BaselineFile(Protocol):
-    """What Baseline and CostBaseline both offer to rewrite()."""
-
-    @property
-    def torch_xla(self) -> str | None: ...
-
-    @property
-    def cases(self) -> Mapping[str, Any]: ...
-
-    def update(self, case: str, observed: Any, torch_xla: str | None) -> list[Any]: ...
-
-    def render(self) -> str: ...
+def on_release_line(version: str | None, baseline_version: str | None) -> bool:
+    """Whether `version` is on the release line a baseline was taken on (same major.minor:
+    nightlies and +git builds of it included)."""
+    if version is None or baseline_version is None:
+        return False
+    try:
+        return Version(version).release[:2] == Version(baseline_version).release[:2]
+    except InvalidVersion:
+        return False
 
 
-B = TypeVar("B", bound=BaselineFile)
+E = TypeVar("E")
+F = TypeVar("F", bound="BaselineFile[Any]")
+
+
+@dataclasses.dataclass
+class BaselineFile(Generic[E]):
+    """What both baseline files are: one JSON file per backend and device count under DIR, an
+    entry per case (results.case_id), and the torch_xla whose release line decides whether a
+    change fails. A subclass says what an entry holds: how it is checked, compared and written."""
+
+    path: Path
+    backend: str
+    devices: int
+    torch_xla: str | None
+    cases: dict[str, E]
+
+    KIND: ClassVar[str]  # "sharding", "cost": how messages name the file
+    PREDICTS: ClassVar[str]  # "shardings", "costs": what its entries predict
+    DIR: ClassVar[Path]  # the default files' folder, under the repository root (pytest's rootdir)
+    OPTION: ClassVar[str]  # the option that names another file
+    FLAG: ClassVar[str]  # the flag of an update run
+    ENTRIES: ClassVar[str]  # what a case's entry holds, for messages: "their tensors"
+    ERROR: ClassVar[type[BaselineError]]
+
+    @classmethod
+    def default_path(cls, root: Path, backend: str, devices: int) -> Path:
+        return root / cls.DIR / f"{backend}-{devices}.json"
+
+    @classmethod
+    def rewrite_hint(cls) -> str:
+        return f"fix it, or delete it and write it again with {cls.FLAG}"
+
+    @classmethod
+    def load(cls: type[F], path: Path, backend: str, devices: int) -> F | None:
+        """The baseline at path, or None where there is none yet.
+
+        A file that is not a baseline, or a baseline of another backend or device count, is a
+        usage error: used, it would fail or pass cases on what it cannot predict; ignored, it
+        would switch the check off without a word.
+        """
+        if not path.is_file():
+            return None
+        where = f"{cls.KIND} baseline {path}"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise cls.ERROR(f"{where} cannot be read ({exc.strerror or exc})") from None
+        except ValueError as exc:
+            raise cls.ERROR(f"{where} is not valid JSON ({exc}); {cls.rewrite_hint()}") from None
+        base = cls(path, *cls.checked(data, where))
+        differ = [
+            field
+            for field, theirs, ours in (("backend", base.backend, backend), ("devices", base.devices, devices))
+            if theirs != ours
+        ]
+        if differ:
+            option = "--" + cls.OPTION.replace("_", "-")
+            raise cls.ERROR(
+                f"{where} was taken on backend {base.backend!r} with {base.devices} devices "
+                f"(its {' and '.join(differ)} field{'s' if len(differ) > 1 else ''}); this run uses backend {backend} "
+                f"with {devices} devices, whose {cls.PREDICTS} that baseline does not predict. Point {option} "
+                f"at a baseline of this backend and device count (default: {cls.DIR}/{backend}-{devices}.json), "
+                f"or write one: {cls.FLAG} {option}=NEW.json"
+            )
+        return base
+
+    @classmethod
+    def empty(cls: type[F], path: Path, backend: str, devices: int) -> F:
+        return cls(path, backend, devices, None, {})
+
+    @classmethod
+    def checked(cls, data: Any, where: str) -> tuple[str, int, str | None, dict[str, E]]:
+        """backend, devices, torch_xla and cases of a file read back, each of the type render() writes."""
+        backend, devices, version, cases = checked_header(data, where, cls.ERROR, cls.rewrite_hint(), cls.PREDICTS)
+        if not isinstance(cases, dict):
+            raise cls.ERROR(f"{where}: cases must map case node ids to {cls.ENTRIES}; got {shown(cases)}")
+        return (
+            backend,
+            devices,
+            version,
+            {case: cls.checked_entry(entry, f"{where}: case {case!r}") for case, entry in cases.items()},
+        )
+
+    @classmethod
+    def checked_entry(cls, entry: Any, where: str) -> E:
+        """One case's entry read back, of the type render() writes."""
+        raise NotImplementedError
+
+    def on_release_line(self, version: str | None) -> bool:
+        """Whether `version` is on the release line the baseline was taken on (same major.minor)."""
+        return on_release_line(version, self.torch_xla)
+
+    def update(self, case: str, observed: Any, torch_xla: str | None) -> list[Any]:
+        """Set the case's entry to what it observed; return what changed."""
+        raise NotImplementedError
+
+    def render(self) -> str:
+        """The file's text (rewrite() writes it): sorted, a reviewable diff in a pull request."""
+        raise NotImplementedError
+
+
+BASELINE_KEYS = ("backend", "devices", "torch_xla", "cases")
+
+
+def checked_header(
+    data: Any, where: str, error: type[HarnessError], rewrite: str, kind: str
+) -> tuple[str, int, str | None, Any]:
+    """backend, devices, torch_xla and (unchecked) cases of a baseline file, each of the type
+    render() writes; the start of every BaselineFile.checked. `kind` names what the file predicts
+    ("shardings", "costs")."""
+    if not isinstance(data, dict):
+        raise error(f"{where} holds {shown(data)}, not an object with {', '.join(BASELINE_KEYS)}; {rewrite}")
+    unknown = unknown_keys(data, BASELINE_KEYS)
+    if unknown:
+        raise error(f"{where}: {unknown}")
+    missing = [key for key in ("backend", "devices", "cases") if key not in data]
+    if missing:
+        raise error(f"{where} lacks {', '.join(missing)}; {rewrite}")
+    backend, devices, version, cases = data["backend"], data["devices"], data.get("torch_xla"), data["cases"]
+    if not isinstance(backend, str) or not backend:
+        raise error(f'{where}: backend must be a backend name, e.g. "cpu"; got {shown(backend)}')
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise error(f"{where}: devices must be a whole number, e.g. 4; got {shown(devices)}")
+    if version is not None:
+        try:
+            Version(version if isinstance(version, str) else "")
+        except InvalidVersion:
+            raise error(
+                f"{where}: torch_xla {version!r} is not a PEP 440 version, so no run could be placed on its "
+                f"release line and a change of {kind} would never fail a case; set it to the torch_xla the "
+                f'baseline was taken on (e.g. "2.9.0"), or {rewrite.removeprefix("fix it, or ")}'
+            ) from None
+    return backend, devices, version, cases
 
 
 class Updates:
@@ -87,8 +223,8 @@ def rewrite(
     path: Path,
     kind: str,
     flag: str,
-    load: Callable[[], B | None],
-    empty: Callable[[], B],
+    load: Callable[[], F | None],
+    empty: Callable[[], F],
     entries: Mapping[str, tuple[Any, str | None]],
 ) -> dict[str, list[Any]]:
     """Apply this run's entries to the file as it is on disk now, under its lock; what changed per
@@ -109,10 +245,8 @@ def rewrite(
 
 
 def _refuse_mixed_release_lines(
-    base: BaselineFile, entries: Mapping[str, tuple[Any, str | None]], where: str, flag: str
+    base: BaselineFile[Any], entries: Mapping[str, tuple[Any, str | None]], where: str, flag: str
 ) -> None:
-    from harness.baseline import on_release_line  # one rule for both baselines; no import cycle
-
     versions = sorted({version for _, version in entries.values() if version is not None})
     lines = {_line(v) for v in versions}
     if len(lines) > 1:
@@ -135,8 +269,6 @@ def _refuse_mixed_release_lines(
 
 
 def _line(version: str) -> str:
-    from packaging.version import InvalidVersion, Version
-
     try:
         return ".".join(map(str, Version(version).release[:2]))
     except InvalidVersion:
@@ -230,8 +362,8 @@ def write_updates(
     path: Path,
     kind: str,
     flag: str,
-    load: Callable[[], B | None],
-    empty: Callable[[], B],
+    load: Callable[[], F | None],
+    empty: Callable[[], F],
 ) -> tuple[dict[str, list[Any]] | None, str | None]:
     """At the end of an update run: what changed per case, or why nothing was written (the run
     was interrupted; rewrite() refused, which makes the run a usage error, exit 4)."""
@@ -247,3 +379,96 @@ def write_updates(
     except BaselineUpdateRefused as exc:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return None, str(exc)
+
+
+class BaselineSession(Generic[F]):
+    """One baseline check's state in one pytest process: which file, read once, and what an
+    update run may write. harness.shardingcheck and harness.costcheck each make one."""
+
+    def __init__(
+        self, config: pytest.Config, backend: Backend, file: type[F], option: str | None, update: bool
+    ) -> None:
+        """`option`: the value of file.OPTION (None: the default file); `update`: an update run."""
+        self.file = file
+        self._option = option
+        self._rootpath = config.rootpath
+        self._backend = backend  # a TPU's device count takes a probe: asked only when needed
+        self.update = update
+        if self.update:
+            refuse_under_xdist(config, file.FLAG)
+        self._baseline: F | None = None
+        self._loaded = False
+        self.updates = Updates()  # an update run: the cases it may write
+        self.updated: dict[str, list[Any]] | None = None  # what an update run changed, per case
+        self.not_written: str | None = None  # why an update run wrote nothing
+        self.cases_without_entry: list[str] = []
+
+    @property
+    def backend(self) -> str:
+        return self._backend.name
+
+    @property
+    def devices(self) -> int:
+        return self._backend.capabilities().devices
+
+    @property
+    def path(self) -> Path:
+        """The option's file, else the backend's file under the repository (pytest's rootdir)."""
+        if self._option:
+            return Path(self._option).resolve()
+        return self.file.default_path(self._rootpath, self.backend, self.devices)
+
+    def baseline(self) -> F | None:
+        """The file, read the first time it is asked for; a damaged one is a usage error."""
+        if not self._loaded:
+            self._loaded = True
+            try:
+                self._baseline = self.file.load(self.path, self.backend, self.devices)
+            except HarnessError as exc:
+                raise pytest.UsageError(str(exc)) from None
+        return self._baseline
+
+    def read_unless_probed(self) -> None:
+        """Read the file now, unless its name waits on a TPU's device count (a probe of the chips):
+        that one is read when the first case needs it, still before its verdict."""
+        if self._backend.name != "tpu" or self._option:
+            self.baseline()
+
+    def rewrite_command(self, item: pytest.Item, path: Path) -> str:
+        return rewrite_command(item, self.file.FLAG, self.file.OPTION if self._option else None, path)
+
+    def finish(self, pytest_session: pytest.Session) -> None:
+        """At the end of an update run: write the file (write_updates)."""
+        if not self.update:
+            return
+        self.updated, self.not_written = write_updates(
+            pytest_session,
+            self.updates,
+            self.path,
+            self.file.KIND,
+            self.file.FLAG,
+            lambda: self.file.load(self.path, self.backend, self.devices),
+            lambda: self.file.empty(self.path, self.backend, self.devices),
+        )
+
+    def summarise(self, terminalreporter: Any) -> None:
+        """The end-of-run section: what a rewrite changed, why an update wrote nothing, or the cases
+        that had no entry to be compared with."""
+        kind, path = self.file.KIND, self.path
+        if self.not_written is not None:
+            terminalreporter.section(f"{kind} baseline not written", red=True)
+            terminalreporter.line(self.not_written, red=True)
+        elif self.updated is not None:
+            terminalreporter.section(f"{kind} baseline {path} rewritten for {len(self.updated)} case(s)")
+            for case, changes in self.updated.items():
+                if changes:
+                    terminalreporter.line(f"{case}:")
+                    for change in changes:
+                        terminalreporter.line(f"  {change}")
+            if not any(self.updated.values()):
+                terminalreporter.line(f"no {kind} changed")
+        elif self.cases_without_entry:
+            terminalreporter.section(f"cases without a {kind} baseline entry (not compared)")
+            for case in self.cases_without_entry:
+                terminalreporter.line(case)
+            terminalreporter.line(f"add them with {self.file.FLAG} ({path})")

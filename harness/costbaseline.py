@@ -15,67 +15,44 @@ listed, not failed. `--spmd-update-costs` rewrites the entries of the cases that
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from harness import costs
-from harness.baseline import checked_header, on_release_line
+from harness.baselinefile import BaselineFile
 from harness.errors import BaselineError
 from harness.schema import shown
 
 COST_BASELINE_DIR = Path("baselines") / "costs"
-REWRITE = "fix it, or delete it and write it again with --spmd-update-costs"
 
 
 class CostBaselineError(BaselineError):
     """A cost baseline file is malformed or was taken on another backend or device count."""
 
 
-def default_path(root: Path, backend: str, devices: int) -> Path:
-    return root / COST_BASELINE_DIR / f"{backend}-{devices}.json"
+class CostBaseline(BaselineFile[dict[str, dict[str, Any]]]):
+    """The cost baseline: per case, each training loop's comparable signature, by loop label."""
 
-
-@dataclasses.dataclass
-class CostBaseline:
-    path: Path
-    backend: str
-    devices: int
-    torch_xla: str | None
-    cases: dict[str, dict[str, dict[str, Any]]]  # case -> loop label -> comparable signature
-
-    @classmethod
-    def load(cls, path: Path, backend: str, devices: int) -> CostBaseline | None:
-        """The baseline at path, or None where there is none yet; CostBaselineError for a file
-        that is not one, or one of another backend or device count (whose costs it cannot predict)."""
-        if not path.is_file():
-            return None
-        where = f"cost baseline {path}"
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise CostBaselineError(f"{where} cannot be read ({exc.strerror or exc})") from None
-        except ValueError as exc:
-            raise CostBaselineError(f"{where} is not valid JSON ({exc}); {REWRITE}") from None
-        base = cls(path, *_checked(data, where))
-        if (base.backend, base.devices) != (backend, devices):
-            raise CostBaselineError(
-                f"{where} was taken on backend {base.backend!r} with {base.devices} devices; this run uses "
-                f"backend {backend} with {devices} devices. Point --spmd-costs-baseline at a baseline of this backend "
-                f"and device count (default: {COST_BASELINE_DIR}/{backend}-{devices}.json), or write one: "
-                "--spmd-update-costs --spmd-costs-baseline=NEW.json"
-            )
-        return base
+    KIND = "cost"
+    PREDICTS = "costs"
+    DIR = COST_BASELINE_DIR
+    OPTION = "spmd_costs_baseline"
+    FLAG = "--spmd-update-costs"
+    ENTRIES = "their training loops"
+    ERROR = CostBaselineError
 
     @classmethod
-    def empty(cls, path: Path, backend: str, devices: int) -> CostBaseline:
-        return cls(path, backend, devices, None, {})
-
-    def on_release_line(self, version: str | None) -> bool:
-        """Same major.minor as the version the baseline was taken on (nightlies and +git builds too)."""
-        return on_release_line(version, self.torch_xla)
+    def checked_entry(cls, entry: Any, where: str) -> dict[str, dict[str, Any]]:
+        if not isinstance(entry, dict):
+            raise CostBaselineError(f"{where} must map loop labels to signatures; got {shown(entry)}")
+        for label, signature in entry.items():
+            try:
+                costs.check_signature(signature, f"{where}, loop {label!r}")
+            except costs.CostReadError as exc:
+                raise CostBaselineError(f"{exc}; {cls.rewrite_hint()}") from None
+        return dict(entry)
 
     def compare(self, case: str, observed: Mapping[str, Mapping[str, Any]]) -> list[costs.CostChange] | None:
         """Per-item changes of every loop of the case; None when the baseline has no entry for it."""
@@ -134,18 +111,3 @@ def _compact(value: Any, depth: int = 0) -> str:
         body = ",\n".join(f"{inner}{json.dumps(k)}: {_compact(v, depth + 1)}" for k, v in value.items())
         return "{\n" + body + "\n" + pad + "}"
     return "[\n" + ",\n".join(inner + _compact(v, depth + 1) for v in value) + "\n" + pad + "]"
-
-
-def _checked(data: Any, where: str) -> tuple[str, int, str | None, dict[str, dict[str, dict[str, Any]]]]:
-    backend, devices, version, cases = checked_header(data, where, CostBaselineError, REWRITE, "costs")
-    if not isinstance(cases, dict):
-        raise CostBaselineError(f"{where}: cases must map case node ids to their training loops; got {shown(cases)}")
-    for case, loops in cases.items():
-        if not isinstance(loops, dict):
-            raise CostBaselineError(f"{where}: case {case!r} must map loop labels to signatures; got {shown(loops)}")
-        for label, signature in loops.items():
-            try:
-                costs.check_signature(signature, f"{where}: case {case!r}, loop {label!r}")
-            except costs.CostReadError as exc:
-                raise CostBaselineError(f"{exc}; {REWRITE}") from None
-    return backend, devices, version, {case: dict(loops) for case, loops in cases.items()}

@@ -21,66 +21,29 @@ from typing import Any
 
 import pytest
 
-from harness import baseline, baselinefile, costs, options, results, runfolder
-from harness.costbaseline import CostBaseline, default_path
-from harness.errors import HarnessError
+from harness import costs, options, results, runfolder
+from harness.baselinefile import BaselineSession
+from harness.costbaseline import CostBaseline
+from harness.isolation.backend import Backend
+from harness.isolation.case import CaseResult, SpmdRunner
 
 SESSION_KEY = pytest.StashKey["CostSession"]()
 SIGNATURES_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
 DUMPS_KEY = pytest.StashKey[dict[str, str]]()
 CHANGES_KEY = pytest.StashKey[list[str]]()
-UPDATE_FLAG = "--spmd-update-costs"
 NO_COST_CHECK_MARKER = (
     "no_cost_check(reason): neither steady state nor the cost baseline judges this case "
     "(a self-test whose bodies record a cost regression on purpose)"
 )
 
 
-class CostSession:
-    def __init__(self, config: pytest.Config, backend: Any) -> None:
-        self._option: str | None = options.value(config, "spmd_costs_baseline")
-        self._rootpath = config.rootpath
-        self._backend = backend  # a TPU's device count takes a probe: asked only when needed
-        self.update: bool = config.getoption(options.UPDATE_COSTS)
-        if self.update:
-            baselinefile.refuse_under_xdist(config, UPDATE_FLAG)
-        self._baseline: CostBaseline | None = None
-        self._loaded = False
-        self.updates = baselinefile.Updates()  # --spmd-update-costs: the cases it may write
-        self.updated: dict[str, list[Any]] | None = None
-        self.not_written: str | None = None  # why an update run wrote nothing
-        self.cases_without_entry: list[str] = []
-
-    @property
-    def backend(self) -> str:
-        return str(self._backend.name)
-
-    @property
-    def devices(self) -> int:
-        return int(self._backend.capabilities().devices)
-
-    @property
-    def option_name(self) -> str | None:
-        """The option that named the baseline in use, for the hints; None: the default file."""
-        return "spmd_costs_baseline" if self._option else None
-
-    @property
-    def path(self) -> Path:
-        if self._option:
-            return Path(self._option).resolve()
-        return default_path(self._rootpath, self.backend, self.devices)
-
-    def baseline(self) -> CostBaseline | None:
-        if not self._loaded:
-            self._loaded = True
-            try:
-                self._baseline = CostBaseline.load(self.path, self.backend, self.devices)
-            except HarnessError as exc:
-                raise pytest.UsageError(str(exc)) from None
-        return self._baseline
+class CostSession(BaselineSession[CostBaseline]):
+    def __init__(self, config: pytest.Config, backend: Backend) -> None:
+        option = options.value(config, CostBaseline.OPTION)
+        super().__init__(config, backend, CostBaseline, option, config.getoption(options.UPDATE_COSTS))
 
 
-def configure(config: pytest.Config, backend: Any, load: bool) -> None:
+def configure(config: pytest.Config, backend: Backend, load: bool) -> None:
     """At configure time (the xdist controller too): a damaged baseline is a usage error now."""
     config.addinivalue_line("markers", NO_COST_CHECK_MARKER)
     session = CostSession(config, backend)
@@ -89,21 +52,23 @@ def configure(config: pytest.Config, backend: Any, load: bool) -> None:
         session.baseline()
 
 
-def _signatures(item: pytest.Item, results_of_runs: list[Any]) -> dict[str, dict[str, Any]]:
+def _signatures(item: pytest.Item, results_of_runs: list[CaseResult]) -> dict[str, dict[str, Any]]:
     """Every loop's signature the case's bodies recorded; their dumps move to the item's stash."""
     signatures: dict[str, dict[str, Any]] = {}
     dumps: dict[str, str] = {}
     for result in results_of_runs:
         values = result.values
-        dumps.update(values.pop(costs.DUMPS_KEY, None) or {})
-        for label, signature in (values.get(costs.SIGNATURES_KEY) or {}).items():
+        dumps.update(values.pop(costs.DUMPS_VALUE, None) or {})
+        for label, signature in (values.get(costs.SIGNATURES_VALUE) or {}).items():
             signatures[label] = costs.check_signature(signature, f"cost signature {label!r} from the case's child")
     item.stash[DUMPS_KEY] = dumps
     item.stash[SIGNATURES_KEY] = signatures
     return signatures
 
 
-def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: str | None, body_passed: bool) -> None:
+def judge(
+    item: pytest.Item, report: pytest.TestReport, runner: SpmdRunner | None, version: str | None, body_passed: bool
+) -> None:
     """Steady state, then the baseline, for a case whose bodies passed and that is not an xfail."""
     session: CostSession = item.config.stash[SESSION_KEY]
     if runner is None:
@@ -130,7 +95,7 @@ def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: st
             "steady state: a step after the warm-up compiled a new graph (every step pays a compilation) "
             "or left more alive than the step before (every step leaks):\n" + "\n".join(f"  {p}" for p in problems),
         )
-    case = _case_id(item)
+    case = results.item_case_id(item)
     if session.update:
         if not problems and report.passed:
             session.updates.observe(item.nodeid, case, signatures, version)  # kept if its teardown passes (settle)
@@ -152,7 +117,7 @@ def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: st
             report,
             f"cost drift: {len(lines)} item(s) differ from {base.path.name} (taken on torch_xla "
             f"{base.torch_xla}; this run: {version}):\n{listing}\nIf the change is intended, rewrite the "
-            f"entry: {baselinefile.rewrite_command(item, UPDATE_FLAG, session.option_name, base.path)}",
+            f"entry: {session.rewrite_command(item, base.path)}",
         )
     else:
         why = (
@@ -161,18 +126,6 @@ def judge(item: pytest.Item, report: pytest.TestReport, runner: Any, version: st
             else "the case failed already"
         )
         report.sections.append((f"cost changes (reported, not failed: {why})", listing))
-
-
-def settle(item: pytest.Item, passed: bool) -> None:
-    """The case's call ended failed (passed=False) or its teardown reported: see baselinefile.Updates."""
-    session = item.config.stash.get(SESSION_KEY, None)
-    if session is not None:
-        session.updates.settle(item.nodeid, passed)
-
-
-def _case_id(item: pytest.Item) -> str:
-    """The case's key in the cost baseline, the sharding baseline's and the records' (results.case_id)."""
-    return results.case_id(item.nodeid, item.path, item.config.rootpath)
 
 
 def _fail(report: pytest.TestReport, message: str) -> None:
@@ -192,42 +145,8 @@ def record_fields(item: pytest.Item) -> dict[str, Any]:
 
 def keep_dumps(folder: Path, item: pytest.Item, failed: bool) -> None:
     """The partitioned modules of a failing case, for reading what the partitioner did."""
-    dumps = item.stash.get(DUMPS_KEY, {})
-    if not failed or not dumps:
-        return
-    target = folder / runfolder.COST_DUMPS_DIR
-    target.mkdir(parents=True, exist_ok=True)
-    for name, text in dumps.items():
-        (
-            target / f"{results.safe_filename(_case_id(item))}__{results.safe_filename(name)}.after_optimizations.txt"
-        ).write_text(text, encoding="utf-8")
-
-
-def finish(pytest_session: pytest.Session) -> None:
-    session = pytest_session.config.stash.get(SESSION_KEY, None)
-    if session is None or not session.update:
-        return
-    session.updated, session.not_written = baselinefile.write_updates(
-        pytest_session,
-        session.updates,
-        session.path,
-        "cost",
-        UPDATE_FLAG,
-        lambda: CostBaseline.load(session.path, session.backend, session.devices),
-        lambda: CostBaseline.empty(session.path, session.backend, session.devices),
-    )
-
-
-def summarise(terminalreporter: Any, config: pytest.Config) -> None:
-    session = config.stash.get(SESSION_KEY, None)
-    if session is None:
-        return
-    baseline.summarise(
-        terminalreporter,
-        "cost",
-        session.path,
-        session.updated,
-        session.cases_without_entry,
-        UPDATE_FLAG,
-        session.not_written,
-    )
+    if failed:
+        dumps = item.stash.get(DUMPS_KEY, {})
+        results.keep_texts(
+            folder / runfolder.COST_DUMPS_DIR, results.item_case_id(item), dumps, ".after_optimizations.txt"
+        )

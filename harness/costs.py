@@ -42,8 +42,8 @@ from harness.sharding import ShardingParseError, format_sharding, iota_device_id
 
 # Where a child leaves its signatures and the partitioned modules they were read from
 # (CaseContext values; the parent pops the dumps so they reach the results folder only on failure).
-SIGNATURES_KEY = "harness:costs"
-DUMPS_KEY = "harness:cost-dumps"
+SIGNATURES_VALUE = "harness:costs"
+DUMPS_VALUE = "harness:cost-dumps"
 DEFAULT_LABEL = "train"
 DEFAULT_WARMUP = 2
 

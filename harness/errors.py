@@ -35,7 +35,7 @@ tests/test_errors.py keeps the drawing true:
     │   ├── EnvBuildError
     │   ├── EnvMismatchError
     │   ├── SuiteRunError
-    │   └── CommandTimedOut               harness.matrix.procs
+    │   └── CommandTimedOut
     └── GkeHarnessError                   harness.gke.errors
         ├── KubeApiError
         │   ├── JobSetExistsError

@@ -16,22 +16,25 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, TypedDict
 
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
-from harness import activation, basecheck, baseline, baselinefile, costcheck, options, results, runfolder, versions
-from harness.backends import XLA_DUMP_ROOT_ENV, Backend, make_backend
+from harness import activation, basecheck, costcheck, options, results, runfolder, shardingcheck, versions
+from harness.backends import make_backend
+from harness.baselinefile import BaselineSession
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.isolation import runservers
+from harness.isolation.backend import Backend
 from harness.isolation.case import CaseResult, SpmdRunner
 from harness.isolation.child_process import LateFault
 from harness.isolation.evidence import headline
 from harness.isolation.pool import ChildPool
 from harness.isolation.processes import signal_name
+from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 from harness.registry import (
     REGISTRY_PATH,
     Judgement,
@@ -103,39 +106,10 @@ class HarnessSession:
         )
         self.registry_path = Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH).resolve()
         self.late_faults: list[LateFault] = []
-        self.shardings_updated: dict[str, list[Any]] | None = None  # set by --spmd-update-shardings
-        self.shardings_not_written: str | None = None  # why --spmd-update-shardings wrote nothing
         self.early_start_done = False
         # Inert until the run selects an SPMD case (harness.activation): no process, file, line.
         self.active = False
         self.header_shown = False
-        self._baseline_option: str | None = options.value(config, "spmd_shardings_baseline")
-        self._rootpath = config.rootpath
-        self.update_shardings: bool = config.getoption(options.UPDATE_SHARDINGS)
-        if self.update_shardings:
-            baselinefile.refuse_under_xdist(config, "--spmd-update-shardings")
-        self._baseline: baseline.Baseline | None = None
-        self._baseline_loaded = False
-        self.shardings_updates = baselinefile.Updates()  # update mode: the cases it may write
-        self.cases_without_entry: list[str] = []
-
-    @property
-    def baseline_path(self) -> Path:
-        """--spmd-shardings-baseline, else the backend's file under the repository (pytest's rootdir)."""
-        if self._baseline_option:
-            return Path(self._baseline_option).resolve()
-        return baseline.default_path(self._rootpath, self.backend.name, self.backend.capabilities().devices)
-
-    def baseline(self) -> baseline.Baseline | None:
-        if not self._baseline_loaded:
-            self._baseline_loaded = True
-            try:
-                self._baseline = baseline.Baseline.load(
-                    self.baseline_path, self.backend.name, self.backend.capabilities().devices
-                )
-            except HarnessError as exc:
-                raise pytest.UsageError(str(exc)) from None
-        return self._baseline
 
     def claim_run_folder(self) -> Path:
         """The run folder, made with its manifest the first time this run has something to write."""
@@ -152,9 +126,8 @@ class HarnessSession:
             return
         self.active = True
         if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
-            _load_inputs(self)
-            if _cost_baseline_wanted(config, self.backend):
-                config.stash[costcheck.SESSION_KEY].baseline()
+            _load_inputs(self, config)
+            config.stash[costcheck.SESSION_KEY].read_unless_probed()
         _stop_on_sigterm(config)
 
     def header_lines(self, config: pytest.Config) -> list[str]:
@@ -212,18 +185,6 @@ def _information_only(options: Any) -> bool:
 def _fork_server_wanted(option: str | None, backend: Backend) -> bool:
     choice = option or "auto"
     return choice == "on" or (choice == "auto" and backend.name == "cpu")
-
-
-def _summarise_baseline(terminalreporter: Any, harness: HarnessSession) -> None:
-    baseline.summarise(
-        terminalreporter,
-        "sharding",
-        harness.baseline_path,
-        harness.shardings_updated,
-        harness.cases_without_entry,
-        "--spmd-update-shardings",
-        harness.shardings_not_written,
-    )
 
 
 def _bounded(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
@@ -301,12 +262,13 @@ def pytest_configure(config: pytest.Config) -> None:
     _register_markers(config)
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
+    shardingcheck.configure(config, session.backend)
     costcheck.configure(config, session.backend, load=False)
     workerinput = getattr(config, "workerinput", None)
     if config.stash.get(EARLY_KEY, False) or (workerinput or {}).get(WORKERINPUT_ACTIVE_KEY):
         session.activate(config)
     elif _names_input_files(config) and not getattr(config.option, "help", False):
-        _load_inputs(session)  # a file the user named is checked now, in the xdist controller too
+        _load_inputs(session, config)  # a file the user named is checked now, in the xdist controller too
     basecheck.configure(config, session.backend, session.run.path)  # only with --spmd-compare
 
 
@@ -326,12 +288,7 @@ def _register_markers(config: pytest.Config) -> None:
             config.addinivalue_line("markers", line)
 
 
-def _cost_baseline_wanted(config: pytest.Config, backend: Backend) -> bool:
-    """A TPU's default cost baseline is named by its chips: read when a case needs it."""
-    return backend.name != "tpu" or bool(options.value(config, "spmd_costs_baseline"))
-
-
-def _load_inputs(session: HarnessSession) -> None:
+def _load_inputs(session: HarnessSession, config: pytest.Config) -> None:
     """Read the registry (and the baseline) now, at configure time, in the xdist controller too:
     a malformed file is a usage error naming it before any case runs, not an INTERNALERROR in a
     worker, nor a wrong judgement."""
@@ -341,8 +298,7 @@ def _load_inputs(session: HarnessSession) -> None:
         raise pytest.UsageError(f"known-bug registry: {exc}") from None
     # A TPU's default baseline is named by its device count, which takes a probe of the chips:
     # that one is read at the end of collection, still before any case runs.
-    if session.backend.name != "tpu" or session._baseline_option:
-        session.baseline()
+    shardingcheck.session_of(config).read_unless_probed()
 
 
 def _stop_on_sigterm(config: pytest.Config) -> None:
@@ -420,18 +376,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     for fault in harness.pool.idle_deaths():
         harness.charge_late_fault(fault)
-    if harness.update_shardings:
-        devices = harness.backend.capabilities().devices
-        harness.shardings_updated, harness.shardings_not_written = baselinefile.write_updates(
-            session,
-            harness.shardings_updates,
-            harness.baseline_path,
-            "sharding",
-            "--spmd-update-shardings",
-            lambda: baseline.Baseline.load(harness.baseline_path, harness.backend.name, devices),
-            lambda: baseline.Baseline.empty(harness.baseline_path, harness.backend.name, devices),
-        )
-    costcheck.finish(session)
+    for check in _baseline_checks(session.config):
+        check.finish(session)
     if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if harness.worker == "main":
@@ -514,7 +460,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
     )
 
 
-def _write_results(harness: HarnessSession, config: pytest.Config, write: Any) -> None:
+def _write_results(harness: HarnessSession, config: pytest.Config, write: Callable[[], None]) -> None:
     """Run one write into the results folder. A full disk (or a read-only or failing one) cannot
     serve the next case either: the run stops after this case with a message naming the folder,
     and every record written before stays as it was."""
@@ -549,8 +495,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             for line in harness.header_lines(config):
                 terminalreporter.write_line(line)
         return
-    _summarise_baseline(terminalreporter, harness)
-    costcheck.summarise(terminalreporter, config)
+    for check in _baseline_checks(config):
+        check.summarise(terminalreporter)
     if not harness.late_faults:
         return
     terminalreporter.section("faults after a case's verdict (charged to that case)", red=True)
@@ -588,7 +534,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     harness.activate(session.config)
     if not harness.backend.capabilities().has_xla:
         return
-    harness.baseline()  # read at configure time, except a TPU's (see _load_inputs)
+    shardingcheck.session_of(session.config).baseline()  # read at configure time, except a TPU's (see _load_inputs)
     runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
     # Cases parametrized over `functionalization` say which modes this selection needs. Only one
     # child is prewarmed where the cores are already busy (xdist) or the device is exclusive (TPU):
@@ -627,7 +573,7 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
         harness.pool,
         harness.backend,
         harness.case_timeout,
-        _case_id(request.node),
+        results.item_case_id(request.node),
         journal,
         late_faults=harness.charge_late_fault,
     )
@@ -639,14 +585,16 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    if call.when == "setup" and item.get_closest_marker("spmd") and _case_id(item) != item.nodeid:
-        item.user_properties.append((CASE_ID_PROPERTY, _case_id(item)))  # before the report copies them
+    if call.when == "setup" and item.get_closest_marker("spmd") and results.item_case_id(item) != item.nodeid:
+        item.user_properties.append((CASE_ID_PROPERTY, results.item_case_id(item)))  # before the report copies them
     report: pytest.TestReport = yield
     spmd = item.get_closest_marker("spmd") is not None
     if call.when == "call":
-        case = CaseOutcome.of(item)
+        case = JudgedCase.of(item)
         _apply_registry(item, call, report, case)
-        _compare_shardings(item, report, case)
+        case.sharding_changes = shardingcheck.judge(
+            item, report, case.case_id, case.shardings, case.torch_xla, case.runner
+        )
         costcheck.judge(item, report, case.runner, case.torch_xla, call.excinfo is None)
         basecheck.judge(item, report, case.case_id, case.shardings, case.torch_xla, call.excinfo is None)
         if spmd:
@@ -654,7 +602,7 @@ def pytest_runtest_makereport(
         if not report.passed:
             _settle_updates(item, passed=False)
     elif call.when == "setup" and not report.passed and spmd:
-        _write_record(item, call, report, CaseOutcome.of(item))
+        _write_record(item, call, report, JudgedCase.of(item))
     elif call.when == "teardown":
         _settle_updates(item, passed=report.passed)
     return report
@@ -662,12 +610,18 @@ def pytest_runtest_makereport(
 
 def _settle_updates(item: pytest.Item, passed: bool) -> None:
     """An update run writes a case only once pytest reported it passed in set-up, call and teardown."""
-    item.config.stash[SESSION_KEY].shardings_updates.settle(item.nodeid, passed)
-    costcheck.settle(item, passed)
+    for check in _baseline_checks(item.config):
+        check.updates.settle(item.nodeid, passed)
+
+
+def _baseline_checks(config: pytest.Config) -> list[BaselineSession[Any]]:
+    """The sharding and the cost check, in the order they judge (either is missing before configure)."""
+    sessions = (config.stash.get(shardingcheck.SESSION_KEY, None), config.stash.get(costcheck.SESSION_KEY, None))
+    return [s for s in sessions if s is not None]
 
 
 @dataclasses.dataclass
-class CaseOutcome:
+class JudgedCase:
     """One case as the plugin judges it, gathered once (after its call, or at a failed set-up):
     the registry and the baselines read it and add what they found, and its record is written
     from it."""
@@ -681,15 +635,15 @@ class CaseOutcome:
     sharding_changes: list[str] = dataclasses.field(default_factory=list)  # against its baseline entry
 
     @classmethod
-    def of(cls, item: pytest.Item) -> CaseOutcome:
+    def of(cls, item: pytest.Item) -> JudgedCase:
         runner = item.stash.get(RUNNER_KEY, None)
-        results = runner.results if runner else []
-        reported = [r.torch_xla for r in results if r.torch_xla]
+        ran = runner.results if runner else []
+        reported = [r.torch_xla for r in ran if r.torch_xla]
         shardings: dict[str, str] = {}
-        for result in results:
+        for result in ran:
             shardings.update(result.shardings)
         return cls(
-            case_id=_case_id(item),
+            case_id=results.item_case_id(item),
             runner=runner,
             entries=item.stash.get(ENTRIES_KEY, []),
             torch_xla=reported[-1] if reported else None,
@@ -699,11 +653,6 @@ class CaseOutcome:
     @property
     def results(self) -> list[CaseResult]:
         return self.runner.results if self.runner else []
-
-
-def _case_id(item: pytest.Item) -> str:
-    """The stable case name records and baselines use (harness.results.case_id)."""
-    return results.case_id(item.nodeid, item.path, item.config.rootpath)
 
 
 def _case_id_of_report(report: Any) -> str:
@@ -721,7 +670,7 @@ def _evidence(call: pytest.CallInfo[None]) -> str | None:
 
 
 def _apply_registry(
-    item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: CaseOutcome
+    item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: JudgedCase
 ) -> None:
     if not case.entries or report.skipped:
         return
@@ -755,45 +704,13 @@ def _lead_with_judgement(report: pytest.TestReport, message: str) -> None:
         crash.message = message
 
 
-def _compare_shardings(item: pytest.Item, report: pytest.TestReport, case: CaseOutcome) -> None:
-    """After the registry: a passing case's shardings against its baseline entry, or kept for the
-    rewrite (--spmd-update-shardings). Whether a change fails the case: harness.baseline."""
-    harness = item.config.stash[SESSION_KEY]
-    if (
-        report.outcome != "passed"
-        or hasattr(report, "wasxfail")
-        or case.runner is None
-        or item.get_closest_marker("no_sharding_baseline")
-        or not case.shardings
-    ):
-        return
-    if harness.update_shardings:
-        harness.shardings_updates.observe(item.nodeid, case.case_id, case.shardings, case.torch_xla)
-        return
-    base = harness.baseline()
-    if base is None:
-        return
-    option = "spmd_shardings_baseline" if harness._baseline_option else None
-    rewrite = baselinefile.rewrite_command(item, "--spmd-update-shardings", option, base.path)
-    check = base.check(case.case_id, case.shardings, case.torch_xla, rewrite)
-    if check is None:
-        harness.cases_without_entry.append(case.case_id)
-        return
-    case.sharding_changes = [str(c) for c in check.changes]
-    if check.failure is not None:
-        report.outcome = "failed"
-        report.longrepr = check.failure
-    elif check.changes:
-        report.sections.append((check.heading, check.listing))
-
-
 def _outcome_of(report: pytest.TestReport) -> str:
     if hasattr(report, "wasxfail"):
         return "xfailed" if report.skipped else "xpassed"
     return report.outcome
 
 
-def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: CaseOutcome) -> None:
+def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: JudgedCase) -> None:
     harness = item.config.stash[SESSION_KEY]
     judgement, entries = case.judgement, case.entries
     record = results.CaseRecord(
@@ -821,7 +738,7 @@ def _write_record(item: pytest.Item, call: pytest.CallInfo[None], report: pytest
     def write() -> None:
         folder = harness.claim_run_folder()
         for result in case.results:
-            _keep_hlo(folder, case.case_id, result.hlo)
+            results.keep_texts(folder / runfolder.HLO_DIR, case.case_id, result.hlo, ".txt")
         costcheck.keep_dumps(folder, item, report.failed)
         results.write_record(folder, record, harness.worker)
 
@@ -849,12 +766,3 @@ def _reason(report: pytest.TestReport, judgement: Judgement | None) -> str:
         crash = getattr(report.longrepr, "reprcrash", None)
         return headline(crash.message if crash else str(report.longrepr), 500)
     return ""
-
-
-def _keep_hlo(results_dir: Path, nodeid: str, hlo: dict[str, str]) -> None:
-    if not hlo:
-        return
-    folder = results_dir / runfolder.HLO_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in hlo.items():
-        (folder / f"{results.safe_filename(nodeid)}__{results.safe_filename(name)}.txt").write_text(text)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness.backends import Backend
+from harness.isolation.backend import Backend
 
 KNOWN_NEEDS = {"backend", "devices", "jax", "multislice", "xla", "reason"}
 

@@ -20,10 +20,13 @@ from typing import Any
 
 import pytest
 
-from harness import runfolder, versions
+from harness import runfolder
 from harness.errors import DamagedRecord
 from harness.isolation.processes import describe_exit
 from harness.schema import shown
+
+# The shape of a CaseRecord line; readers can refuse what they do not know.
+RECORD_SCHEMA = 2
 
 
 @dataclasses.dataclass
@@ -73,7 +76,7 @@ class CaseRecord:
     torch: str | None = None
     jax: str | None = None
     harness: str | None = None
-    schema: int = versions.RECORD_SCHEMA
+    schema: int = RECORD_SCHEMA
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, allow_nan=False)
@@ -96,7 +99,7 @@ class CaseRecord:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def _is_count(value: Any) -> bool:
+def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -111,12 +114,12 @@ _FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
         name: ("a string or null", lambda v: v is None or isinstance(v, str))
         for name in ("known_bug", "registry_verdict", "signature", "torch_xla", "torch", "jax", "harness")
     },
-    "schema": ("a whole number", _is_count),
+    "schema": ("a whole number", _is_int),
     **{
-        name: ("a whole number or null", lambda v: v is None or _is_count(v))
+        name: ("a whole number or null", lambda v: v is None or _is_int(v))
         for name in ("devices", "slice_id", "host_id")
     },
-    **{name: ("a number", lambda v: _is_count(v) or isinstance(v, float)) for name in ("duration_s", "body_s")},
+    **{name: ("a number", lambda v: _is_int(v) or isinstance(v, float)) for name in ("duration_s", "body_s")},
     **{
         name: ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
         for name in ("known_bugs", "sharding_changes", "cost_changes")
@@ -128,6 +131,11 @@ _FIELD_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     ),
     "sharding_baseline": ("true or false", lambda v: isinstance(v, bool)),
 }
+
+
+def item_case_id(item: pytest.Item) -> str:
+    """The case's one key in records and both baselines (case_id below)."""
+    return case_id(item.nodeid, item.path, item.config.rootpath)
 
 
 def case_id(nodeid: str, path: Path, rootpath: Path) -> str:
@@ -261,6 +269,15 @@ def apply_amendment(records: dict[str, CaseRecord], data: dict[str, Any]) -> Non
 
 def safe_filename(nodeid: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_")[:180]
+
+
+def keep_texts(folder: Path, case_id: str, texts: dict[str, str], suffix: str) -> None:
+    """A case's texts (HLO modules, XLA dumps) as `<case>__<name><suffix>` files in `folder`."""
+    if not texts:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        (folder / f"{safe_filename(case_id)}__{safe_filename(name)}{suffix}").write_text(text, encoding="utf-8")
 
 
 def suite_exit_problem(code: int | None) -> str | None:

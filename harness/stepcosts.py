@@ -77,8 +77,8 @@ class StepMeter:
         # Unique in this process, so a warm child's next case never reads this one's graphs.
         self.graph_prefix = f"{xla.STEP_GRAPH_PREFIX}{next(_meter_numbers)}_{label}_"
         self.signature: dict[str, Any] = {"warmup": warmup, "steps": [], "graphs": {}, "memory": {}}
-        ctx.values.setdefault(costs.SIGNATURES_KEY, {})[label] = self.signature
-        self.dumps: dict[str, str] = ctx.values.setdefault(costs.DUMPS_KEY, {})
+        ctx.values.setdefault(costs.SIGNATURES_VALUE, {})[label] = self.signature
+        self.dumps: dict[str, str] = ctx.values.setdefault(costs.DUMPS_VALUE, {})
         self.last_inputs: list[str] | None = None
         self.last_fingerprint: str | None = None
         self.last_graph_memory: dict[str, int] | None = None

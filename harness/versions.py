@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib.metadata
 
-# The shape of a CaseRecord line and of run.json; readers can refuse what they do not know.
-RECORD_SCHEMA = 2
 DISTRIBUTIONS = ("torch_xla", "torch", "jax", "libtpu")
 
 

@@ -42,7 +42,7 @@ def enable_step_dumps() -> str | None:
     flags = os.environ.get("XLA_FLAGS", "")
     if "--xla_dump_to" in flags or os.environ.get(DUMP_DIR_ENV):
         return None
-    from harness.backends import XLA_DUMP_ROOT_ENV
+    from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 
     root = os.environ.get(XLA_DUMP_ROOT_ENV)
     folder = tempfile.mkdtemp(prefix="spmd-xla-dumps-", dir=root if root and os.path.isdir(root) else None)

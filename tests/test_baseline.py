@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.baseline import Baseline, CaseCheck, Change, is_drift
+from harness.baseline import Baseline, CaseCheck, ShardingChange, is_drift
 
 pytestmark = pytest.mark.selftest
 
@@ -153,7 +153,7 @@ def test_the_policy_fails_drift_on_the_release_line_and_reports_the_rest():
     assert base.check("other", {"w": TILED}, "2.9.0", "t.py::other") is None  # no entry: not compared
     assert base.check("c", {"w": "{devices=[4,1]<=[4]}"}, "2.9.0", "t.py::c") == CaseCheck([])
     drift = base.check("c", {"w": "{replicated}"}, "2.9.1", "pytest t.py::c --spmd-update-shardings")
-    assert drift is not None and drift.changes == [Change("w", TILED, "{replicated}")]
+    assert drift is not None and drift.changes == [ShardingChange("w", TILED, "{replicated}")]
     assert drift.failure is not None and drift.failure.startswith(
         "sharding drift: 1 tensor(s) differ from cpu-4.json (taken on torch_xla 2.9.0; this run: 2.9.1):"
     )
@@ -164,7 +164,7 @@ def test_the_policy_fails_drift_on_the_release_line_and_reports_the_rest():
         elsewhere.heading == "sharding changes (reported, not failed: torch_xla 2.8.0 is not on 2.9.0's release line)"
     )
     new = base.check("c", {"w": TILED, "b": TILED}, "2.9.0", "t.py::c")
-    assert new is not None and new.failure is None and new.changes == [Change("b", None, TILED)]
+    assert new is not None and new.failure is None and new.changes == [ShardingChange("b", None, TILED)]
     assert new.heading == "sharding changes (reported, not failed: new tensors)"
 
 
@@ -172,9 +172,9 @@ def test_the_policy_fails_drift_on_the_release_line_and_reports_the_rest():
     "changes, drift",
     [
         ([], False),
-        ([Change("w", None, TILED)], False),  # a new tensor is reported, not failed
-        ([Change("w", TILED, "{replicated}")], True),
-        ([Change("w", TILED, None)], True),  # a tensor no longer recorded
+        ([ShardingChange("w", None, TILED)], False),  # a new tensor is reported, not failed
+        ([ShardingChange("w", TILED, "{replicated}")], True),
+        ([ShardingChange("w", TILED, None)], True),  # a tensor no longer recorded
     ],
 )
 def test_what_counts_as_drift(changes, drift):
@@ -192,7 +192,7 @@ def test_release_line_and_canonical_form():
     # Compared in canonical form (its rules: tests/test_sharding.py, test_canonical_text).
     assert base.compare("c", {"w": "{devices=[2,2]<=[4]}"}) == []
     assert base.compare("c", {"w": "{devices=[2,2]0,2,1,3}"}) == [
-        Change("w", "{devices=[2,2]0,1,2,3}", "{devices=[2,2]0,2,1,3}")
+        ShardingChange("w", "{devices=[2,2]0,1,2,3}", "{devices=[2,2]0,2,1,3}")
     ]
 
 

@@ -305,7 +305,7 @@ for _ in range(3):
         kept += [Spec() for _ in range(int(sys.argv[1]))]
         if sys.argv[2] == "freeze":
             gc.freeze()  # hides what it keeps from gc.get_objects()
-print(json.dumps(costs.steady_state_problems(ctx.values[costs.SIGNATURES_KEY]["host"], "host")))
+print(json.dumps(costs.steady_state_problems(ctx.values[costs.SIGNATURES_VALUE]["host"], "host")))
 """
 
 

@@ -779,7 +779,7 @@ def test_the_readme_table_is_written_between_its_markers_only(registry):
 
 
 def test_sharding_changes_between_consecutive_columns_list_moved_tensors_only():
-    from harness.matrix.shardings import consecutive_changes
+    from harness.matrix.shardingchanges import consecutive_changes
 
     def rec_with(name: str, shardings: dict[str, str]) -> CaseRecord:
         return CaseRecord(nodeid=f"cases/test_x.py::{name}", family="x", outcome="passed", shardings=shardings)

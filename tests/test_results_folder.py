@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import report, runfolder
+from harness import report, results, runfolder
 from harness.results import read_records
 
 pytestmark = pytest.mark.selftest
@@ -317,7 +317,7 @@ def test_records_carry_the_stack_the_harness_and_the_schema(pytester: pytest.Pyt
     pytester.makepyfile(test_cases=CASES)
     run(pytester, "-m", "spmd").assert_outcomes(passed=1, skipped=1)
     for record in read_records(pytester.path / "results"):
-        assert record.schema == versions.RECORD_SCHEMA
+        assert record.schema == results.RECORD_SCHEMA
         assert record.harness == versions.harness() and record.harness != "unknown"
         assert (record.torch, record.jax) == (versions.installed("torch"), versions.installed("jax"))
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.baseline import Baseline, Change, listing
-from harness.gke.aggregate import Disagreement
+from harness.baseline import Baseline, ShardingChange, listing
+from harness.gke.aggregate import HostDisagreement
 from harness.tiles import device_grid, holders_from_mesh, is_multi_axis, tile_holders
 
 pytestmark = pytest.mark.selftest
@@ -71,7 +71,9 @@ def test_multi_axis_and_grids():
 
 
 def test_a_drift_listing_draws_multi_axis_moves_as_grids():
-    text = listing([Change("w", HSDP_WEIGHT, MOVED), Change("b", "{devices=[4]0,1,2,3}", "{replicated}")])
+    text = listing(
+        [ShardingChange("w", HSDP_WEIGHT, MOVED), ShardingChange("b", "{devices=[4]0,1,2,3}", "{replicated}")]
+    )
     assert text.splitlines() == [
         f"  w: {HSDP_WEIGHT} -> {MOVED}",
         "      baseline              this run",
@@ -82,13 +84,13 @@ def test_a_drift_listing_draws_multi_axis_moves_as_grids():
 
 
 def test_a_cross_host_disagreement_draws_both_layouts():
-    d = Disagreement("c::t", "w", [(HSDP_WEIGHT, ["slice0.host0", "slice1.host0"]), (MOVED, ["slice1.host1"])])
+    d = HostDisagreement("c::t", "w", [(HSDP_WEIGHT, ["slice0.host0", "slice1.host0"]), (MOVED, ["slice1.host1"])])
     assert d.grids() == [
         "slice0.host0, slice1.host0    slice1.host1",
         "dim 0 ->  [0]  [1]            dim 0 ->  [0]  [1]",
         "          0,2  1,3                      1,3  0,2",
     ]
-    assert Disagreement("c::t", "w", [("{devices=[4]0,1,2,3}", ["a"]), ("{replicated}", ["b"])]).grids() == []
+    assert HostDisagreement("c::t", "w", [("{devices=[4]0,1,2,3}", ["a"]), ("{replicated}", ["b"])]).grids() == []
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ JUNIT_NAME, SUMMARY_NAME, JSON_NAME = "junit.xml", "summary.md", "results.json"
 
 
 @dataclasses.dataclass
-class Disagreement:
+class HostDisagreement:
     """One tensor of one case whose sharding differed between hosts."""
 
     nodeid: str
@@ -47,7 +47,7 @@ class Disagreement:
 @dataclasses.dataclass
 class Aggregate:
     hosts: list[HostReport]
-    disagreements: list[Disagreement]
+    disagreements: list[HostDisagreement]
     run_problems: list[str]  # e.g. timeout, JobSet Failed, torch_xla versions differ
     cost_disagreements: list[CostDisagreement] = dataclasses.field(default_factory=list)
 
@@ -103,8 +103,8 @@ def _version_problems(reports: list[HostReport]) -> list[str]:
     return []
 
 
-def compare_shardings(reports: list[HostReport]) -> list[Disagreement]:
-    """Same case, same tensor, different sharding on two hosts -> a Disagreement.
+def compare_shardings(reports: list[HostReport]) -> list[HostDisagreement]:
+    """Same case, same tensor, different sharding on two hosts -> a HostDisagreement.
 
     Only hosts that recorded the tensor are compared: a case that failed early on one host is
     already a failure of its own and says nothing about sharding agreement.
@@ -118,7 +118,7 @@ def compare_shardings(reports: list[HostReport]) -> list[Disagreement]:
     for (nodeid, tensor), observations in sorted(seen.items()):
         variants = _group(observations)
         if len(variants) > 1:
-            out.append(Disagreement(nodeid, tensor, variants))
+            out.append(HostDisagreement(nodeid, tensor, variants))
     return out
 
 

@@ -101,7 +101,7 @@ def wait_for_end(cfg: RunConfig, kube: Kube, out: IO[str]) -> list[str]:
     problems (none if Completed). Pods are looked at on every JobSet change and at least once per
     watch segment, so a stuck one is seen within about watch_segment_s."""
     deadline = time.monotonic() + cfg.timeout_s
-    progress = Progress(out, cfg.slices)
+    progress = PodProgress(out, cfg.slices)
     stuck_pods = stuck.StuckWatch(cfg.namespace, cfg.pull_error_grace_s)
     while (remaining := deadline - time.monotonic()) > 0:
         for jobset in kube.watch_jobset(cfg.namespace, cfg.name, min(cfg.watch_segment_s, remaining)):
@@ -164,7 +164,7 @@ def _cleanup(cfg: RunConfig, kube: Kube, out: IO[str]) -> None:
     _say(out, f"deleted JobSet {cfg.namespace}/{cfg.name}" if deleted else "JobSet already gone")
 
 
-class Progress:
+class PodProgress:
     """One line per change: pods pending/running/succeeded/failed per slice."""
 
     def __init__(self, out: IO[str], slices: int) -> None:

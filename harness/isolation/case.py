@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.backends import Backend
 from harness.errors import CaseError, CaseFailed, HarnessUsageError
 from harness.isolation import evidence
+from harness.isolation.backend import Backend
 from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
 from harness.isolation.evidence import headline
 from harness.isolation.pool import ChildPool

@@ -43,8 +43,8 @@ def _dumps_problem(value: Any) -> str | None:
 
 # Every reserved key the pytest process reads, and what is wrong with a value (None: nothing).
 RESERVED_VALUES: dict[str, Callable[[Any], str | None]] = {
-    costs.SIGNATURES_KEY: _signatures_problem,
-    costs.DUMPS_KEY: _dumps_problem,
+    costs.SIGNATURES_VALUE: _signatures_problem,
+    costs.DUMPS_VALUE: _dumps_problem,
 }
 
 

@@ -37,6 +37,10 @@ PRELOAD_ENV = "HARNESS_PRELOAD"  # comma-separated "module:function" set-up hook
 BACKEND_ENV = "HARNESS_BACKEND"
 DEVICES_ENV = "HARNESS_DEVICES"
 FAKE_VERSION_ENV = "HARNESS_FAKE_TORCH_XLA"  # the torch_xla version a fake-backend child claims
+# Where a child's XLA dumps go (harness.xla.enable_step_dumps): a folder in the run's folder that
+# the controlling pytest process removes at the end of the run. A forked child leaves through
+# os._exit, so a folder a child made in /tmp for itself would outlive it.
+XLA_DUMP_ROOT_ENV = "HARNESS_XLA_DUMP_ROOT"
 
 # 128 MiB: room for the HLO of a large model; past it, record less (a graph's excerpt, not all).
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024

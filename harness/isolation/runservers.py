@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.backends import Backend
+from harness.isolation.backend import Backend
 from harness.isolation.case import child_spec
 from harness.isolation.child_process import ChildSpec
 from harness.isolation.forkclient import ForkServer, ServerAddress, server_key

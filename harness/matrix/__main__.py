@@ -236,7 +236,9 @@ def _setup(args: argparse.Namespace, extra: Sequence[str], deps: Deps) -> tuple[
     return progress, cache, suite
 
 
-def _prepare(specs: Sequence[cols.ColumnSpec], cache: EnvCache, progress: Progress, deps: Deps) -> list[measure.Step]:
+def _prepare(
+    specs: Sequence[cols.ColumnSpec], cache: EnvCache, progress: Progress, deps: Deps
+) -> list[measure.PlannedColumn]:
     steps = measure.plan(specs, cache, REPO)
     for line in measure.describe(steps, cache):
         progress.say(line)

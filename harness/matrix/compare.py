@@ -16,7 +16,7 @@ from harness.registry import KnownBug
 
 
 @dataclasses.dataclass(frozen=True)
-class Change:
+class VerdictChange:
     entry: str
     good: Observation
     bad: Observation
@@ -30,13 +30,13 @@ class NotRun:
     bad: Observation
 
 
-def compare(registry: Mapping[str, KnownBug], good: ColumnResult, bad: ColumnResult) -> list[Change]:
+def compare(registry: Mapping[str, KnownBug], good: ColumnResult, bad: ColumnResult) -> list[VerdictChange]:
     return compare_all(registry, good, bad)[0]
 
 
 def compare_all(
     registry: Mapping[str, KnownBug], good: ColumnResult, bad: ColumnResult
-) -> tuple[list[Change], list[NotRun]]:
+) -> tuple[list[VerdictChange], list[NotRun]]:
     """The entries whose verdict changed, and those measured on one side only."""
     changes = []
     not_run = []
@@ -58,7 +58,7 @@ def compare_all(
             for n in sorted(kinds_before.keys() | kinds_after.keys())
             if kinds_before.get(n) != kinds_after.get(n)
         )
-        changes.append(Change(entry_id, before, after, cases))
+        changes.append(VerdictChange(entry_id, before, after, cases))
     return changes, not_run
 
 
@@ -75,7 +75,7 @@ def _observe(entry: KnownBug | None, entry_id: str, column: ColumnResult) -> Obs
     return observe(entry, records)
 
 
-def to_text(changes: list[Change], good: ColumnResult, bad: ColumnResult, not_run: Sequence[NotRun] = ()) -> str:
+def to_text(changes: list[VerdictChange], good: ColumnResult, bad: ColumnResult, not_run: Sequence[NotRun] = ()) -> str:
     head = f"good: {good.name} (torch_xla {good.torch_xla or '?'}), bad: {bad.name} (torch_xla {bad.torch_xla or '?'})"
     tail = _not_run_text(not_run)
     if not changes:

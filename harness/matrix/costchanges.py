@@ -22,17 +22,17 @@ SELFTEST_FAMILIES = ("costs",)
 
 
 @dataclasses.dataclass(frozen=True)
-class Moved:
+class CostMove:
     case: str
     item: str
     detail: str
 
 
 @dataclasses.dataclass(frozen=True)
-class Step:
+class CostStep:
     before: str
     after: str
-    moved: tuple[Moved, ...]
+    moved: tuple[CostMove, ...]
     compared: int  # loops measured in both columns
 
 
@@ -46,17 +46,17 @@ def _signatures(column: ColumnResult) -> dict[tuple[str, str], dict[str, Any]]:
     }
 
 
-def consecutive_changes(columns: Sequence[ColumnResult]) -> list[Step]:
+def consecutive_changes(columns: Sequence[ColumnResult]) -> list[CostStep]:
     steps = []
     for first, second in zip(columns, columns[1:]):
         a, b = _signatures(first), _signatures(second)
         both = sorted(a.keys() & b.keys())
         moved = tuple(
-            Moved(case, change.item, change.detail)
+            CostMove(case, change.item, change.detail)
             for case, loop in both
             for change in costs.compare(a[(case, loop)], b[(case, loop)], loop)
         )
-        steps.append(Step(first.name, second.name, moved, len(both)))
+        steps.append(CostStep(first.name, second.name, moved, len(both)))
     return steps
 
 

@@ -18,13 +18,13 @@ from harness.results import safe_filename
 
 
 @dataclasses.dataclass(frozen=True)
-class Step:
+class PlannedColumn:
     spec: ColumnSpec
     request: EnvRequest | None  # None: an existing venv (--env) or results read back
     cached: bool
 
 
-def plan(specs: Sequence[ColumnSpec], cache: EnvCache, repo: Path) -> list[Step]:
+def plan(specs: Sequence[ColumnSpec], cache: EnvCache, repo: Path) -> list[PlannedColumn]:
     steps = []
     for spec in specs:
         request = None
@@ -32,11 +32,11 @@ def plan(specs: Sequence[ColumnSpec], cache: EnvCache, repo: Path) -> list[Step]
             request = envs.release_request(spec.name, repo)
         elif spec.kind == "wheels":
             request = envs.wheels_request(envs.read_wheel_folder(spec.folder), repo)
-        steps.append(Step(spec, request, request is not None and cache.is_complete(request)))
+        steps.append(PlannedColumn(spec, request, request is not None and cache.is_complete(request)))
     return steps
 
 
-def describe(steps: Sequence[Step], cache: EnvCache) -> list[str]:
+def describe(steps: Sequence[PlannedColumn], cache: EnvCache) -> list[str]:
     to_build = [s for s in steps if s.request and not s.cached]
     runs = [s for s in steps if s.spec.kind != "results"]
     lines = [f"plan: {len(steps)} column(s): {', '.join(s.spec.name for s in steps)}"]
@@ -61,7 +61,7 @@ def describe(steps: Sequence[Step], cache: EnvCache) -> list[str]:
 
 
 def measure(
-    steps: Sequence[Step], cache: EnvCache, suite: SuiteRunner, out: Path, say: Callable[[str], None]
+    steps: Sequence[PlannedColumn], cache: EnvCache, suite: SuiteRunner, out: Path, say: Callable[[str], None]
 ) -> list[ColumnResult]:
     # Build every environment first: a failed install then stops the command before any long suite run.
     pythons: dict[str, Path] = {}
@@ -92,7 +92,7 @@ def measure(
     return columns
 
 
-def _env_note(step: Step, cache: EnvCache) -> str:
+def _env_note(step: PlannedColumn, cache: EnvCache) -> str:
     if step.request is None:
         return "existing venv"
     seconds = cache.built_seconds(step.request)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness.matrix import costchanges
-from harness.matrix import shardings as sharding_changes
+from harness.matrix import costchanges, shardingchanges
 from harness.matrix.table import Cell, ColumnResult, Matrix, State
 
 SCHEMA_VERSION = 1
@@ -103,7 +102,7 @@ def to_markdown(matrix: Matrix, command: str) -> str:
         lines += ["", f"## Not run ({len(matrix.not_run)}): every case for the entry skipped itself", ""]
         lines += [f"- {_md(d.message)}" for d in matrix.not_run]
     if len(matrix.columns) > 1:
-        lines += ["", *sharding_changes.to_markdown(matrix.columns)]
+        lines += ["", *shardingchanges.to_markdown(matrix.columns)]
         lines += ["", *costchanges.to_markdown(matrix.columns)]
     return "\n".join(lines) + "\n"
 

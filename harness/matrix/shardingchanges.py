@@ -16,7 +16,7 @@ from harness.sharding import canonical_text
 
 
 @dataclasses.dataclass(frozen=True)
-class Moved:
+class ShardingMove:
     case: str
     tensor: str
     before: str
@@ -24,12 +24,12 @@ class Moved:
 
 
 @dataclasses.dataclass(frozen=True)
-class Step:
+class ShardingStep:
     """From one column to the next."""
 
     before: str
     after: str
-    moved: tuple[Moved, ...]
+    moved: tuple[ShardingMove, ...]
     one_sided: int  # tensors recorded in only one of the two columns (cases both ran)
 
 
@@ -42,7 +42,7 @@ def _shardings(column: ColumnResult) -> dict[str, dict[str, str]]:
     }
 
 
-def consecutive_changes(columns: Sequence[ColumnResult]) -> list[Step]:
+def consecutive_changes(columns: Sequence[ColumnResult]) -> list[ShardingStep]:
     steps = []
     for first, second in zip(columns, columns[1:]):
         a, b = _shardings(first), _shardings(second)
@@ -51,8 +51,8 @@ def consecutive_changes(columns: Sequence[ColumnResult]) -> list[Step]:
             one_sided += len(a[case].keys() ^ b[case].keys())
             for tensor in sorted(a[case].keys() & b[case].keys()):
                 if a[case][tensor] != b[case][tensor]:
-                    moved.append(Moved(case, tensor, a[case][tensor], b[case][tensor]))
-        steps.append(Step(first.name, second.name, tuple(moved), one_sided))
+                    moved.append(ShardingMove(case, tensor, a[case][tensor], b[case][tensor]))
+        steps.append(ShardingStep(first.name, second.name, tuple(moved), one_sided))
     return steps
 
 
