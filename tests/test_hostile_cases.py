@@ -318,3 +318,46 @@ def test_a_run_id_that_exists_already_is_a_usage_error_before_anything_runs(pyte
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--spmd-run-id=run-planted: *run-planted exists already; name a new run folder*"])
     assert list((pytester.path / "results" / "run-planted").iterdir()) == []
+
+
+# --- a body that erases or forges the cost meter's reserved keys ---------------------------------
+
+ERASES_COSTS = """
+import os
+import pytest
+from harness import stepcosts
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_loop(ctx, attack):
+    meter = stepcosts.StepMeter(ctx, label="host", host_only=True)
+    kept = []
+    for _ in range(3):
+        with meter.step():
+            kept.append(object())
+            if attack == "leak":
+                kept += [Exception() for _ in range(4)]  # a steady-state failure, if anything judged it
+    if attack == "erase":
+        ctx.values["harness:costs"] = {}  # the meter's signatures vanish: nothing left to judge
+    if attack == "record":
+        ctx.record("harness:costs", {})  # the same, through the API (the self-tests forge signatures so)
+
+def test_loop(spmd):
+    spmd.run(body_loop, attack=os.environ.get("ATTACK", "none"), fresh=True)
+"""
+
+
+@pytest.mark.parametrize("attack", ["erase", "record"])
+def test_a_body_that_erases_its_cost_signatures_fails_against_the_cost_baseline(pytester, monkeypatch, attack):
+    """The committed cost baseline names the loop: a case that no longer reports it (its body wiped
+    the harness's key) fails, as a loop that stopped being measured does, instead of passing unjudged."""
+    pytester.makepyfile(test_erase=ERASES_COSTS)
+    monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", "2.9.0")  # on the baseline's release line: drift fails
+    run(pytester, "--spmd-costs-baseline=costs.json", "--spmd-update-costs").assert_outcomes(passed=1)
+    assert "host" in json.loads((pytester.path / "costs.json").read_text())["cases"]["test_erase.py::test_loop"]
+    monkeypatch.setenv("ATTACK", attack)
+    result = run(pytester, "--spmd-costs-baseline=costs.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*cost drift: 1 item(s) differ from costs.json*", "*host: training loop no longer measured*"]
+    )
