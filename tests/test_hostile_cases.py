@@ -361,3 +361,16 @@ def test_a_body_that_erases_its_cost_signatures_fails_against_the_cost_baseline(
     result.stdout.fnmatch_lines(
         ["*cost drift: 1 item(s) differ from costs.json*", "*host: training loop no longer measured*"]
     )
+
+
+def test_two_runs_given_the_same_run_id_never_share_its_folder(tmp_path: Path):
+    """Both runs pass the configure-time check (the folder is made only once there is something to
+    write): the second to claim it finds the first one's folder and must refuse it, not adopt it
+    and append its records to the first run's."""
+    first = runfolder.RunFolder.new(tmp_path, "run-ci42")
+    second = runfolder.RunFolder.new(tmp_path, "run-ci42")
+    second.controller_pid += 1  # another pytest process (same host, same second)
+    first.claim()
+    with pytest.raises(HarnessUsageError, match="already exists and is not this run's folder"):
+        second.claim()
+    assert runfolder.read_manifest(first.path).pid == first.controller_pid
