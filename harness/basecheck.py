@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from harness import basecompare, costcheck, options, runfolder
+from harness import activation, basecompare, costcheck, options, runfolder
 from harness.basecompare import BaseRun, Comparison
 from harness.errors import HarnessError
 
@@ -79,7 +79,7 @@ def judge(
 ) -> None:
     """Hold one case to its base record; its finding goes on the report for the controller."""
     session: CompareSession | None = item.config.stash.get(SESSION_KEY, None)
-    if session is None or not item.get_closest_marker("spmd"):
+    if session is None or not activation.is_spmd(item):
         return
     registry = dict(item.user_properties)  # the registry's judgement of this case (harness.plugin)
     finding: dict[str, Any] = {
