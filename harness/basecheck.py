@@ -15,6 +15,7 @@ crashed worker loses only its own case.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,14 @@ def finish(session: CompareSession) -> None:
     if hasattr(session.config, "workerinput") or not runfolder.is_run_folder(session.own_run):
         return
     runfolder.replace_file(session.own_run / runfolder.COMPARISON_NAME, session.comparison.to_json())
+
+
+def planted_comparison(config: pytest.Config, own_run: Path) -> list[str]:
+    """A run without --spmd-compare makes no comparison.json: one in its folder was written by a
+    case, a forged "none differ" the report would show as a green check, so the run fails."""
+    if config.stash.get(SESSION_KEY, None) is not None or not os.path.lexists(own_run / runfolder.COMPARISON_NAME):
+        return []
+    return [
+        f"{runfolder.COMPARISON_NAME} in {own_run.name} was not made by this run (it ran without --spmd-compare; "
+        "written by a case?); the run fails"
+    ]

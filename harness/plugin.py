@@ -458,7 +458,7 @@ def _close_run(session: pytest.Session, harness: HarnessSession) -> None:
         )
     )
     xmlpath = getattr(session.config.option, "xmlpath", None)
-    problems = harness.run.manifest_problems()
+    problems = harness.run.manifest_problems() + basecheck.planted_comparison(session.config, harness.run.path)
     for problem in problems:
         session.config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
     if problems and session.exitstatus == pytest.ExitCode.OK:

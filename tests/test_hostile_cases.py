@@ -374,3 +374,34 @@ def test_two_runs_given_the_same_run_id_never_share_its_folder(tmp_path: Path):
     with pytest.raises(HarnessUsageError, match="already exists and is not this run's folder"):
         second.claim()
     assert runfolder.read_manifest(first.path).pid == first.controller_pid
+
+
+FORGES_COMPARISON = """
+import json, pathlib
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+FORGED = {"schema": 1, "base": "/base", "base_torch_xla": "2.9.0", "this_torch_xla": ["2.9.1"], "compared": 40,
+          "differ": {}, "new": {}, "not_compared": {}, "registry": []}
+
+def body_forges(ctx, folder):
+    (pathlib.Path(folder) / "comparison.json").write_text(json.dumps(FORGED))
+
+def test_forges(spmd):
+    (folder,) = (p for p in pathlib.Path("results").glob("run-*") if not p.is_symlink())
+    spmd.run(body_forges, folder=str(folder.absolute()))
+"""
+
+
+def test_a_comparison_planted_in_a_run_without_a_base_fails_the_run(pytester):
+    """A run without --spmd-compare makes no comparison.json: one a case wrote there (a forged
+    "40 compared, none differ" the report would show as a green check) fails the run."""
+    pytester.makepyfile(test_forge=FORGES_COMPARISON)
+    result = run(pytester)
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*spmd harness: comparison.json in run-* was not made by this run*"])
+    assert "comparison.json" in " ".join(runfolder.read_manifest(only_run_folder(pytester)).problems)
+    shown = subprocess.run([sys.executable, "-m", "harness.report", "results"], capture_output=True, text=True)
+    assert shown.returncode == 1, shown.stdout + shown.stderr
