@@ -405,3 +405,13 @@ def test_a_comparison_planted_in_a_run_without_a_base_fails_the_run(pytester):
     assert "comparison.json" in " ".join(runfolder.read_manifest(only_run_folder(pytester)).problems)
     shown = subprocess.run([sys.executable, "-m", "harness.report", "results"], capture_output=True, text=True)
     assert shown.returncode == 1, shown.stdout + shown.stderr
+
+
+@pytest.mark.parametrize("run_id", ["latest", "run-../x", "../run-x"])
+def test_a_hostile_run_id_is_a_usage_error_not_a_traceback(pytester, run_id):
+    pytester.makepyfile(test_x="import pytest\n\n@pytest.mark.spmd\ndef test_x(spmd):\n    pass\n")
+    result = run(pytester, f"--spmd-run-id={run_id}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
+    result.stderr.fnmatch_lines([f"*--spmd-run-id: {run_id!r} is not a run id: use run- followed by*"])
+    assert not (pytester.path / "results").exists() and not (pytester.path / "x").exists()
