@@ -23,6 +23,8 @@ import pytest
 
 CASES_DIR = "cases"
 SPMD_MARKER = "spmd"
+# How the plugin registers it (harness.plugin.MARKERS): any other declaration is the project's own.
+SPMD_MARKER_LINE = "spmd: an SPMD regression case that runs torch_xla in a child process; the markers below are read on spmd items only"
 # What an SPMD case file says to be one (a module's pytestmark or a decorator): read as text, cheap.
 SPMD_MARK_TEXT = "mark.spmd"
 # Options that let pytest (or a plugin) drop collected items before they run.
@@ -30,7 +32,28 @@ DESELECTING_OPTIONS = ("keyword", "markexpr", "deselect", "lf", "failedfirst", "
 
 
 def is_spmd(item: pytest.Item) -> bool:
-    return item.get_closest_marker(SPMD_MARKER) is not None
+    return item.get_closest_marker(SPMD_MARKER) is not None and not project_owns_spmd_marker(item.config)
+
+
+def project_owns_spmd_marker(config: pytest.Config) -> bool:
+    """The project declares a `spmd` marker in its own ini: the name is its own (the harness's
+    projects do not declare it, the plugin registers it), so its items are not SPMD cases and the
+    plugin starts nothing, writes nothing and prints nothing for them."""
+    try:
+        lines = config.getini("markers")
+    except (ValueError, KeyError):
+        return False
+    return any(
+        str(line).split(":", 1)[0].split("(", 1)[0].strip() == SPMD_MARKER and str(line) != SPMD_MARKER_LINE
+        for line in lines
+    )
+
+
+OWNED_MARKER_ERROR = (
+    "this project declares its own 'spmd' marker (its ini's `markers`), so the spmd harness leaves "
+    "items marked spmd alone; to run SPMD cases with the harness's `spmd` fixture, remove it from the "
+    "ini's markers (the plugin registers the marker itself)"
+)
 
 
 def selects_spmd_early(options: argparse.Namespace, rootpath: Path, testpaths: Sequence[str]) -> bool:

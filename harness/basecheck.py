@@ -15,12 +15,13 @@ crashed worker loses only its own case.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness import basecompare, costcheck, options, runfolder
+from harness import activation, basecompare, costcheck, options, runfolder
 from harness.basecompare import BaseRun, Comparison
 from harness.errors import HarnessError
 
@@ -79,7 +80,7 @@ def judge(
 ) -> None:
     """Hold one case to its base record; its finding goes on the report for the controller."""
     session: CompareSession | None = item.config.stash.get(SESSION_KEY, None)
-    if session is None or not item.get_closest_marker("spmd"):
+    if session is None or not activation.is_spmd(item):
         return
     registry = dict(item.user_properties)  # the registry's judgement of this case (harness.plugin)
     finding: dict[str, Any] = {
@@ -157,3 +158,14 @@ def finish(session: CompareSession) -> None:
     if hasattr(session.config, "workerinput") or not runfolder.is_run_folder(session.own_run):
         return
     runfolder.replace_file(session.own_run / runfolder.COMPARISON_NAME, session.comparison.to_json())
+
+
+def planted_comparison(config: pytest.Config, own_run: Path) -> list[str]:
+    """A run without --spmd-compare makes no comparison.json: one in its folder was written by a
+    case, a forged "none differ" the report would show as a green check, so the run fails."""
+    if config.stash.get(SESSION_KEY, None) is not None or not os.path.lexists(own_run / runfolder.COMPARISON_NAME):
+        return []
+    return [
+        f"{runfolder.COMPARISON_NAME} in {own_run.name} was not made by this run (it ran without --spmd-compare; "
+        "written by a case?); the run fails"
+    ]

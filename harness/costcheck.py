@@ -79,14 +79,14 @@ def judge(
         if body_passed and not hasattr(report, "wasxfail"):
             _fail(report, f"cost signature unreadable: {exc}")
         return
-    if (
-        not signatures
-        or not body_passed
-        or hasattr(report, "wasxfail")
-        or report.skipped
-        or item.get_closest_marker("no_cost_check")
-    ):
+    if not body_passed or hasattr(report, "wasxfail") or report.skipped or item.get_closest_marker("no_cost_check"):
         return
+    if not signatures:
+        # A case that measures nothing is not judged, unless the baseline measures it: a body that
+        # stopped running its meter, or wiped the harness's key, reads as "no longer measured".
+        base = None if session.update else session.baseline()
+        if base is None or not base.compare(results.item_case_id(item), signatures):
+            return
     problems = [line for label, sig in sorted(signatures.items()) for line in costs.steady_state_problems(sig, label)]
     if problems:
         item.stash[CHANGES_KEY] = [f"steady state: {p}" for p in problems]

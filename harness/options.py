@@ -11,6 +11,7 @@ and checked like the command line's; a bad one is a usage error naming the key.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from collections.abc import Callable
@@ -146,7 +147,7 @@ def add_options(parser: pytest.Parser) -> None:
         if option.choices:
             kwargs["choices"] = option.choices
         else:
-            kwargs["type"] = option.parse
+            kwargs["type"] = _argparse_type(option.parse)
         if option.metavar:
             kwargs["metavar"] = option.metavar
         group.addoption(option.flag, **kwargs)
@@ -164,6 +165,22 @@ def add_options(parser: pytest.Parser) -> None:
         dest=UPDATE_COSTS,
         help="rewrite the cost baseline entries of the cases that ran and passed, and print what changed",
     )
+
+
+def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """argparse turns only an ArgumentTypeError (or a ValueError) into a usage error (exit 4): a
+    HarnessUsageError raised by a parser (a run id like `latest` or `run-../x`) was a traceback."""
+
+    def parsed(text: str) -> Any:
+        try:
+            return parse(text)
+        except HarnessUsageError as exc:
+            if isinstance(exc, argparse.ArgumentTypeError):
+                raise
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parsed.__name__ = getattr(parse, "__name__", "value")
+    return parsed
 
 
 def value(config: pytest.Config, name: str, namespace: Any = None) -> Any:

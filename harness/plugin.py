@@ -66,7 +66,7 @@ RESULTS_WRITE_FATAL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 RECORD_EVIDENCE_LIMIT = 8000
 
 MARKERS = (
-    "spmd: an SPMD regression case that runs torch_xla in a child process; the markers below are read on spmd items only",
+    activation.SPMD_MARKER_LINE,
     "needs(backend=None, devices=0, jax=False, multislice=False, xla=True, reason=''): what a case needs from the backend; unmet needs skip with the numbers",
     "known_bug(entry_id): judge this case against a known-bug registry entry; several markers: the entry whose carried_by holds the child's torch_xla judges it",
     "no_sharding_baseline(reason): keep this case out of the sharding baseline (its recorded tensors vary by design)",
@@ -201,6 +201,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     if _looks_like_xdist_worker():
         return  # only the controlling process starts servers; workers get their addresses
     namespace = early_config.known_args_namespace
+    if activation.project_owns_spmd_marker(early_config):
+        return  # its items marked spmd are its own: nothing starts early (nor late: activation.is_spmd)
     if _information_only(namespace) or not activation.selects_spmd_early(
         namespace, early_config.rootpath, early_config.getini("testpaths")
     ):
@@ -402,7 +404,7 @@ def _close_run(session: pytest.Session, harness: HarnessSession) -> None:
         )
     )
     xmlpath = getattr(session.config.option, "xmlpath", None)
-    problems = harness.run.manifest_problems()
+    problems = harness.run.manifest_problems() + basecheck.planted_comparison(session.config, harness.run.path)
     for problem in problems:
         session.config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
     if problems and session.exitstatus == pytest.ExitCode.OK:
@@ -566,6 +568,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture
 def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
     """Runs case bodies in child processes; see harness.isolation.case.SpmdRunner.run."""
+    if activation.project_owns_spmd_marker(request.config):
+        pytest.fail(activation.OWNED_MARKER_ERROR, pytrace=False)  # rather than a case half-judged
     harness = request.config.stash[SESSION_KEY]
     harness.activate(request.config)  # a test that asks for the fixture is an SPMD case, marked or not
     journal = harness.claim_run_folder() / runfolder.requests_name(harness.worker)
@@ -585,10 +589,10 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    if call.when == "setup" and item.get_closest_marker("spmd") and results.item_case_id(item) != item.nodeid:
+    if call.when == "setup" and activation.is_spmd(item) and results.item_case_id(item) != item.nodeid:
         item.user_properties.append((CASE_ID_PROPERTY, results.item_case_id(item)))  # before the report copies them
     report: pytest.TestReport = yield
-    spmd = item.get_closest_marker("spmd") is not None
+    spmd = activation.is_spmd(item)
     if call.when == "call":
         case = JudgedCase.of(item)
         _apply_registry(item, call, report, case)

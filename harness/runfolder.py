@@ -277,7 +277,17 @@ class RunFolder:
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
             return False
         try:
-            return read_manifest(self.path).run_id == self.run_id
+            found = read_manifest(self.path)
+            # Not the run id alone: two runs given the same --spmd-run-id both pass the check in
+            # new() (nothing is made before a run has something to write); the one that claims
+            # second must refuse the other's folder. Every process of one run opens the same manifest.
+            mine = self.opening_manifest()
+            return (found.run_id, found.pid, found.host, found.started) == (
+                mine.run_id,
+                mine.pid,
+                mine.host,
+                mine.started,
+            )
         except FileNotFoundError:
             return True  # not written yet (or deleted by a case: the controller says so at the end)
         except (OSError, ValueError):

@@ -104,6 +104,8 @@ def test_two_runs_of_the_same_build_agree(suite, pytester, workers):
     suite(version=BASE_BUILD, results="base")
     result = suite("--spmd-compare=base", *workers, version=BASE_BUILD)
     result.assert_outcomes(passed=2, xfailed=1)
+    # Under xdist the controller collects nothing: the header comes at the end, still before the
+    # comparison's section (plugin.pytest_terminal_summary runs first).
     result.stdout.fnmatch_lines(
         [
             "*compared with base run*base*run-*(torch_xla 2.10.0+git1111111, 3 case records)*",
@@ -305,3 +307,28 @@ def test_the_report_shows_the_comparison_and_refuses_a_damaged_one(suite, pytest
     damaged = pytester.run(sys.executable, "-m", "harness.report", "pr")
     assert damaged.ret == 1
     assert "comparison.json is unreadable" in (only_run(pytester.path / "pr") / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("plant", ["link", "fifo", "huge"])
+def test_a_base_records_file_that_is_a_link_a_pipe_or_huge_is_refused_before_it_is_read(suite, pytester, plant):
+    """A hand-edited base run: its records file replaced by a link (to another run's records), a
+    named pipe (reading it would wait forever) or a file too large to be a suite's records (reading
+    it would fill the memory) is refused by name, as a usage error, without reading it."""
+    import os
+
+    suite(version=BASE_BUILD, results="base")
+    verdicts = only_run(pytester.path / "base") / "verdicts-main.jsonl"
+    if plant == "link":
+        elsewhere = pytester.path / "elsewhere.jsonl"
+        verdicts.rename(elsewhere)
+        verdicts.symlink_to(elsewhere)
+        named = "is not a regular file (a link)"
+    elif plant == "fifo":
+        verdicts.unlink()
+        os.mkfifo(verdicts)
+        named = "is not a regular file (a named pipe)"
+    else:
+        with verdicts.open("a") as fh:
+            fh.truncate(65 << 20)  # sparse: costs no disk
+        named = "is 65.0 MiB, more than a suite's records (64 MiB)"
+    refused(suite("--spmd-compare=base"), f"{verdicts} {named}")

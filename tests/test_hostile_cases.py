@@ -318,3 +318,100 @@ def test_a_run_id_that_exists_already_is_a_usage_error_before_anything_runs(pyte
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--spmd-run-id=run-planted: *run-planted exists already; name a new run folder*"])
     assert list((pytester.path / "results" / "run-planted").iterdir()) == []
+
+
+# --- a body that erases or forges the cost meter's reserved keys ---------------------------------
+
+ERASES_COSTS = """
+import os
+import pytest
+from harness import stepcosts
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_loop(ctx, attack):
+    meter = stepcosts.StepMeter(ctx, label="host", host_only=True)
+    kept = []
+    for _ in range(3):
+        with meter.step():
+            kept.append(object())
+            if attack == "leak":
+                kept += [Exception() for _ in range(4)]  # a steady-state failure, if anything judged it
+    if attack == "erase":
+        ctx.values["harness:costs"] = {}  # the meter's signatures vanish: nothing left to judge
+    if attack == "record":
+        ctx.record("harness:costs", {})  # the same, through the API (the self-tests forge signatures so)
+
+def test_loop(spmd):
+    spmd.run(body_loop, attack=os.environ.get("ATTACK", "none"), fresh=True)
+"""
+
+
+@pytest.mark.parametrize("attack", ["erase", "record"])
+def test_a_body_that_erases_its_cost_signatures_fails_against_the_cost_baseline(pytester, monkeypatch, attack):
+    """The committed cost baseline names the loop: a case that no longer reports it (its body wiped
+    the harness's key) fails, as a loop that stopped being measured does, instead of passing unjudged."""
+    pytester.makepyfile(test_erase=ERASES_COSTS)
+    monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", "2.9.0")  # on the baseline's release line: drift fails
+    run(pytester, "--spmd-costs-baseline=costs.json", "--spmd-update-costs").assert_outcomes(passed=1)
+    assert "host" in json.loads((pytester.path / "costs.json").read_text())["cases"]["test_erase.py::test_loop"]
+    monkeypatch.setenv("ATTACK", attack)
+    result = run(pytester, "--spmd-costs-baseline=costs.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*cost drift: 1 item(s) differ from costs.json*", "*host: training loop no longer measured*"]
+    )
+
+
+def test_two_runs_given_the_same_run_id_never_share_its_folder(tmp_path: Path):
+    """Both runs pass the configure-time check (the folder is made only once there is something to
+    write): the second to claim it finds the first one's folder and must refuse it, not adopt it
+    and append its records to the first run's."""
+    first = runfolder.RunFolder.new(tmp_path, "run-ci42")
+    second = runfolder.RunFolder.new(tmp_path, "run-ci42")
+    second.controller_pid += 1  # another pytest process (same host, same second)
+    first.claim()
+    with pytest.raises(HarnessUsageError, match="already exists and is not this run's folder"):
+        second.claim()
+    assert runfolder.read_manifest(first.path).pid == first.controller_pid
+
+
+FORGES_COMPARISON = """
+import json, pathlib
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+FORGED = {"schema": 1, "base": "/base", "base_torch_xla": "2.9.0", "this_torch_xla": ["2.9.1"], "compared": 40,
+          "differ": {}, "new": {}, "not_compared": {}, "registry": []}
+
+def body_forges(ctx, folder):
+    (pathlib.Path(folder) / "comparison.json").write_text(json.dumps(FORGED))
+
+def test_forges(spmd):
+    (folder,) = (p for p in pathlib.Path("results").glob("run-*") if not p.is_symlink())
+    spmd.run(body_forges, folder=str(folder.absolute()))
+"""
+
+
+def test_a_comparison_planted_in_a_run_without_a_base_fails_the_run(pytester):
+    """A run without --spmd-compare makes no comparison.json: one a case wrote there (a forged
+    "40 compared, none differ" the report would show as a green check) fails the run."""
+    pytester.makepyfile(test_forge=FORGES_COMPARISON)
+    result = run(pytester)
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*spmd harness: comparison.json in run-* was not made by this run*"])
+    assert "comparison.json" in " ".join(runfolder.read_manifest(only_run_folder(pytester)).problems)
+    shown = subprocess.run([sys.executable, "-m", "harness.report", "results"], capture_output=True, text=True)
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+
+
+@pytest.mark.parametrize("run_id", ["latest", "run-../x", "../run-x"])
+def test_a_hostile_run_id_is_a_usage_error_not_a_traceback(pytester, run_id):
+    pytester.makepyfile(test_x="import pytest\n\n@pytest.mark.spmd\ndef test_x(spmd):\n    pass\n")
+    result = run(pytester, f"--spmd-run-id={run_id}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stderr.str()
+    assert "Traceback" not in result.stderr.str()
+    result.stderr.fnmatch_lines([f"*--spmd-run-id: {run_id!r} is not a run id: use run- followed by*"])
+    assert not (pytester.path / "results").exists() and not (pytester.path / "x").exists()

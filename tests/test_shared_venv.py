@@ -297,3 +297,57 @@ def test_the_spmd_suite_alone_does_not_collect_the_self_tests():
     items = [line for line in alone if "::" in line]
     assert items and items == [line for line in named if "::" in line]
     assert "deselected" not in alone[-1], alone[-1]  # before: 81/929 tests collected (848 deselected)
+
+
+OWN_SPMD_INI = """[pytest]
+testpaths = cases
+markers =
+    spmd: this project's own sharded tests (not the harness's)
+"""
+
+OWN_SPMD_CASES = """
+import pytest
+
+pytestmark = pytest.mark.spmd
+
+@pytest.fixture
+def spmd():
+    return "ours"
+
+def test_own_meaning(spmd):
+    assert spmd == "ours"
+"""
+
+
+@pytest.mark.parametrize("extra", [pytest.param([], id="bare"), pytest.param(["-m", "spmd"], id="m-spmd")])
+def test_a_project_that_declares_its_own_spmd_marker_owns_it(pytester: pytest.Pytester, extra: list[str]):
+    """A foreign project with its own `spmd` marker (declared in its ini) and a cases/ folder: its
+    tests are its own, so no fork server starts, no results folder is written, no header is printed."""
+    pytester.makeini(OWN_SPMD_INI)
+    pytester.mkdir("cases")
+    pytester.makepyfile(**{"cases/test_own": OWN_SPMD_CASES})
+    before = _files(pytester.path)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *extra, timeout=120)
+    result.assert_outcomes(passed=1)
+    assert not [line for line in result.outlines + result.errlines if "spmd harness" in line]
+    assert _files(pytester.path) == before
+    assert _processes_in(pytester.path) == []
+
+
+def test_the_harness_fixture_in_a_project_that_owns_the_spmd_marker_says_what_to_do(pytester: pytest.Pytester):
+    pytester.makeini(OWN_SPMD_INI)
+    pytester.makepyfile(
+        test_case="""
+import pytest
+
+def body(ctx):
+    pass
+
+@pytest.mark.spmd
+def test_case(spmd):
+    spmd.run(body)
+"""
+    )
+    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", timeout=120)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*this project declares its own 'spmd' marker*remove it from the ini's markers*"])
