@@ -347,9 +347,11 @@ def rewrite_command(item: pytest.Item, flag: str, baseline_option: str | None, b
 def refuse_under_xdist(config: pytest.Config, flag: str) -> None:
     """An update writes one file from one process: refused in the xdist controller, before any
     worker starts, whichever way distribution was asked for (-n, --dist, -d with --tx)."""
+    # --dist alone distributes nothing (this repository's addopts hold --dist=worksteal): workers
+    # come from -n or --tx, and xdist has turned -n into --tx entries by the time we look.
     distributed = (
         bool(getattr(config.option, "numprocesses", None))
-        or getattr(config.option, "dist", "no") not in (None, "no")
+        or bool(getattr(config.option, "tx", None))
         or hasattr(config, "workerinput")
     )
     if distributed:

@@ -175,6 +175,16 @@ def test_an_update_under_xdist_dist_and_tx_is_refused_at_once(suite, flag):
     result.stderr.fnmatch_lines([f"*{flag} writes one file: run it without -n or --dist*"])
 
 
+@pytest.mark.parametrize("flag", UPDATE)
+def test_a_dist_mode_without_workers_is_not_distribution(suite, pytester, flag):
+    """This repository's own addopts hold --dist=worksteal: without -n or --tx nothing is
+    distributed, and the update runs in the one process (it was refused)."""
+    result = suite(config(), "-k", "test_a", flag, "--dist=worksteal", timeout=60)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    written = "shardings.json" if flag == UPDATE[0] else "costs.json"
+    assert "test_cases.py::test_a" in json.loads((pytester.path / written).read_text())["cases"]
+
+
 def test_a_case_whose_teardown_errors_is_written_into_neither_baseline(suite, pytester):
     result = suite(config(), "-k", "test_a or teardown_fails", *UPDATE)
     result.assert_outcomes(passed=2, errors=1)  # test_teardown_fails passed its call, then errored
@@ -234,9 +244,11 @@ def test_printed_rewrite_commands_are_shell_quoted_and_name_the_baseline_in_use(
     ):
         result = suite(drifted, "-k", "hostile")
         result.assert_outcomes(failed=1)
-        [command] = [
+        # The failure shows it once, and the -rA summary again where pytest does not cut the line
+        # at the terminal's width (on CI): the same command each time.
+        [command] = {
             line.split("rewrite the entry: ", 1)[1] for line in result.stdout.lines if "rewrite the entry: " in line
-        ]
+        }
         # Run as printed, with pytest a shell function that prints its arguments one per line.
         shell = subprocess.run(
             ["bash", "-c", 'pytest() { printf "%s\\n" "$@"; }; ' + command],
