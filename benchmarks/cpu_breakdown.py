@@ -52,11 +52,11 @@ def role(pid: int, parents: dict[int, int], cmdlines: dict[int, str], root: int)
         depth, up = 0, parents.get(pid)
         while up is not None and "harness.isolation.forkserver" in cmdlines.get(up, ""):
             depth, up = depth + 1, parents.get(up)
-        kind = "torch-only" if "torch-only" in cmd or "--no-xla" in cmd else "torch_xla"
-        return (f"fork server ({kind})", "keeper", "case child (forked)")[min(depth, 2)]
+        # The torch_xla and the torch-only server differ only in what their environment preloads.
+        return ("fork server", "keeper", "case child (forked)")[min(depth, 2)]
     if "harness.isolation.child" in cmd:
         return "case child (fresh)"
-    if "xdist" in cmd or "execnet" in cmd or "gateway_base" in cmd:
+    if parents.get(pid) == root and "exec(eval(" in cmd:  # execnet's popen gateway: an xdist worker
         return "xdist worker"
     return "other: " + (cmd.split(" ")[0].rsplit("/", 1)[-1] or "?")
 
