@@ -244,6 +244,15 @@ def buffer_memory(text: str, where: str = "the buffer assignment") -> dict[str, 
     return totals
 
 
+def read_module(text: str, where: str) -> HloModule:
+    """A module's text parsed once, for the readers here that take an HloModule (a step graph's
+    module before optimisation is read twice: its inputs and its fingerprint)."""
+    try:
+        return parse_hlo(text)
+    except HloParseError as exc:
+        raise CostReadError(f"{where}: {exc}") from None
+
+
 def entry_inputs(hlo: str | HloModule, where: str = "the step graph") -> list[str]:
     """Each entry parameter of a graph as `shape sharding` (`f32[8,16] {devices=[4,1]0,1,2,3}`),
     in parameter order: what a new compilation's inputs differ in (layouts dropped)."""

@@ -36,6 +36,7 @@ all of its descendants, then its group.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import hmac
 import importlib
 import os
@@ -67,7 +68,9 @@ FORBIDDEN_IN_SERVER = (
     "torch_xla.experimental.spmd_fully_sharded_data_parallel",
 )
 XLA_IMPORTS = ("torch", "torch_xla", "torch_xla.runtime", "torch_xla.distributed.spmd", "jax?")
-TORCH_IMPORTS = ("torch",)
+# torch._dynamo too: torch.distributed.tensor imports it at its first dispatch (1.5-2.5 s), which
+# each forked gloo rank would otherwise pay again. It starts no thread and runs no op.
+TORCH_IMPORTS = ("torch", "torch._dynamo")
 KEEPER_REPORTED = 0  # a keeper's exit code once the child's status is on the client's pipe
 KEEPER_FAILED = 1
 
@@ -393,6 +396,11 @@ def main() -> int:
     token = read_token(int(os.environ.pop(TOKEN_FD_ENV)))
     started = time.monotonic()
     imported = import_modules([n for n in os.environ.pop(IMPORTS_ENV, "").split(",") if n])
+    # What the imports left is every child's for good. Frozen, a child's collections never walk
+    # it: a full collection writes to every tracked object's header, and each page it writes to
+    # is one the child must copy from the server.
+    gc.collect()
+    gc.freeze()
     held = [m for m in FORBIDDEN_IN_SERVER if m in sys.modules]
     if held:
         # Printed to the server's log; clients see the server gone and show that log's tail.
