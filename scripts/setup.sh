@@ -31,4 +31,11 @@ fi
 echo "setup.sh: installing the harness with extras [$extras] (first time: torch and torch_xla, a few GB)..."
 .venv/bin/python -m pip install --quiet --progress-bar off -e ".[$extras]"
 .venv/bin/python -m pip check >/dev/null || echo "setup.sh: pip check reports conflicts (see 'pip check')" >&2
+# pytest rewrites the asserts of test modules and of every plugin's package (hypothesis, xdist, the
+# harness) when it imports them, and caches the result beside the source, except where
+# PYTHONDONTWRITEBYTECODE is set: there every pytest process pays it again, about 2 s of CPU each,
+# and a `-n 2` run starts three. One collection here with writing allowed leaves that cache for the
+# venv's plugins and this tree (pytest checks each entry against its source before using it). Best
+# effort: if it fails, the first runs only pay what they would have paid anyway.
+env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -m pytest --collect-only -q -p no:cacheprovider >/dev/null 2>&1 || true
 echo "setup.sh: ready: $(.venv/bin/python -c 'import importlib.metadata as m; print("torch_xla", m.version("torch_xla"), "torch", m.version("torch"))')"
