@@ -57,6 +57,10 @@ def body_identity(ctx) -> None:
         os.path.realpath("/proc/self/fd/0").startswith("pipe:") or "pipe:" in os.readlink("/proc/self/fd/0"),
     )
     ctx.record("modules_before_body", sorted(m for m in ("torch", "torch_xla") if m in sys.modules))
+    import gc
+
+    ctx.record("gc_enabled", gc.isenabled())  # the server runs without its collector; a child never does
+    ctx.record("gc_frozen", gc.get_freeze_count())
 
 
 def body_fsdpv2_steps(ctx, steps: int) -> None:
@@ -118,6 +122,8 @@ def test_a_forked_child_has_its_own_session_and_environment(runner_for):
     assert (on["functionalization_env"], off["functionalization_env"]) == ("0", "1")
     assert on["devices_env"] == "4"
     assert on["pid"] != off["pid"]
+    assert on["gc_enabled"] and off["gc_enabled"]
+    assert on["gc_frozen"] > 0, "what the server imported is frozen before it forks"
 
 
 def test_forked_children_do_not_share_random_state(runner_for):

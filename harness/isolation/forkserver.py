@@ -336,6 +336,7 @@ def _drain(fd: int) -> None:
 
 def become_child(request: forkwire.SpawnRequest, stdin_fd: int, log_fd: int, passed: list[int]) -> None:
     code = 70
+    gc.enable()  # off in the server (main): a child collects as any fresh process does
     try:
         keeper = os.getppid()
         os.setsid()
@@ -395,10 +396,13 @@ def main() -> int:
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_FD_ENV)))
     token = read_token(int(os.environ.pop(TOKEN_FD_ENV)))
     started = time.monotonic()
+    # The collector is off while the server imports (import torch_xla runs dozens of full
+    # collections: about 1 s of its 4-6 s) and for the server's life; one collection after the
+    # imports frees their garbage. What is left is every child's for good: frozen, a child's
+    # collections never walk it (a collection writes to every object's header, and each page it
+    # writes to is one the child must copy). Children turn the collector back on (become_child).
+    gc.disable()
     imported = import_modules([n for n in os.environ.pop(IMPORTS_ENV, "").split(",") if n])
-    # What the imports left is every child's for good. Frozen, a child's collections never walk
-    # it: a full collection writes to every tracked object's header, and each page it writes to
-    # is one the child must copy from the server.
     gc.collect()
     gc.freeze()
     held = [m for m in FORBIDDEN_IN_SERVER if m in sys.modules]
