@@ -23,9 +23,10 @@ from typing import Any, TypedDict
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
-from harness import activation, basecheck, costcheck, options, results, runfolder, shardingcheck, versions
-from harness.backends import make_backend
 from harness.baselinefile import BaselineSession
+from harness.config import activation, options
+from harness.config.backends import make_backend
+from harness.config.requirements import unmet_needs
 from harness.errors import CaseError, HarnessError, RegistryError
 from harness.isolation import runservers
 from harness.isolation.backend import Backend
@@ -35,6 +36,8 @@ from harness.isolation.evidence import headline
 from harness.isolation.pool import ChildPool
 from harness.isolation.processes import signal_name
 from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
+from harness.judges import basecheck, costcheck, shardingcheck
+from harness.records import results, runfolder, versions
 from harness.registry import (
     REGISTRY_PATH,
     Judgement,
@@ -45,7 +48,6 @@ from harness.registry import (
     judge,
     load_registry,
 )
-from harness.requirements import unmet_needs
 
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
 RUNNER_KEY = pytest.StashKey[SpmdRunner]()
@@ -53,7 +55,7 @@ ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()
 RUN_SERVERS_KEY = pytest.StashKey[runservers.RunServers]()
 RUN_FOLDER_KEY = pytest.StashKey[runfolder.RunFolder]()
 PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
-EARLY_KEY = pytest.StashKey[bool]()  # the command line selects SPMD cases (harness.activation)
+EARLY_KEY = pytest.StashKey[bool]()  # the command line selects SPMD cases (harness.config.activation)
 WORKERINPUT_RUN_KEY = "spmd_harness_run"
 WORKERINPUT_ACTIVE_KEY = "spmd_harness_active"
 CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
@@ -107,7 +109,7 @@ class HarnessSession:
         self.registry_path = Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH).resolve()
         self.late_faults: list[LateFault] = []
         self.early_start_done = False
-        # Inert until the run selects an SPMD case (harness.activation): no process, file, line.
+        # Inert until the run selects an SPMD case (harness.config.activation): no process, file, line.
         self.active = False
         self.header_shown = False
 
