@@ -27,6 +27,8 @@ from harness.schema import shown
 
 # The shape of a CaseRecord line; readers can refuse what they do not know.
 RECORD_SCHEMA = 2
+# Evidence kept in a record: the cause leads, so the head is kept (tails are bounded already).
+RECORD_EVIDENCE_LIMIT = 8000
 
 
 @dataclasses.dataclass
@@ -177,6 +179,13 @@ def family_of(nodeid: str) -> str:
     """`cases/test_scalar_specs.py::x` -> `scalar_specs`."""
     stem = Path(nodeid.split("::", 1)[0]).stem
     return stem[len("test_") :] if stem.startswith("test_") else stem
+
+
+def bounded_evidence(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
+    """Evidence as a record keeps it: its head, and how much of the child log was left out."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit} more characters in the child log ...]"
 
 
 def write_record(results_dir: Path, record: CaseRecord, worker: str = "main") -> None:
