@@ -24,8 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness import basecompare, runfolder  # noqa: E402 (the repository's harness, not an installed one)
-from harness.results import read_records  # noqa: E402
+from harness.judges import basecompare  # noqa: E402 (the repository's harness, not an installed one)
+from harness.records import runfolder  # noqa: E402
+from harness.records.results import read_records  # noqa: E402
 
 
 def run_suite(results: Path, extra: list[str]) -> tuple[float, int]:

@@ -156,7 +156,7 @@ BARE_STEP = (
 
 
 def bodies_floor(results_dir: Path, label: str, workers: int) -> Measurement:
-    from harness.results import read_records
+    from harness.records.results import read_records
 
     m = Measurement(label)
     records = list(read_records(results_dir))

@@ -24,7 +24,7 @@ def body_big_observation(ctx, megabytes: int) -> None:
 
 
 def measure(megabytes: int, repeat: int) -> tuple[float, float]:
-    from harness.backends import FakeBackend
+    from harness.config.backends import FakeBackend
     from harness.isolation.case import SpmdRunner
     from harness.isolation.pool import ChildPool
 

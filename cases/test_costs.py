@@ -1,4 +1,4 @@
-"""Self-tests of the cost detectors (harness.costs, harness.costcheck), in fresh children.
+"""Self-tests of the cost detectors (harness.costs, harness.judges.costcheck), in fresh children.
 
 Each reintroduces a cost regression of the kind users report into a small FSDPv2 training loop
 that keeps its numbers and its recorded shardings, and shows the detector that must catch it

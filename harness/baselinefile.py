@@ -1,6 +1,6 @@
-"""What the two baseline checks share: the file (BaselineFile; harness.baseline holds shardings,
+"""What the two baseline checks share: the file (BaselineFile; harness.judges.baseline holds shardings,
 harness.costbaseline costs), a check's state in one pytest process (BaselineSession; made by
-harness.shardingcheck and harness.costcheck), what an update run may write, how it writes it, and
+harness.judges.shardingcheck and harness.judges.costcheck), what an update run may write, how it writes it, and
 the command a drift hint prints to rewrite one entry.
 
 What: only a case pytest reported passed in set-up, call and teardown (Updates), and nothing at
@@ -385,7 +385,7 @@ def write_updates(
 
 class BaselineSession(Generic[F]):
     """One baseline check's state in one pytest process: which file, read once, and what an
-    update run may write. harness.shardingcheck and harness.costcheck each make one."""
+    update run may write. harness.judges.shardingcheck and harness.judges.costcheck each make one."""
 
     def __init__(
         self, config: pytest.Config, backend: Backend, file: type[F], option: str | None, update: bool

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from harness import versions
+from harness.records import versions
 
 EXIT_USAGE = 2
 

@@ -6,7 +6,7 @@ per step compiles and executions; per step graph its collectives by kind and rep
 the bytes a device moves; per device the bytes of parameters, gradients and optimizer state), and
 the torch_xla version it was taken on.
 
-Judging (harness.costcheck, after the registry and the sharding baseline) follows the sharding
+Judging (harness.judges.costcheck, after the registry and the sharding baseline) follows the sharding
 baseline's rule: on the baseline's release line a change fails the case with one line per item,
 `step0: all-gather 3 -> 5 (+96 KiB per device)`; elsewhere it is reported. A case the file lacks is
 listed, not failed. `--spmd-update-costs` rewrites the entries of the cases that ran and passed

@@ -16,7 +16,7 @@ tests/test_errors.py keeps the drawing true:
     │   │   ├── CostBaselineError         harness.costbaseline
     │   │   └── BaselineUpdateRefused     harness.baselinefile; an update run wrote nothing (exit 4)
     │   ├── ObservationsTooLarge
-    │   └── BaseRunError                  harness.basecompare: the run --spmd-compare names
+    │   └── BaseRunError                  harness.judges.basecompare: the run --spmd-compare names
     ├── RegistryError
     ├── DamagedRecord                     also a ValueError
     ├── CostReadError                     harness.costs; also a ValueError

@@ -1,6 +1,6 @@
 """What a case body records of its shardings, under stable names. Used inside children only.
 
-The sharding baseline (harness.baseline) catches a change of any sharding a case records, so a
+The sharding baseline (harness.judges.baseline) catches a change of any sharding a case records, so a
 case records everything it builds, not only what it asserts: every parameter after wrapping or
 distribution and after the steps, the output of every wrapped unit (FSDPv2 shards each unit's
 output), the entry parameters and ROOT of a compiled step (read by role: `parameter(N)`, never an

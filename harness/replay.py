@@ -1,7 +1,7 @@
 """Replay journalled case bodies in bare Python processes: no pytest, no pipes, no pool.
 
 Every `spmd.run` is journalled to `requests-<worker>.jsonl` in the run's folder
-(`<results-dir>/run-*/`, see harness.runfolder) before it runs (body, kwargs, the child's exact
+(`<results-dir>/run-*/`, see harness.records.runfolder) before it runs (body, kwargs, the child's exact
 environment). This replays them:
 
     python -m harness.replay --case test_fsdpv2_vit          # reproduce one case outside pytest
@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import cli, runfolder
+from harness import cli
 from harness.errors import HarnessUsageError
 from harness.isolation import protocol
+from harness.records import runfolder
 
 
 def read_journal(results_dir: Path, case_filter: str = "") -> list[dict[str, Any]]:

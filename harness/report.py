@@ -11,7 +11,7 @@ The counts (cases, failed, regressed, unexpected-passed, xfailed, passed, skippe
 as `name=value` lines to $GITHUB_OUTPUT when that is set: the reusable workflow's outputs.
 
 RESULTS_DIR is a results folder (its `latest` run is read), one run's folder, or a folder of
-per-host results folders (a GKE launch). See harness.runfolder.
+per-host results folders (a GKE launch). See harness.records.runfolder.
 
 A test pytest saw fail that has no case record (not an SPMD case, or its record was lost) is
 listed as a failed case.
@@ -48,9 +48,10 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from harness import cli, runfolder
-from harness.basecompare import Comparison, read_comparison
-from harness.results import CaseRecord, family_of, read_records, suite_exit_problem
+from harness import cli
+from harness.judges.basecompare import Comparison, read_comparison
+from harness.records import runfolder
+from harness.records.results import CaseRecord, family_of, read_records, suite_exit_problem
 
 # Long log tails would make the summary table unreadable; the full text is in the uploaded JSON.
 EVIDENCE_LIMIT = 400
@@ -79,7 +80,7 @@ class Results:
     unreadable: list[str] = dataclasses.field(default_factory=list)
     # What the run's manifest says that the records do not: a run that never finished, an exit
     # code that is not "passed" or "failed", a failure pytest saw that has no record. Each one
-    # makes the summary red (harness.runfolder).
+    # makes the summary red (harness.records.runfolder).
     problems: list[str] = dataclasses.field(default_factory=list)
     # How many records came from the verdicts files (the rest stand for failures pytest saw
     # without a record): a run with none executed nothing, whatever else the report lists.
@@ -88,7 +89,7 @@ class Results:
     # failed, error, passed, ...), and the exit status the caller got from pytest, if it said.
     pytest_counts: dict[str, int] = dataclasses.field(default_factory=dict)
     pytest_exit: int | None = None
-    # What each run found against its base build's run (--spmd-compare; harness.basecompare).
+    # What each run found against its base build's run (--spmd-compare; harness.judges.basecompare).
     comparisons: list[Comparison] = dataclasses.field(default_factory=list)
 
 

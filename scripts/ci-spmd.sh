@@ -144,7 +144,7 @@ install() {
   fi
 }
 
-# Every pytest run writes into a folder of its own under the results folder (harness/runfolder.py);
+# Every pytest run writes into a folder of its own under the results folder (harness/records/runfolder.py);
 # nothing is deleted. This script names that folder itself (--spmd-run-id) and reports exactly
 # it: `latest`, or any other file in the results folder, can be rewritten by the code under test.
 new_run_id() {

@@ -1,4 +1,4 @@
-"""--spmd-compare (harness.basecompare, harness.basecheck) through real pytest runs.
+"""--spmd-compare (harness.judges.basecompare, harness.judges.basecheck) through real pytest runs.
 
 Each test runs the same case file twice on the fake backend: first as the base build, then as
 the PR's build with --spmd-compare pointing at the first run. What "torch_xla" does differently

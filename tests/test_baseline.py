@@ -1,4 +1,4 @@
-"""Sharding baselines (harness.baseline) through real pytest runs on the fake backend.
+"""Sharding baselines (harness.judges.baseline) through real pytest runs on the fake backend.
 
 The fake child claims the torch_xla version in HARNESS_FAKE_TORCH_XLA, so the release-line rule
 is exercised without torch_xla; bodies record whatever shardings the test asks for.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.baseline import Baseline, CaseCheck, ShardingChange, is_drift
+from harness.judges.baseline import Baseline, CaseCheck, ShardingChange, is_drift
 
 pytestmark = pytest.mark.selftest
 

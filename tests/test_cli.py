@@ -211,7 +211,7 @@ def test_the_release_is_described_licensed_and_classified():
 def test_every_timeout_reads_seconds_or_a_unit(text, seconds):
     """pytest's --spmd-case-timeout, the matrix's --suite-timeout and the GKE launcher's --timeout
     share one parser, so a duration written for one tool means the same in the others."""
-    from harness import argtypes
+    from harness.config import argtypes
     from harness.gke.__main__ import duration
 
     assert argtypes.positive_seconds(text) == duration(text) == seconds
@@ -219,7 +219,7 @@ def test_every_timeout_reads_seconds_or_a_unit(text, seconds):
 
 @pytest.mark.parametrize("text", ["nan", "inf", "0", "-5m", "5x", "m"])
 def test_no_timeout_accepts_a_duration_that_never_or_always_fires(text):
-    from harness import argtypes
+    from harness.config import argtypes
     from harness.errors import NotAPositiveNumber
 
     with pytest.raises(NotAPositiveNumber, match="is not a positive, finite number of seconds"):

@@ -1,4 +1,4 @@
-"""The cost baseline and the steady-state rule (harness.costcheck) through real pytest runs.
+"""The cost baseline and the steady-state rule (harness.judges.costcheck) through real pytest runs.
 
 Fake-backend bodies record the signature the test asks for, as harness.stepcosts would in a
 torch_xla child; the fake child claims the torch_xla version in HARNESS_FAKE_TORCH_XLA.

@@ -52,8 +52,8 @@ def run(pytester: pytest.Pytester, *args: str, timeout: float = 120) -> pytest.R
 
 
 def records(pytester: pytest.Pytester) -> dict[str, dict]:
-    """Records by test name, amendments folded in (as harness.results.read_records does)."""
-    from harness.results import read_records
+    """Records by test name, amendments folded in (as harness.records.results.read_records does)."""
+    from harness.records.results import read_records
 
     return {r.nodeid.split("::")[-1]: r.__dict__ for r in read_records(pytester.path / "results")}
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import CpuBackend, FakeBackend
+from harness.config.backends import CpuBackend, FakeBackend
 from harness.isolation.case import SpmdRunner
 from harness.isolation.forkclient import EXEC_IMPORTS, ForkServer, ForkServerClient
 from harness.isolation.pool import ChildPool
@@ -243,7 +243,7 @@ def test_the_runs_server_starts_before_conftests_load_when_the_selection_holds_s
     pytester.makeconftest("""
 import os
 from pathlib import Path
-# This run's folder carries this process's pid (harness.runfolder.new_run_id).
+# This run's folder carries this process's pid (harness.records.runfolder.new_run_id).
 logs = Path("results").glob(f"run-*-p{os.getpid()}/logs/main/forkserver-*.log")
 Path("servers-at-conftest.txt").write_text(str(len(list(logs))))
 """)
@@ -307,7 +307,7 @@ def test_forked_torch_xla_children_do_not_share_random_state(runner_for):
 def test_which_selections_start_the_runs_server_early(tmp_path, options, expected):
     import argparse
 
-    from harness.activation import selects_spmd_early
+    from harness.config.activation import selects_spmd_early
 
     (tmp_path / "cases").mkdir()
     (tmp_path / "cases" / "test_x.py").write_text("import pytest\npytestmark = pytest.mark.spmd\n")
@@ -320,7 +320,7 @@ def test_a_rootdir_without_spmd_cases_is_never_started_early(tmp_path, cases):
     """A foreign project's bare `pytest`: `.` is the parent of <rootdir>/cases whether it exists or not."""
     import argparse
 
-    from harness.activation import selects_spmd_early
+    from harness.config.activation import selects_spmd_early
 
     if cases != "none":
         (tmp_path / "cases").mkdir()

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import report, runfolder
+from harness import report
 from harness.errors import HarnessUsageError
+from harness.records import runfolder
 
 pytestmark = pytest.mark.selftest
 
@@ -299,7 +300,7 @@ def test_the_ci_report_refuses_a_run_folder_that_is_a_link_or_disagrees_with_pyt
 
 
 def test_a_record_is_never_appended_through_a_link_planted_in_place_of_the_verdicts_file(tmp_path: Path):
-    from harness.results import CaseRecord, read_records, write_record
+    from harness.records.results import CaseRecord, read_records, write_record
 
     victim = tmp_path / "victim.txt"
     victim.write_text("the user's file\n")

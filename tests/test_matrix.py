@@ -20,8 +20,8 @@ from harness.matrix.envs import EnvCache, EnvRequest
 from harness.matrix.errors import EnvBuildError, EnvMismatchError, NotEnoughDiskError
 from harness.matrix.suite import SuiteRun
 from harness.matrix.table import ColumnResult, State, build_matrix
+from harness.records.results import CaseRecord, read_records, write_record
 from harness.registry import load_registry
-from harness.results import CaseRecord, read_records, write_record
 
 pytestmark = pytest.mark.selftest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.backends import FakeBackend
+from harness.config.backends import FakeBackend
 from harness.isolation.child_process import ChildSpec
 from harness.isolation.pool import ChildPool
 from harness.isolation.processes import wait_for_exit

@@ -186,7 +186,7 @@ def test_the_fix_procedures_window_judges_builds_as_the_readme_says():
 
 
 def _all_options() -> list[str]:
-    from harness import options
+    from harness.config import options
 
     class Group:
         def __init__(self) -> None:
@@ -224,7 +224,7 @@ def test_what_it_checks_names_every_registry_entry():
 
 
 def test_the_results_layout_names_every_folder_a_run_writes():
-    from harness import runfolder
+    from harness.records import runfolder
 
     layout = section("## Run it")
     written = [runfolder.LOGS_DIR, runfolder.HLO_DIR, runfolder.COST_DUMPS_DIR]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness import report
-from harness.results import CaseRecord, write_record
+from harness.records.results import CaseRecord, write_record
 
 pytestmark = pytest.mark.selftest
 

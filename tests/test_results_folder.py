@@ -1,7 +1,7 @@
 """The results folder as users meet it (fake backend, black-box pytest runs): the harness writes
 only into a run folder of its own, never deletes what it did not write, keeps concurrent runs
 apart, leaves a record for every started case (a crashed xdist worker included), and a full disk
-stops the run with a message instead of an INTERNALERROR. See harness/runfolder.py."""
+stops the run with a message instead of an INTERNALERROR. See harness/records/runfolder.py."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import report, results, runfolder
-from harness.results import read_records
+from harness import report
+from harness.records import results, runfolder
+from harness.records.results import read_records
 
 pytestmark = pytest.mark.selftest
 
@@ -312,7 +313,7 @@ def test_cases_outside_the_rootdir_keep_distinct_stable_names(pytester: pytest.P
 
 
 def test_records_carry_the_stack_the_harness_and_the_schema(pytester: pytest.Pytester):
-    from harness import versions
+    from harness.records import versions
 
     pytester.makepyfile(test_cases=CASES)
     run(pytester, "-m", "spmd").assert_outcomes(passed=1, skipped=1)

@@ -185,7 +185,7 @@ def test_different_shardings_compare_unequal(left: str, right: str) -> None:
 
 
 # The one text the sharding baseline keeps and hosts and release columns are compared by
-# (harness.baseline, harness.gke.aggregate, harness.matrix.shardingchanges): these are its rules.
+# (harness.judges.baseline, harness.gke.aggregate, harness.matrix.shardingchanges): these are its rules.
 CANONICAL_TEXTS = [
     pytest.param("{devices=[4,1]0,1,2,3}", "{devices=[4,1]0,1,2,3}", id="canonical-stays"),
     pytest.param("{devices=[2,2]<=[2,2]T(1,0)}", "{devices=[2,2]0,2,1,3}", id="iota-spelled-out"),

@@ -1,6 +1,6 @@
 """The plugin in a venv shared with other projects (black-box pytest runs, fake backend): its
 options carry the `spmd` prefix and cannot collide with a project's own, every option is also an
-ini key, and the run header says what the run uses. See harness/options.py."""
+ini key, and the run header says what the run uses. See harness/config/options.py."""
 
 from __future__ import annotations
 

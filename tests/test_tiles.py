@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.baseline import Baseline, ShardingChange, listing
 from harness.gke.aggregate import HostDisagreement
+from harness.judges.baseline import Baseline, ShardingChange, listing
 from harness.tiles import device_grid, holders_from_mesh, is_multi_axis, tile_holders
 
 pytestmark = pytest.mark.selftest

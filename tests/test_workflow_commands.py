@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.results import CaseRecord
+from harness.records.results import CaseRecord
 
 pytestmark = pytest.mark.selftest
 
@@ -133,7 +133,7 @@ STUB_PYTEST = """#!{python}
 # Stands in for the venv's pytest: prints what a hostile case could print, writes one failed case
 # into a run folder as the plugin does.
 import json, os, pathlib, sys
-from harness.runfolder import RunFolder
+from harness.records.runfolder import RunFolder
 results = pathlib.Path(next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--spmd-results-dir=")))
 print({stdout!r}, flush=True)
 print({stderr!r}, file=sys.stderr, flush=True)
@@ -271,7 +271,7 @@ FORGES_STEP_FILES = """#!{python}
 # Stands in for the venv's pytest whose case writes the step's files, found without the GITHUB_*
 # variables (the script unsets them; a body could list the runner's file-commands folder).
 import json, os, pathlib, sys
-from harness.runfolder import RunFolder
+from harness.records.runfolder import RunFolder
 args = sys.argv[1:]
 results = pathlib.Path(next(a.split("=", 1)[1] for a in args if a.startswith("--spmd-results-dir=")))
 seen = [name for name in ("GITHUB_OUTPUT", "GITHUB_ENV", "GITHUB_STEP_SUMMARY") if name in os.environ]

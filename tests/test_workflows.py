@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness.results import CaseRecord
+from harness.records.results import CaseRecord
 
 pytestmark = pytest.mark.selftest
 
@@ -316,7 +316,7 @@ STUB_PYTEST = """#!{python}
 # Stands in for the venv's pytest: records its arguments, writes the records it is given into a
 # run folder as the plugin does (none when there are none: no SPMD case ran), exits.
 import json, os, pathlib, sys
-from harness.runfolder import RunFolder
+from harness.records.runfolder import RunFolder
 args = sys.argv[1:]
 pathlib.Path(os.environ["STUB_ARGV_FILE"]).write_text(json.dumps(args))
 results = pathlib.Path(next(a.split("=", 1)[1] for a in args if a.startswith("--spmd-results-dir=")))

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from harness import argtypes, cli
+from harness import cli
+from harness.config import argtypes
 from harness.errors import HarnessUsageError
 from harness.gke import accelerators, manifest
 from harness.gke.bucket import UPLOAD_TIMEOUT_S

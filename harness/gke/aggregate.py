@@ -15,7 +15,7 @@ from typing import Any
 from harness.gke.costagreement import CostDisagreement, compare_costs
 from harness.gke.costagreement import baseline_changes as cost_baseline_changes
 from harness.gke.hostreport import HostReport
-from harness.results import CaseRecord
+from harness.records.results import CaseRecord
 from harness.sharding import canonical_text
 from harness.tiles import grids_side_by_side, is_multi_axis
 
@@ -269,7 +269,7 @@ def summary_markdown(result: Aggregate, meta: dict[str, Any]) -> str:
 
 
 def baseline_changes(result: Aggregate) -> list[str]:
-    """Every host compares its cases with the sharding baseline (harness.baseline, in each host's
+    """Every host compares its cases with the sharding baseline (harness.judges.baseline, in each host's
     pytest); what a passing case reported there, per host."""
     return [
         f"{r.label}: {c.nodeid}: {change}"

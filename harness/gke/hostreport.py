@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from harness.results import CaseRecord
+from harness.records.results import CaseRecord
 
 SCHEMA = 1
 

@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from harness import runfolder
 from harness.errors import HarnessUsageError
 from harness.gke import bucket, report_channel
 from harness.gke.hostreport import HostReport
 from harness.isolation import processes
-from harness.results import CaseRecord, read_records, suite_exit_problem
+from harness.records import runfolder
+from harness.records.results import CaseRecord, read_records, suite_exit_problem
 
 DEFAULT_SUITE = "{python} -m pytest -m spmd"
 TAIL_LINES = 40

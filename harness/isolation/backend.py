@@ -1,7 +1,7 @@
 """What the isolation wing needs of a backend: the interface, not the three implementations.
 
 The runner and the fork servers start children for whichever backend the run chose; they see it
-only through this protocol. The implementations (cpu, tpu, fake) live in `harness.backends`, which
+only through this protocol. The implementations (cpu, tpu, fake) live in `harness.config.backends`, which
 builds on this wing (the fork servers' import lists, the wire format's variables), not the reverse.
 """
 

@@ -9,7 +9,7 @@ INTERNALERROR in whatever reads it later, which would end the whole session.
 
 Keys that start with `harness:` are the harness's own: the child-side cost meter
 (harness.stepcosts) leaves the training loops' cost signatures and the partitioned modules they
-were read from there, and the pytest process reads them (harness.costcheck). Every such key the
+were read from there, and the pytest process reads them (harness.judges.costcheck). Every such key the
 parent reads is listed in RESERVED_VALUES with its check.
 """
 

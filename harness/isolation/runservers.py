@@ -7,7 +7,7 @@ import overlaps pytest's own start-up and collection, and xdist's worker start-u
 the torch-only server (bodies that must see a process without torch_xla). Workers receive the
 addresses in `workerinput`; their pools connect to them and start servers of their own only for keys nobody serves.
 
-Started early only when the command line selects SPMD cases (harness.activation.selects_spmd_early).
+Started early only when the command line selects SPMD cases (harness.config.activation.selects_spmd_early).
 Otherwise the first SPMD case selected starts a server in its own pool (under xdist: each worker's).
 """
 

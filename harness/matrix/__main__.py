@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from harness import argtypes, cli
+from harness import cli
+from harness.config import argtypes
 from harness.errors import HarnessUsageError, RegistryError
 from harness.matrix import columns as cols
 from harness.matrix import compare as cmp

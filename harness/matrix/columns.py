@@ -13,9 +13,9 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from harness import runfolder
 from harness.errors import HarnessUsageError
 from harness.matrix.envs import read_wheel_folder
+from harness.records import runfolder
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ from harness.matrix.columns import ColumnSpec
 from harness.matrix.envs import EnvCache, EnvRequest
 from harness.matrix.suite import SuiteRunner, read_run
 from harness.matrix.table import ColumnResult
-from harness.results import safe_filename
+from harness.records.results import safe_filename
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from harness import runfolder
 from harness.matrix.errors import CommandTimedOut, SuiteRunError
 from harness.matrix.procs import run_logged
-from harness.results import CaseRecord, read_records, suite_exit_problem
+from harness.records import runfolder
+from harness.records.results import CaseRecord, read_records, suite_exit_problem
 
 SUITE_LOG = "pytest.log"
 # Only the case folder: an env built for the matrix has the harness's light deps, not the `test`

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from harness.errors import RegistryError
 from harness.matrix.suite import SuiteRun
+from harness.records.results import CaseRecord
 from harness.registry import JudgementKind, KnownBug
-from harness.results import CaseRecord
 
 
 class State(str, enum.Enum):

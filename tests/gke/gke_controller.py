@@ -17,7 +17,7 @@ from kubernetes import client
 
 from harness.gke import manifest, report_channel
 from harness.gke.hostreport import HostReport
-from harness.results import CaseRecord
+from harness.records.results import CaseRecord
 
 CASE = "cases/test_fake_family.py::test_sharded[func-on]"
 AGREED = "{devices=[4,1]0,1,2,3}"

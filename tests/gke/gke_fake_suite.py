@@ -18,9 +18,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, for harness.results
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo, for harness.records.results
 
-from harness.results import CaseRecord, family_of, write_record
+from harness.records.results import CaseRecord, family_of, write_record
 
 AGREED = "{devices=[4,1]0,1,2,3}"
 OTHER = "{replicated}"

@@ -10,7 +10,7 @@ import pytest
 
 from harness.gke import aggregate as agg
 from harness.gke.hostreport import HostReport
-from harness.results import CaseRecord
+from harness.records.results import CaseRecord
 
 pytestmark = pytest.mark.selftest
 

@@ -8,7 +8,7 @@ the canonical text of each sharding (harness.sharding.canonical_text: an iota an
 device list compare equal; a different device assignment does not), and the torch_xla version
 it was taken on.
 
-Judging (Baseline.check; harness.shardingcheck asks it after the known-bug registry): a passing case
+Judging (Baseline.check; harness.judges.shardingcheck asks it after the known-bug registry): a passing case
 whose shardings differ from its entry fails on the baseline's *release line* (the same
 major.minor torch_xla, nightlies and +git builds of it included) with a per-tensor diff; on other
 releases the difference is recorded and reported, not failed. Tensors a case records that its

@@ -2,19 +2,19 @@
 and the rewrite of an update run.
 
 Called by harness.plugin after the known-bug registry (an xfail is never compared) and before the
-cost check (harness.costcheck), which has the same shape. Whether a change fails a case, and how
-it is shown: harness.baseline.
+cost check (harness.judges.costcheck), which has the same shape. Whether a change fails a case, and how
+it is shown: harness.judges.baseline.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from harness import options
-from harness.baseline import Baseline
 from harness.baselinefile import BaselineSession
+from harness.config import options
 from harness.isolation.backend import Backend
 from harness.isolation.case import SpmdRunner
+from harness.judges.baseline import Baseline
 
 SESSION_KEY = pytest.StashKey["ShardingSession"]()
 

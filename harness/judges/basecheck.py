@@ -1,4 +1,4 @@
-"""The plugin's side of --spmd-compare (harness.basecompare): load the base run, judge each
+"""The plugin's side of --spmd-compare (harness.judges.basecompare): load the base run, judge each
 case, list what changed at the end of the run and leave it in the run's folder.
 
 Called by harness.plugin after the registry and the committed baselines: a case whose body
@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 
-from harness import activation, basecompare, costcheck, options, runfolder
-from harness.basecompare import BaseRun, Comparison
+from harness.config import activation, options
 from harness.errors import HarnessError
+from harness.judges import basecompare, costcheck
+from harness.judges.basecompare import BaseRun, Comparison
+from harness.records import runfolder
 
 SESSION_KEY = pytest.StashKey["CompareSession"]()
 PROPERTY = "spmd_base_compare"  # a report's user property: this case against the base (JSON)

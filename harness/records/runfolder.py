@@ -5,14 +5,14 @@
       junit.xml                             where scripts/ci-spmd.sh and the GKE worker ask pytest for it
       run-20261124-040512-p4711/
         run.json                  the manifest: who ran, when, how it ended
-        verdicts-<worker>.jsonl   one case record per line (harness.results; amendments: late faults)
+        verdicts-<worker>.jsonl   one case record per line (harness.records.results; amendments: late faults)
         requests-<worker>.jsonl   every body run, journalled before it runs, for harness.replay
         logs/<worker>/            child and fork-server logs
         hlo/<case>__<name>.txt    HLO text a case chose to keep
         costs/                    the partitioned modules of a failing cost-measured case
         xla-dumps/                the children's XLA dumps, removed when the run ends
         summary.md                written by harness.report
-        comparison.json           how the run compared with its base run (--spmd-compare; harness.basecompare)
+        comparison.json           how the run compared with its base run (--spmd-compare; harness.judges.basecompare)
         replay-group-<n>.json     written by harness.replay --print-commands
 
 `<worker>` is `main`, or xdist's worker id (`gw0`, `gw1`, ...): every pytest process writes files

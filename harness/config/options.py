@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from harness import argtypes
-from harness.backends import BACKEND_NAMES
+from harness.config import argtypes
+from harness.config.backends import BACKEND_NAMES
 from harness.errors import HarnessUsageError
-from harness.runfolder import check_run_id
+from harness.records.runfolder import check_run_id
 
 FORK_SERVER_CHOICES = ("auto", "on", "off")
 FORK_SERVER_ENV = "HARNESS_FORK_SERVER"
@@ -104,7 +104,7 @@ OPTIONS = (
         "spmd_costs_baseline",
         None,
         metavar="PATH",
-        help="the cost baseline training steps are compared with (harness/costcheck.py). "
+        help="the cost baseline training steps are compared with (harness/judges/costcheck.py). "
         "Default: baselines/costs/<backend>-<devices>.json under the rootdir.",
     ),
     Option(
@@ -121,7 +121,7 @@ OPTIONS = (
         help="hold every passing case to its record in a run of the same suite on the base build "
         "(a results folder: its newest finished run; or one run folder): recorded shardings and cost "
         "signatures must match whatever the two versions; a difference fails the case "
-        "(harness/basecompare.py). Default: no comparison.",
+        "(harness/judges/basecompare.py). Default: no comparison.",
     ),
     Option(
         "spmd_fork_server",

@@ -21,11 +21,13 @@ from typing import Any
 
 import pytest
 
-from harness import costs, options, results, runfolder
+from harness import costs
 from harness.baselinefile import BaselineSession
+from harness.config import options
 from harness.costbaseline import CostBaseline
 from harness.isolation.backend import Backend
 from harness.isolation.case import CaseResult, SpmdRunner
+from harness.records import results, runfolder
 
 SESSION_KEY = pytest.StashKey["CostSession"]()
 SIGNATURES_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()

@@ -1,10 +1,10 @@
 """Judge this build against its base: the same suite's run on the torch_xla a PR started from.
 
-The committed baselines (harness.baseline, harness.costbaseline) fail a change only on their
+The committed baselines (harness.judges.baseline, harness.costbaseline) fail a change only on their
 own release line, so on a PR build of the next release (`2.10.0+git1a2b3c4`) a sharding or cost
 change is only reported. `--spmd-compare=PATH` names a run of the same suite on the PR's base
 build; every case that passes here and passed there is held to it strictly, whatever the two
-versions: its recorded shardings (canonical text, harness.baseline's comparison) and its cost
+versions: its recorded shardings (canonical text, harness.judges.baseline's comparison) and its cost
 signature (harness.costbaseline's comparison, so whatever the signature gains is compared too).
 One line per item names both builds:
 
@@ -15,7 +15,7 @@ baselines keep their rule beside this one.
 
 This module is the pure part: finding and validating the base run, comparing one case, the
 known-bug judgements that changed, and the comparison file a run leaves for harness.report
-(`comparison.json` in its folder). The plugin's side: harness.basecheck.
+(`comparison.json` in its folder). The plugin's side: harness.judges.basecheck.
 
 A base run is untrusted input (an artifact of another job, a hand edit): it is refused as a whole
 (BaseRunError, a usage error before any case runs) when it did not finish, holds no case records,
@@ -35,13 +35,13 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from harness import runfolder
-from harness.baseline import Baseline
 from harness.costbaseline import CostBaseline
 from harness.errors import DamagedRecord, HarnessUsageError
 from harness.isolation.evidence import headline
+from harness.judges.baseline import Baseline
+from harness.records import runfolder
+from harness.records.results import CaseRecord, read_records, suite_exit_problem
 from harness.registry import JudgementKind
-from harness.results import CaseRecord, read_records, suite_exit_problem
 from harness.schema import shown
 from harness.sharding import canonical_text
 
@@ -75,7 +75,7 @@ class BaseRun:
 
     @classmethod
     def load(cls, path: Path, backend: str, devices: int, own_run: Path | None = None) -> BaseRun:
-        """The run `path` names (harness.runfolder: a run folder, or a results folder's newest
+        """The run `path` names (harness.records.runfolder: a run folder, or a results folder's newest
         finished run), validated for comparing a run of `backend` with `devices` devices."""
         run = find_run(Path(path), own_run)
         where = f"--spmd-compare: base run {run}"

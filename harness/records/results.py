@@ -4,7 +4,7 @@ This is the contract between the harness and everything downstream of a run (the
 summary, the GKE worker's host report, the release matrix). Each pytest process appends its
 records to `verdicts-<worker>.jsonl` in the run's own folder: one CaseRecord per line, and an
 amendment (`{"amends": nodeid, "late_fault": ...}`) where a child misbehaved after a case's
-verdict. The run folder's whole layout: harness.runfolder.
+verdict. The run folder's whole layout: harness.records.runfolder.
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from typing import Any
 
 import pytest
 
-from harness import runfolder
 from harness.errors import DamagedRecord
 from harness.isolation.processes import describe_exit
+from harness.records import runfolder
 from harness.schema import shown
 
 # The shape of a CaseRecord line; readers can refuse what they do not know.
 RECORD_SCHEMA = 2
+# Evidence kept in a record: the cause leads, so the head is kept (tails are bounded already).
+RECORD_EVIDENCE_LIMIT = 8000
 
 
 @dataclasses.dataclass
@@ -56,7 +58,7 @@ class CaseRecord:
     # False for a case marked no_sharding_baseline (its tensors vary by design, e.g. Hypothesis
     # draws): kept out of baselines and of the release matrix's sharding changes.
     sharding_baseline: bool = True
-    # How the shardings differ from the case's baseline entry (harness.baseline), one line per tensor.
+    # How the shardings differ from the case's baseline entry (harness.judges.baseline), one line per tensor.
     sharding_changes: list[str] = dataclasses.field(default_factory=list)
     # Each training loop's cost signature (harness.costs.comparable), by loop label; and how it
     # differs from the case's cost baseline entry or breaks steady state, one line per item.
@@ -70,7 +72,7 @@ class CaseRecord:
     # started): the evidence of that fault. The outcome is then "failed".
     late_fault: str = ""
 
-    # What else the run used, from the installed packages (harness.versions): the torch_xla above
+    # What else the run used, from the installed packages (harness.records.versions): the torch_xla above
     # is the one the child imported; these say which torch and jax came with it, which harness
     # judged it, and the record layout (schema) a reader can check.
     torch: str | None = None
@@ -179,6 +181,13 @@ def family_of(nodeid: str) -> str:
     return stem[len("test_") :] if stem.startswith("test_") else stem
 
 
+def bounded_evidence(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
+    """Evidence as a record keeps it: its head, and how much of the child log was left out."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[... {len(text) - limit} more characters in the child log ...]"
+
+
 def write_record(results_dir: Path, record: CaseRecord, worker: str = "main") -> None:
     _append(results_dir / runfolder.verdicts_name(worker), record.to_json())
 
@@ -212,7 +221,7 @@ def read_records(
     """Every case's record, with later amendments (late faults) folded into it.
 
     results_dir may be a run folder or a results folder (its `latest` run is read; see
-    harness.runfolder). unreadable: when given, a damaged line (cut by a crash mid-write, or not
+    harness.records.runfolder). unreadable: when given, a damaged line (cut by a crash mid-write, or not
     a record of the right shape) is listed there as "verdicts-gw1.jsonl:7"; without it,
     DamagedRecord is raised naming the file, the line and what is wrong. recursive: a folder of
     per-host results folders (GKE) is read as one run per host.

@@ -1,0 +1,171 @@
+"""What one pytest process of a run holds (HarnessSession): its backend, its pool of warm
+children, its run folder, the known-bug registry it reads, the faults charged after a verdict,
+and whether the run is the harness's at all yet; the stash keys the plugin keeps it under."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.config import options
+from harness.config.backends import make_backend
+from harness.errors import HarnessError, RegistryError
+from harness.isolation import runservers
+from harness.isolation.backend import Backend
+from harness.isolation.child_process import LateFault
+from harness.isolation.pool import ChildPool
+from harness.isolation.processes import signal_name
+from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
+from harness.judges import basecheck, costcheck, shardingcheck
+from harness.records import results, runfolder, versions
+from harness.registry import REGISTRY_PATH, load_registry
+
+SESSION_KEY = pytest.StashKey["HarnessSession"]()
+RUN_SERVERS_KEY = pytest.StashKey[runservers.RunServers]()
+RUN_FOLDER_KEY = pytest.StashKey[runfolder.RunFolder]()
+PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
+EARLY_KEY = pytest.StashKey[bool]()  # the command line selects SPMD cases (harness.config.activation)
+WORKERINPUT_RUN_KEY = "spmd_harness_run"
+WORKERINPUT_ACTIVE_KEY = "spmd_harness_active"
+
+
+class HarnessSession:
+    """Per-pytest-process state: one backend, one pool of warm children, one results folder."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.backend: Backend = make_backend(
+            options.value(config, "spmd_backend"), options.value(config, "spmd_devices")
+        )
+        self.case_timeout: float = options.value(config, "spmd_case_timeout")
+        workerinput = getattr(config, "workerinput", None)
+        self.worker = _worker_name(config)
+        self.run = _run_folder(config)
+        self.results_dir = self.run.path  # made only when the run has something to write (claim)
+        # The run's shared fork servers: this process's own (started early), or the controller's.
+        if workerinput is not None:
+            shared = runservers.addresses_from_workerinput(workerinput.get(runservers.WORKERINPUT_KEY))
+        else:
+            run_servers = config.stash.get(RUN_SERVERS_KEY, None)
+            shared = run_servers.addresses() if run_servers else {}
+        # Under xdist every core already runs a worker: spare children would only compete.
+        self.pool = ChildPool(
+            self.results_dir / runfolder.LOGS_DIR / self.worker,
+            startup_timeout=self.case_timeout,
+            exclusive=self.backend.exclusive_device,
+            spares=self.worker == "main",
+            fork=fork_server_wanted(options.value(config, "spmd_fork_server"), self.backend),
+            servers=shared,
+        )
+        self.registry_path = Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH).resolve()
+        self.late_faults: list[LateFault] = []
+        self.early_start_done = False
+        # Inert until the run selects an SPMD case (harness.config.activation): no process, file, line.
+        self.active = False
+        self.header_shown = False
+
+    def claim_run_folder(self) -> Path:
+        """The run folder, made with its manifest the first time this run has something to write."""
+        try:
+            folder = self.run.claim()
+        except HarnessError as exc:
+            raise pytest.UsageError(f"results folder: {exc}") from None
+        share_dump_root(folder)
+        return folder
+
+    def activate(self, config: pytest.Config) -> None:
+        """The run selects SPMD cases: read the inputs (a bad file stops it now) and take SIGTERM."""
+        if self.active:
+            return
+        self.active = True
+        if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
+            load_inputs(self, config)
+            config.stash[costcheck.SESSION_KEY].read_unless_probed()
+        _stop_on_sigterm(config)
+
+    def header_lines(self, config: pytest.Config) -> list[str]:
+        """What the run uses: backend and devices, the torch_xla stack, where results go, the base run."""
+        count = getattr(self.backend, "devices", None)  # a TPU host's chips are probed at the first case
+        devices = f"{count} devices" if count else "this host's chips"
+        compared = basecheck.report_header(config)
+        return [
+            f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}; "
+            f"{versions.describe(versions.stack())}; results {self.run.path}"
+        ] + ([compared] if compared else [])
+
+    def charge_late_fault(self, fault: LateFault) -> None:
+        """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""
+        self.late_faults.append(fault)
+        self.claim_run_folder()
+        results.write_amendment(self.results_dir, fault.case, results.bounded_evidence(fault.evidence), self.worker)
+
+
+def _worker_name(config: pytest.Config) -> str:
+    """xdist's own worker id (gw0, ...), else "main". Not $PYTEST_XDIST_WORKER: a pytest started
+    from inside a worker (pytester, a subprocess) inherits that variable without being a worker."""
+    workerinput = getattr(config, "workerinput", None)
+    return str(workerinput["workerid"]) if workerinput is not None else "main"
+
+
+def _run_folder(config: pytest.Config) -> runfolder.RunFolder:
+    """This run's folder: the controller's (xdist workers), the early hook's, or a new one."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and WORKERINPUT_RUN_KEY in workerinput:
+        return runfolder.RunFolder.from_workerinput(workerinput[WORKERINPUT_RUN_KEY])
+    early = config.stash.get(RUN_FOLDER_KEY, None)
+    if early is not None:
+        return early
+    try:
+        return runfolder.RunFolder.new(
+            Path(options.value(config, "spmd_results_dir")), options.value(config, "spmd_run_id")
+        )
+    except HarnessError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def fork_server_wanted(option: str | None, backend: Backend) -> bool:
+    """--spmd-fork-server: on, off, or auto (on for the cpu backend)."""
+    choice = option or "auto"
+    return choice == "on" or (choice == "auto" and backend.name == "cpu")
+
+
+def share_dump_root(run_path: Path) -> None:
+    """Children (and servers started from now on) put their XLA dumps under the run's folder."""
+    if not os.environ.get(XLA_DUMP_ROOT_ENV):
+        root = run_path / runfolder.XLA_DUMPS_DIR
+        root.mkdir(exist_ok=True)
+        os.environ[XLA_DUMP_ROOT_ENV] = str(root)
+
+
+def load_inputs(session: HarnessSession, config: pytest.Config) -> None:
+    """Read the registry (and the baseline) now, at configure time, in the xdist controller too:
+    a malformed file is a usage error naming it before any case runs, not an INTERNALERROR in a
+    worker, nor a wrong judgement."""
+    try:
+        load_registry(session.registry_path)
+    except RegistryError as exc:
+        raise pytest.UsageError(f"known-bug registry: {exc}") from None
+    # A TPU's default baseline is named by its device count, which takes a probe of the chips:
+    # that one is read at the end of collection, still before any case runs.
+    shardingcheck.session_of(config).read_unless_probed()
+
+
+def _stop_on_sigterm(config: pytest.Config) -> None:
+    """SIGTERM ends the run like Ctrl-C: children are ended, finished cases keep their records and JUnit."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # someone else (xdist, a wrapper) handles it
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"pytest received {signal_name(signum)}")
+
+    def restore_sigterm() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    config.add_cleanup(restore_sigterm)

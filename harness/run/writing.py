@@ -1,0 +1,182 @@
+"""What the plugin writes into the run folder: one CaseRecord per SPMD case (a crashed xdist
+worker's case included), and the run manifest's end (how the run ended, which tests failed),
+checked again once every process of the run is gone. A write the results folder cannot take
+stops the run with a message, never an INTERNALERROR."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypedDict
+
+import pytest
+
+from harness.isolation.evidence import headline
+from harness.judges import basecheck, costcheck
+from harness.judges.registrycheck import JudgedCase, evidence_of
+from harness.records import results, runfolder, versions
+from harness.registry import Judgement
+from harness.run.session import PYTEST_SESSION_KEY, SESSION_KEY, HarnessSession
+
+CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
+# A write into the results folder that fails with one of these cannot succeed for the next case
+# either: the run stops with a message instead of an INTERNALERROR.
+RESULTS_WRITE_FATAL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
+def write_case_record(
+    item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: JudgedCase
+) -> None:
+    """The case's record, with the HLO its bodies kept and, where it failed, its cost dumps."""
+    harness = item.config.stash[SESSION_KEY]
+    judgement, entries = case.judgement, case.entries
+    record = results.CaseRecord(
+        nodeid=case.case_id,
+        family=results.family_of(case.case_id),
+        outcome=_outcome_of(report),
+        reason=_reason(report, judgement),
+        known_bug=(judgement.entry if judgement and judgement.entry else entries[0].id if entries else None),
+        known_bugs=[e.id for e in entries],
+        registry_verdict=judgement.kind.value if judgement else None,
+        signature=judgement.signature if judgement else None,
+        evidence=results.bounded_evidence(evidence_of(call) or ""),
+        torch_xla=case.torch_xla,
+        backend=harness.backend.name,
+        devices=harness.backend.capabilities().devices,
+        duration_s=round(report.duration, 3),
+        body_s=round(sum(r.duration_s for r in case.results), 3) if case.runner else 0.0,
+        shardings=case.shardings,
+        sharding_changes=case.sharding_changes,
+        sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None,
+        **costcheck.record_fields(item),
+        **_stack_versions(),
+    )
+
+    def write() -> None:
+        folder = harness.claim_run_folder()
+        for result in case.results:
+            results.keep_texts(folder / runfolder.HLO_DIR, case.case_id, result.hlo, ".txt")
+        costcheck.keep_dumps(folder, item, report.failed)
+        results.write_record(folder, record, harness.worker)
+
+    _write_results(harness, item.config, write)
+
+
+def write_crash_record(harness: HarnessSession, config: pytest.Config, nodeid: str, reason: str, evidence: str) -> None:
+    """The record of a case whose xdist worker died under it: the worker could not write it."""
+    record = results.CaseRecord(
+        nodeid=nodeid,
+        family=results.family_of(nodeid),
+        outcome="failed",
+        reason=reason,
+        evidence=evidence,
+        backend=harness.backend.name,
+        devices=harness.backend.capabilities().devices,
+        **_stack_versions(),
+    )
+    _write_results(harness, config, lambda: results.write_record(harness.claim_run_folder(), record, harness.worker))
+
+
+def close_run(session: pytest.Session, harness: HarnessSession) -> None:
+    """The manifest says how the run ended and which tests pytest saw fail, so harness.report can
+    tell a finished run from a killed one and find failures that have no case record."""
+    stats = getattr(session.config.pluginmanager.get_plugin("terminalreporter"), "stats", {})
+    counts = {
+        key: len(reports)
+        for key, reports in stats.items()
+        if key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+    }
+    failed_ids = list(
+        dict.fromkeys(
+            _case_id_of_report(r)
+            for key in ("failed", "error")
+            for r in stats.get(key, [])
+            if getattr(r, "nodeid", None)
+        )
+    )
+    xmlpath = getattr(session.config.option, "xmlpath", None)
+    problems = harness.run.manifest_problems() + basecheck.planted_comparison(session.config, harness.run.path)
+    for problem in problems:
+        session.config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
+    if problems and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    try:
+        harness.run.finish(
+            int(session.exitstatus),
+            counts,
+            failed_ids,
+            str(Path(xmlpath).absolute()) if xmlpath else None,
+            problems,
+        )
+    except (OSError, ValueError) as exc:
+        session.config.get_terminal_writer().line(
+            f"spmd harness: could not close the run manifest in {harness.run.path}: {exc}", red=True
+        )
+
+
+def recheck_run(config: pytest.Config, harness: HarnessSession) -> None:
+    """Every process of the run has ended: the manifest must still be the one pytest wrote."""
+    try:
+        problem = harness.run.recheck()
+    except (OSError, ValueError) as exc:
+        problem = f"could not check the run manifest in {harness.run.path}: {exc}"
+    if problem is None:
+        return
+    config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
+    session = config.stash.get(PYTEST_SESSION_KEY, None)
+    if session is not None and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _write_results(harness: HarnessSession, config: pytest.Config, write: Callable[[], None]) -> None:
+    """Run one write into the results folder. A full disk (or a read-only or failing one) cannot
+    serve the next case either: the run stops after this case with a message naming the folder,
+    and every record written before stays as it was."""
+    try:
+        write()
+    except OSError as exc:
+        if exc.errno not in RESULTS_WRITE_FATAL:
+            raise
+        message = (
+            f"the results folder {harness.results_dir} cannot be written ({exc.strerror}); "
+            "the run stops here, records written so far are kept. Free space or use --spmd-results-dir"
+        )
+        config.get_terminal_writer().line(f"\nspmd harness: {message}", red=True)
+        session = config.stash.get(PYTEST_SESSION_KEY, None)
+        if session is not None:
+            session.shouldstop = message
+
+
+def _case_id_of_report(report: Any) -> str:
+    """A report's case name; set by the worker that ran it (the xdist controller has no items)."""
+    return dict(getattr(report, "user_properties", ())).get(CASE_ID_PROPERTY, report.nodeid)
+
+
+def _outcome_of(report: pytest.TestReport) -> str:
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    return report.outcome
+
+
+class StackVersions(TypedDict):
+    torch: str | None
+    jax: str | None
+    harness: str | None
+
+
+def _stack_versions() -> StackVersions:
+    """torch, jax and the harness as installed in this venv (the children run the same one)."""
+    stack = versions.stack()
+    return {"torch": stack["torch"], "jax": stack["jax"], "harness": versions.harness()}
+
+
+def _reason(report: pytest.TestReport, judgement: Judgement | None) -> str:
+    if judgement is not None:
+        return judgement.message
+    if report.skipped and isinstance(report.longrepr, tuple):
+        return str(report.longrepr[2]).removeprefix("Skipped: ")
+    if report.failed and report.longrepr is not None:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        return headline(crash.message if crash else str(report.longrepr), 500)
+    return ""
