@@ -12,7 +12,6 @@ never imports torch or torch_xla.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -43,6 +42,7 @@ from harness.run.session import (
     HarnessSession,
     fork_server_wanted,
     load_inputs,
+    remove_dump_root,
     share_dump_root,
 )
 
@@ -179,8 +179,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         servers.close()  # after the pool: its children are ended first
     if session is not None and session.worker == "main":
         writing.recheck_run(config, session)
-        # The children's XLA dumps (a failing case kept its own in its record's folder already).
-        shutil.rmtree(session.run.path / runfolder.XLA_DUMPS_DIR, ignore_errors=True)
+        remove_dump_root(session.run.path)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -19,6 +19,7 @@ import pytest
 from harness import report
 from harness.records import results, runfolder
 from harness.records.results import read_records
+from harness.run import session
 
 pytestmark = pytest.mark.selftest
 
@@ -352,12 +353,63 @@ def test_train(spmd, n):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (XLA dumps of a real step)")
-def test_xla_dumps_of_forked_children_go_with_the_run(pytester: pytest.Pytester):
+def test_xla_dumps_of_forked_children_go_with_the_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     """A forked child ends through os._exit, so a dump folder it made in /tmp for itself stayed
-    there (one per child, up to a megabyte each); they now live in the run folder until it ends."""
-    pytester.makepyfile(test_costly=COST_MEASURED_CASE)
+    there (one per child, up to a megabyte each); they now live in the run's own dump folder (in
+    memory where /dev/shm is a tmpfs, else the run folder) until the run ends."""
+    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)  # this suite's own run exports its root
+    pytester.makepyfile(
+        test_costly=COST_MEASURED_CASE
+        + """
+def test_dumps_went_to_the_runs_own_folder():
+    import os
+    from harness.run.session import MEMORY_FOLDER, _is_tmpfs
+    root = os.environ["HARNESS_XLA_DUMP_ROOT"]
+    expected = str(MEMORY_FOLDER) if _is_tmpfs(MEMORY_FOLDER) else os.path.join("results", "run-")
+    assert expected in root and os.path.isdir(root), root
+"""
+    )
     before = set(Path(tempfile.gettempdir()).glob("spmd-xla-dumps-*"))
-    result = run(pytester, "--spmd-backend=cpu", "--spmd-fork-server=on", "-m", "spmd")
-    result.assert_outcomes(passed=2)
+    result = run(pytester, "--spmd-backend=cpu", "--spmd-fork-server=on", "-m", "spmd or not spmd")
+    result.assert_outcomes(passed=3)
     assert set(Path(tempfile.gettempdir()).glob("spmd-xla-dumps-*")) - before == set()
-    assert not (pytester.path / "results" / "latest" / "xla-dumps").exists()
+    run_path = (pytester.path / "results" / "latest").resolve()
+    assert not (run_path / "xla-dumps").exists()
+    # Named after the run: other runs of this suite may hold roots of their own there meanwhile.
+    assert not session._memory_dump_root(run_path).exists()
+
+
+def test_a_dump_root_the_environment_names_is_kept_and_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The user's own root is used as it is and never removed; the run's own goes with it."""
+    run_path = tmp_path / "run-1"
+    run_path.mkdir()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    monkeypatch.setenv("HARNESS_XLA_DUMP_ROOT", str(theirs))
+    session.share_dump_root(run_path)
+    session.remove_dump_root(run_path)
+    assert theirs.is_dir() and os.environ["HARNESS_XLA_DUMP_ROOT"] == str(theirs)
+    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT")
+    session.share_dump_root(run_path)
+    ours = Path(os.environ["HARNESS_XLA_DUMP_ROOT"])
+    assert ours.is_dir() and ours != theirs
+    session.remove_dump_root(run_path)
+    assert not ours.exists() and "HARNESS_XLA_DUMP_ROOT" not in os.environ
+
+
+def test_a_memory_dump_root_that_exists_already_is_not_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A folder of the run's memory-root name that someone else made is neither used nor removed."""
+    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
+    monkeypatch.setattr(session, "MEMORY_FOLDER", tmp_path / "shm")
+    monkeypatch.setattr(session, "_is_tmpfs", lambda folder: True)
+    (tmp_path / "shm").mkdir()
+    run_path = tmp_path / "run-2"
+    run_path.mkdir()
+    squatted = session._memory_dump_root(run_path)
+    squatted.mkdir()
+    (squatted / "theirs.txt").write_text("not the harness's")
+    session.share_dump_root(run_path)
+    assert os.environ["HARNESS_XLA_DUMP_ROOT"] == str(run_path / "xla-dumps")
+    session.remove_dump_root(run_path)
+    assert (squatted / "theirs.txt").read_text() == "not the harness's"
+    assert not (run_path / "xla-dumps").exists() and "HARNESS_XLA_DUMP_ROOT" not in os.environ

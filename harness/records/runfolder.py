@@ -10,7 +10,7 @@
         logs/<worker>/            child and fork-server logs
         hlo/<case>__<name>.txt    HLO text a case chose to keep
         costs/                    the partitioned modules of a failing cost-measured case
-        xla-dumps/                the children's XLA dumps, removed when the run ends
+        xla-dumps/                the children's XLA dumps where /dev/shm is no tmpfs (else there), removed when the run ends
         summary.md                written by harness.report
         comparison.json           how the run compared with its base run (--spmd-compare; harness.judges.basecompare)
         replay-group-<n>.json     written by harness.replay --print-commands
