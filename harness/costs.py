@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.errors import HarnessError
-from harness.hlo import COLLECTIVE_OPCODES, HloModule, HloParseError, entry_parameters, parse_hlo
+from harness.hlo import COLLECTIVE_OPCODES, HloModule, HloParseError, entry_parameters, instructions_naming, parse_hlo
 from harness.schema import shown
 from harness.sharding import ShardingParseError, format_sharding, iota_device_ids
 
@@ -183,11 +183,12 @@ def collectives(hlo: str | HloModule, devices: int, where: str = "the partitione
     trip count). Collective-permute is grouped by its source-target pairs.
     """
     try:
-        module = hlo if isinstance(hlo, HloModule) else parse_hlo(hlo)
+        # Only lines that name a collective can hold one: the rest of a large module is not parsed.
+        instructions = hlo.instructions if isinstance(hlo, HloModule) else instructions_naming(hlo, COLLECTIVE_OPCODES)
     except HloParseError as exc:
         raise CostReadError(f"{where}: {exc}") from None
     grouped: dict[tuple[str, str], list[int]] = {}
-    for instruction in module.instructions:
+    for instruction in instructions:
         kind = instruction.opcode.removesuffix("-start")
         if kind not in COLLECTIVE_OPCODES:
             continue

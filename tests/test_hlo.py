@@ -15,6 +15,7 @@ from harness.hlo import (
     assert_every_sharding_call_annotated,
     count_collectives,
     entry_parameters,
+    instructions_naming,
     output_sharding,
     parameter_shardings,
     parse_hlo,
@@ -396,3 +397,32 @@ def test_parse_sharding_accepts_an_attribute_copied_from_hlo() -> None:
     # What a case does when it keeps the raw attribute: both spellings agree.
     call = sharding_custom_calls(ANNOTATED_HLO)[0]
     assert parse_sharding("sharding=" + call.attribute("sharding")) == call.sharding
+
+
+def _named_instructions(instructions) -> list[tuple[int, str, str]]:
+    return [
+        (i.line_number, i.name, i.opcode) for i in instructions if i.opcode.removesuffix("-start") in COLLECTIVE_OPCODES
+    ]
+
+
+@pytest.mark.parametrize(
+    "hlo", [ANNOTATED_HLO, VIEW_BUG_HLO, PARTITIONED_HLO], ids=["annotated", "view-bug", "partitioned"]
+)
+def test_reading_only_the_lines_that_name_a_collective_finds_what_the_whole_parse_finds(hlo: str) -> None:
+    whole = _named_instructions(parse_hlo(hlo).instructions)
+    assert _named_instructions(instructions_naming(hlo, COLLECTIVE_OPCODES)) == whole
+
+
+_FIXTURE_LINES = [line for text in (ANNOTATED_HLO, VIEW_BUG_HLO, PARTITIONED_HLO) for line in text.splitlines()]
+_HEADERS = [line for line in _FIXTURE_LINES if line.rstrip().endswith("{") and "=" not in line.split("(", 1)[0]]
+_BODY_LINES = [line for line in _FIXTURE_LINES if line not in _HEADERS and line.strip() not in ("}", "")]
+
+
+@given(st.lists(st.tuples(st.sampled_from(_HEADERS), st.lists(st.sampled_from(_BODY_LINES), max_size=12)), max_size=4))
+def test_any_module_of_these_lines_gives_the_same_collectives_both_ways(computations) -> None:
+    """Computations of any of the fixtures' lines (metadata naming a collective, HloModule lines,
+    async pairs, in any order): the same collective instructions (line, name, opcode) as parsing
+    the whole text, as a multiset."""
+    text = "\n".join(line for header, body in computations for line in (header, *body, "}"))
+    whole = sorted(_named_instructions(parse_hlo(text).instructions))
+    assert sorted(_named_instructions(instructions_naming(text, COLLECTIVE_OPCODES))) == whole
