@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -413,3 +414,20 @@ def test_a_memory_dump_root_that_exists_already_is_not_taken(tmp_path: Path, mon
     session.remove_dump_root(run_path)
     assert (squatted / "theirs.txt").read_text() == "not the harness's"
     assert not (run_path / "xla-dumps").exists() and "HARNESS_XLA_DUMP_ROOT" not in os.environ
+
+
+def test_a_run_that_stops_before_its_session_leaves_no_dump_root(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    """The early start makes the run's dump root before conftests load; a conftest that fails to
+    import ends pytest before pytest_configure (so before pytest_unconfigure): the root in
+    /dev/shm stayed, one per such run, until the machine rebooted."""
+    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
+    pytester.makeconftest("raise ImportError('a broken conftest')")
+    pytester.makepyfile(test_a="import pytest\npytestmark = pytest.mark.spmd\ndef test_a(spmd):\n    pass\n")
+    run_id = f"run-early-{os.getpid()}-{time.monotonic_ns()}"
+    result = run(pytester, "--spmd-fork-server=on", f"--spmd-run-id={run_id}", "-m", "spmd")
+    assert result.ret != 0
+    run_path = (pytester.path / "results" / run_id).resolve()
+    assert run_path.is_dir(), result.stdout.str()  # the early start did claim it (else this tests nothing)
+    assert not session._memory_dump_root(run_path).exists()

@@ -4,6 +4,7 @@ and whether the run is the harness's at all yet; the stash keys the plugin keeps
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -154,7 +155,18 @@ def share_dump_root(run_path: Path) -> None:
     except OSError:
         root = run_path / runfolder.XLA_DUMPS_DIR
         root.mkdir(exist_ok=True)
+    else:
+        # A run that ends before pytest_configure (a conftest that fails to import, after the
+        # early start made this root) never reaches remove_dump_root: its exit removes it then.
+        atexit.register(_remove_left_root, root, os.getpid())
     os.environ[XLA_DUMP_ROOT_ENV] = str(root)
+
+
+def _remove_left_root(root: Path, pid: int) -> None:
+    """At this process's exit, the memory root it made, unless remove_dump_root took it (and the
+    variable) already: a later run of the same name may own a folder of that name by now."""
+    if os.getpid() == pid and os.environ.get(XLA_DUMP_ROOT_ENV) == str(root):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def remove_dump_root(run_path: Path) -> None:
