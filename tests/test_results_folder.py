@@ -431,3 +431,26 @@ def test_a_run_that_stops_before_its_session_leaves_no_dump_root(
     run_path = (pytester.path / "results" / run_id).resolve()
     assert run_path.is_dir(), result.stdout.str()  # the early start did claim it (else this tests nothing)
     assert not session._memory_dump_root(run_path).exists()
+
+
+def test_a_dump_root_a_body_replaced_by_a_symlink_goes_without_what_it_points_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A body may swap the run's root for a symlink: the run's end removed nothing then (rmtree
+    refuses a symlink), leaving the link in /dev/shm; it must go, and never what it points to."""
+    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
+    monkeypatch.setattr(session, "MEMORY_FOLDER", tmp_path / "shm")
+    monkeypatch.setattr(session, "_is_tmpfs", lambda folder: True)
+    (tmp_path / "shm").mkdir()
+    run_path = tmp_path / "run-3"
+    run_path.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "theirs.txt").write_text("not the harness's")
+    session.share_dump_root(run_path)
+    root = Path(os.environ["HARNESS_XLA_DUMP_ROOT"])
+    root.rmdir()
+    root.symlink_to(elsewhere)
+    session.remove_dump_root(run_path)
+    assert (elsewhere / "theirs.txt").read_text() == "not the harness's"
+    assert not os.path.lexists(root) and "HARNESS_XLA_DUMP_ROOT" not in os.environ

@@ -166,6 +166,14 @@ def _remove_left_root(root: Path, pid: int) -> None:
     """At this process's exit, the memory root it made, unless remove_dump_root took it (and the
     variable) already: a later run of the same name may own a folder of that name by now."""
     if os.getpid() == pid and os.environ.get(XLA_DUMP_ROOT_ENV) == str(root):
+        _remove_root(root)
+
+
+def _remove_root(root: Path) -> None:
+    """The folder, or the symlink a body put in its place (only the link: never what it points to)."""
+    if root.is_symlink():
+        root.unlink(missing_ok=True)
+    else:
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -176,7 +184,7 @@ def remove_dump_root(run_path: Path) -> None:
     shutil.rmtree(run_path / runfolder.XLA_DUMPS_DIR, ignore_errors=True)
     memory_root = _memory_dump_root(run_path)
     if os.environ.get(XLA_DUMP_ROOT_ENV) == str(memory_root):
-        shutil.rmtree(memory_root, ignore_errors=True)
+        _remove_root(memory_root)
     if os.environ.get(XLA_DUMP_ROOT_ENV) in (str(memory_root), str(run_path / runfolder.XLA_DUMPS_DIR)):
         del os.environ[XLA_DUMP_ROOT_ENV]
 
