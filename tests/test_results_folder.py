@@ -454,3 +454,17 @@ def test_a_dump_root_a_body_replaced_by_a_symlink_goes_without_what_it_points_to
     session.remove_dump_root(run_path)
     assert (elsewhere / "theirs.txt").read_text() == "not the harness's"
     assert not os.path.lexists(root) and "HARNESS_XLA_DUMP_ROOT" not in os.environ
+
+
+def test_a_dump_root_a_body_deleted_is_made_again_not_left_for_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A body that deletes the run's dump root sent every later child's dumps to /tmp, where a
+    forked child (it ends through os._exit, its atexit never runs) left them: one folder each."""
+    from harness import xla
+
+    root = tmp_path / "run-4" / "xla-dumps"  # the run's root, deleted by a body
+    monkeypatch.setenv("HARNESS_XLA_DUMP_ROOT", str(root))
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv(xla.DUMP_DIR_ENV, raising=False)
+    monkeypatch.setattr(xla, "can_name_graphs", lambda: True)
+    folder = xla.enable_step_dumps()
+    assert folder is not None and Path(folder).parent == root
