@@ -468,3 +468,34 @@ def test_a_dump_root_a_body_deleted_is_made_again_not_left_for_tmp(tmp_path: Pat
     monkeypatch.setattr(xla, "can_name_graphs", lambda: True)
     folder = xla.enable_step_dumps()
     assert folder is not None and Path(folder).parent == root
+
+
+def test_xdist_workers_share_one_dump_root_when_the_run_starts_late(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    """A run the command line does not name SPMD (no -m spmd, no cases/ path) makes its folder in
+    the workers: each made the run's memory root itself, the first won it, the other fell back to
+    the run folder on disk, and no one removed the winner's (only the controller removes roots)."""
+    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
+    roots = pytester.path / "roots.txt"
+    pytester.makepyfile(
+        test_late=f"""
+import os
+import pytest
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_ok(ctx):
+    pass
+
+@pytest.mark.parametrize("n", range(4))
+def test_root(spmd, n):
+    spmd.run(body_ok)
+    with open({str(roots)!r}, "a") as f:
+        f.write(os.environ["HARNESS_XLA_DUMP_ROOT"] + "\\n")
+"""
+    )
+    result = run(pytester, "-n", "2", "--dist=load", "-rs", "test_late.py")
+    result.assert_outcomes(passed=4)
+    seen = set(roots.read_text().split())
+    assert len(seen) == 1, seen
+    assert not any(os.path.lexists(root) for root in seen)
