@@ -27,6 +27,7 @@ from harness.errors import HarnessError, RegistryError
 from harness.isolation import runservers
 from harness.isolation.case import SpmdRunner
 from harness.isolation.evidence import headline
+from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 from harness.judges import basecheck, costcheck, registrycheck, shardingcheck
 from harness.judges.registrycheck import ENTRIES_KEY, RUNNER_KEY, JudgedCase
 from harness.records import results, runfolder
@@ -38,12 +39,14 @@ from harness.run.session import (
     RUN_SERVERS_KEY,
     SESSION_KEY,
     WORKERINPUT_ACTIVE_KEY,
+    WORKERINPUT_DUMP_ROOT_KEY,
     WORKERINPUT_RUN_KEY,
     HarnessSession,
     fork_server_wanted,
     load_inputs,
     remove_dump_root,
     share_dump_root,
+    share_memory_dump_root,
 )
 
 # Options that make pytest print something and stop: the plugin then writes and starts nothing.
@@ -135,6 +138,8 @@ def pytest_configure_node(node: Any) -> None:
     harness = node.config.stash[SESSION_KEY]
     node.workerinput[WORKERINPUT_RUN_KEY] = harness.run.to_workerinput()
     node.workerinput[WORKERINPUT_ACTIVE_KEY] = harness.active
+    share_memory_dump_root(harness.run.path)  # one for all workers, made before they start
+    node.workerinput[WORKERINPUT_DUMP_ROOT_KEY] = os.environ.get(XLA_DUMP_ROOT_ENV, "")
     servers = node.config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         node.workerinput[runservers.WORKERINPUT_KEY] = runservers.addresses_to_workerinput(servers.addresses())

@@ -45,6 +45,11 @@ def enable_step_dumps() -> str | None:
     from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 
     root = os.environ.get(XLA_DUMP_ROOT_ENV)
+    if root:
+        try:
+            os.makedirs(root, mode=0o700, exist_ok=True)  # an earlier body may have deleted it
+        except OSError:
+            root = None
     folder = tempfile.mkdtemp(prefix="spmd-xla-dumps-", dir=root if root and os.path.isdir(root) else None)
     atexit.register(shutil.rmtree, folder, True)  # a fresh child's exit; a forked one's root goes with the run
     wanted = f" --xla_dump_to={folder} --xla_dump_hlo_as_text"

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -413,3 +414,88 @@ def test_a_memory_dump_root_that_exists_already_is_not_taken(tmp_path: Path, mon
     session.remove_dump_root(run_path)
     assert (squatted / "theirs.txt").read_text() == "not the harness's"
     assert not (run_path / "xla-dumps").exists() and "HARNESS_XLA_DUMP_ROOT" not in os.environ
+
+
+def test_a_run_that_stops_before_its_session_leaves_no_dump_root(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    """The early start makes the run's dump root before conftests load; a conftest that fails to
+    import ends pytest before pytest_configure (so before pytest_unconfigure): the root in
+    /dev/shm stayed, one per such run, until the machine rebooted."""
+    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
+    pytester.makeconftest("raise ImportError('a broken conftest')")
+    pytester.makepyfile(test_a="import pytest\npytestmark = pytest.mark.spmd\ndef test_a(spmd):\n    pass\n")
+    run_id = f"run-early-{os.getpid()}-{time.monotonic_ns()}"
+    result = run(pytester, "--spmd-fork-server=on", f"--spmd-run-id={run_id}", "-m", "spmd")
+    assert result.ret != 0
+    run_path = (pytester.path / "results" / run_id).resolve()
+    assert run_path.is_dir(), result.stdout.str()  # the early start did claim it (else this tests nothing)
+    assert not session._memory_dump_root(run_path).exists()
+
+
+def test_a_dump_root_a_body_replaced_by_a_symlink_goes_without_what_it_points_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A body may swap the run's root for a symlink: the run's end removed nothing then (rmtree
+    refuses a symlink), leaving the link in /dev/shm; it must go, and never what it points to."""
+    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
+    monkeypatch.setattr(session, "MEMORY_FOLDER", tmp_path / "shm")
+    monkeypatch.setattr(session, "_is_tmpfs", lambda folder: True)
+    (tmp_path / "shm").mkdir()
+    run_path = tmp_path / "run-3"
+    run_path.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "theirs.txt").write_text("not the harness's")
+    session.share_dump_root(run_path)
+    root = Path(os.environ["HARNESS_XLA_DUMP_ROOT"])
+    root.rmdir()
+    root.symlink_to(elsewhere)
+    session.remove_dump_root(run_path)
+    assert (elsewhere / "theirs.txt").read_text() == "not the harness's"
+    assert not os.path.lexists(root) and "HARNESS_XLA_DUMP_ROOT" not in os.environ
+
+
+def test_a_dump_root_a_body_deleted_is_made_again_not_left_for_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A body that deletes the run's dump root sent every later child's dumps to /tmp, where a
+    forked child (it ends through os._exit, its atexit never runs) left them: one folder each."""
+    from harness import xla
+
+    root = tmp_path / "run-4" / "xla-dumps"  # the run's root, deleted by a body
+    monkeypatch.setenv("HARNESS_XLA_DUMP_ROOT", str(root))
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv(xla.DUMP_DIR_ENV, raising=False)
+    monkeypatch.setattr(xla, "can_name_graphs", lambda: True)
+    folder = xla.enable_step_dumps()
+    assert folder is not None and Path(folder).parent == root
+
+
+def test_xdist_workers_share_one_dump_root_when_the_run_starts_late(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    """A run the command line does not name SPMD (no -m spmd, no cases/ path) makes its folder in
+    the workers: each made the run's memory root itself, the first won it, the other fell back to
+    the run folder on disk, and no one removed the winner's (only the controller removes roots)."""
+    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
+    roots = pytester.path / "roots.txt"
+    pytester.makepyfile(
+        test_late=f"""
+import os
+import pytest
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_ok(ctx):
+    pass
+
+@pytest.mark.parametrize("n", range(4))
+def test_root(spmd, n):
+    spmd.run(body_ok)
+    with open({str(roots)!r}, "a") as f:
+        f.write(os.environ["HARNESS_XLA_DUMP_ROOT"] + "\\n")
+"""
+    )
+    result = run(pytester, "-n", "2", "--dist=load", "-rs", "test_late.py")
+    result.assert_outcomes(passed=4)
+    seen = set(roots.read_text().split())
+    assert len(seen) == 1, seen
+    assert not any(os.path.lexists(root) for root in seen)

@@ -4,6 +4,7 @@ and whether the run is the harness's at all yet; the stash keys the plugin keeps
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -33,6 +34,7 @@ PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
 EARLY_KEY = pytest.StashKey[bool]()  # the command line selects SPMD cases (harness.config.activation)
 WORKERINPUT_RUN_KEY = "spmd_harness_run"
 WORKERINPUT_ACTIVE_KEY = "spmd_harness_active"
+WORKERINPUT_DUMP_ROOT_KEY = "spmd_harness_dump_root"
 
 
 class HarnessSession:
@@ -45,6 +47,12 @@ class HarnessSession:
         self.case_timeout: float = options.value(config, "spmd_case_timeout")
         workerinput = getattr(config, "workerinput", None)
         self.worker = _worker_name(config)
+        if (
+            workerinput is not None
+            and workerinput.get(WORKERINPUT_DUMP_ROOT_KEY)
+            and not os.environ.get(XLA_DUMP_ROOT_ENV)
+        ):
+            os.environ[XLA_DUMP_ROOT_ENV] = workerinput[WORKERINPUT_DUMP_ROOT_KEY]  # the controller's
         self.run = _run_folder(config)
         self.results_dir = self.run.path  # made only when the run has something to write (claim)
         # The run's shared fork servers: this process's own (started early), or the controller's.
@@ -146,15 +154,46 @@ def share_dump_root(run_path: Path) -> None:
     """Children (and servers started from now on) put their XLA dumps under one folder of the run:
     in memory where the machine has a tmpfs at /dev/shm, else the run folder's xla-dumps/. A root
     the environment names already (the user's, or this run's from an earlier call) is kept."""
+    if not share_memory_dump_root(run_path):
+        root = run_path / runfolder.XLA_DUMPS_DIR
+        root.mkdir(exist_ok=True)
+        os.environ[XLA_DUMP_ROOT_ENV] = str(root)
+
+
+def share_memory_dump_root(run_path: Path) -> bool:
+    """The run's root in memory, made now and named in the environment, unless one is named
+    already; False where there is none to make (no tmpfs, or a folder of its name exists). The
+    xdist controller calls it before its workers start, so all of them share it (a run that
+    selects SPMD cases only at collection claims its folder in the workers)."""
     if os.environ.get(XLA_DUMP_ROOT_ENV):
-        return
+        return True
     root = _memory_dump_root(run_path)
+    if root == run_path / runfolder.XLA_DUMPS_DIR:
+        return False
     try:
         root.mkdir(mode=0o700)  # never one that exists: a folder of that name is not this run's
     except OSError:
-        root = run_path / runfolder.XLA_DUMPS_DIR
-        root.mkdir(exist_ok=True)
+        return False
+    # A run that ends before pytest_configure (a conftest that fails to import, after the
+    # early start made this root) never reaches remove_dump_root: its exit removes it then.
+    atexit.register(_remove_left_root, root, os.getpid())
     os.environ[XLA_DUMP_ROOT_ENV] = str(root)
+    return True
+
+
+def _remove_left_root(root: Path, pid: int) -> None:
+    """At this process's exit, the memory root it made, unless remove_dump_root took it (and the
+    variable) already: a later run of the same name may own a folder of that name by now."""
+    if os.getpid() == pid and os.environ.get(XLA_DUMP_ROOT_ENV) == str(root):
+        _remove_root(root)
+
+
+def _remove_root(root: Path) -> None:
+    """The folder, or the symlink a body put in its place (only the link: never what it points to)."""
+    if root.is_symlink():
+        root.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def remove_dump_root(run_path: Path) -> None:
@@ -164,7 +203,7 @@ def remove_dump_root(run_path: Path) -> None:
     shutil.rmtree(run_path / runfolder.XLA_DUMPS_DIR, ignore_errors=True)
     memory_root = _memory_dump_root(run_path)
     if os.environ.get(XLA_DUMP_ROOT_ENV) == str(memory_root):
-        shutil.rmtree(memory_root, ignore_errors=True)
+        _remove_root(memory_root)
     if os.environ.get(XLA_DUMP_ROOT_ENV) in (str(memory_root), str(run_path / runfolder.XLA_DUMPS_DIR)):
         del os.environ[XLA_DUMP_ROOT_ENV]
 
