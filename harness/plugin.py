@@ -32,6 +32,7 @@ from harness.judges import basecheck, costcheck, registrycheck, shardingcheck
 from harness.judges.registrycheck import ENTRIES_KEY, RUNNER_KEY, JudgedCase
 from harness.records import results, runfolder
 from harness.run import writing
+from harness.run.dumproot import remove_dump_root
 from harness.run.session import (
     EARLY_KEY,
     PYTEST_SESSION_KEY,
@@ -44,9 +45,7 @@ from harness.run.session import (
     HarnessSession,
     fork_server_wanted,
     load_inputs,
-    remove_dump_root,
     share_dump_root,
-    share_memory_dump_root,
 )
 
 # Options that make pytest print something and stop: the plugin then writes and starts nothing.
@@ -138,8 +137,7 @@ def pytest_configure_node(node: Any) -> None:
     harness = node.config.stash[SESSION_KEY]
     node.workerinput[WORKERINPUT_RUN_KEY] = harness.run.to_workerinput()
     node.workerinput[WORKERINPUT_ACTIVE_KEY] = harness.active
-    share_memory_dump_root(harness.run.path)  # one for all workers, made before they start
-    node.workerinput[WORKERINPUT_DUMP_ROOT_KEY] = os.environ.get(XLA_DUMP_ROOT_ENV, "")
+    node.workerinput[WORKERINPUT_DUMP_ROOT_KEY] = os.environ.get(XLA_DUMP_ROOT_ENV, "")  # the early start's
     servers = node.config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         node.workerinput[runservers.WORKERINPUT_KEY] = runservers.addresses_to_workerinput(servers.addresses())

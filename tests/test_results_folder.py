@@ -20,7 +20,7 @@ import pytest
 from harness import report
 from harness.records import results, runfolder
 from harness.records.results import read_records
-from harness.run import session
+from harness.run import dumproot
 
 pytestmark = pytest.mark.selftest
 
@@ -354,7 +354,9 @@ def test_train(spmd, n):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="needs torch_xla (XLA dumps of a real step)")
-def test_xla_dumps_of_forked_children_go_with_the_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+def test_xla_dumps_of_forked_children_go_with_the_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+):
     """A forked child ends through os._exit, so a dump folder it made in /tmp for itself stayed
     there (one per child, up to a megabyte each); they now live in the run's own dump folder (in
     memory where /dev/shm is a tmpfs, else the run folder) until the run ends."""
@@ -364,20 +366,25 @@ def test_xla_dumps_of_forked_children_go_with_the_run(pytester: pytest.Pytester,
         + """
 def test_dumps_went_to_the_runs_own_folder():
     import os
-    from harness.run.session import MEMORY_FOLDER, _is_tmpfs
+    from harness.run.dumproot import MEMORY_FOLDER, _is_tmpfs
     root = os.environ["HARNESS_XLA_DUMP_ROOT"]
     expected = str(MEMORY_FOLDER) if _is_tmpfs(MEMORY_FOLDER) else os.path.join("results", "run-")
     assert expected in root and os.path.isdir(root), root
 """
     )
-    before = set(Path(tempfile.gettempdir()).glob("spmd-xla-dumps-*"))
-    result = run(pytester, "--spmd-backend=cpu", "--spmd-fork-server=on", "-m", "spmd or not spmd")
+    # Other runs of this suite may dump to the shared /tmp meanwhile. Short: the fork server's
+    # socket lives under TMPDIR, and a Unix socket path holds at most 107 bytes.
+    private_tmp = Path(tempfile.mkdtemp(prefix="spmd-t-"))
+    request.addfinalizer(lambda: shutil.rmtree(private_tmp, ignore_errors=True))
+    result = run(
+        pytester, "--spmd-backend=cpu", "--spmd-fork-server=on", "-m", "spmd or not spmd", TMPDIR=str(private_tmp)
+    )
     result.assert_outcomes(passed=3)
-    assert set(Path(tempfile.gettempdir()).glob("spmd-xla-dumps-*")) - before == set()
+    assert list(private_tmp.glob("spmd-xla-dumps-*")) == []
     run_path = (pytester.path / "results" / "latest").resolve()
     assert not (run_path / "xla-dumps").exists()
     # Named after the run: other runs of this suite may hold roots of their own there meanwhile.
-    assert not session._memory_dump_root(run_path).exists()
+    assert not dumproot._memory_dump_root(run_path).exists()
 
 
 def test_a_dump_root_the_environment_names_is_kept_and_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -387,31 +394,31 @@ def test_a_dump_root_the_environment_names_is_kept_and_left(tmp_path: Path, monk
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     monkeypatch.setenv("HARNESS_XLA_DUMP_ROOT", str(theirs))
-    session.share_dump_root(run_path)
-    session.remove_dump_root(run_path)
+    dumproot.share_dump_root(run_path)
+    dumproot.remove_dump_root(run_path)
     assert theirs.is_dir() and os.environ["HARNESS_XLA_DUMP_ROOT"] == str(theirs)
     monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT")
-    session.share_dump_root(run_path)
+    dumproot.share_dump_root(run_path)
     ours = Path(os.environ["HARNESS_XLA_DUMP_ROOT"])
     assert ours.is_dir() and ours != theirs
-    session.remove_dump_root(run_path)
+    dumproot.remove_dump_root(run_path)
     assert not ours.exists() and "HARNESS_XLA_DUMP_ROOT" not in os.environ
 
 
 def test_a_memory_dump_root_that_exists_already_is_not_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A folder of the run's memory-root name that someone else made is neither used nor removed."""
     monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
-    monkeypatch.setattr(session, "MEMORY_FOLDER", tmp_path / "shm")
-    monkeypatch.setattr(session, "_is_tmpfs", lambda folder: True)
+    monkeypatch.setattr(dumproot, "MEMORY_FOLDER", tmp_path / "shm")
+    monkeypatch.setattr(dumproot, "_is_tmpfs", lambda folder: True)
     (tmp_path / "shm").mkdir()
     run_path = tmp_path / "run-2"
     run_path.mkdir()
-    squatted = session._memory_dump_root(run_path)
+    squatted = dumproot._memory_dump_root(run_path)
     squatted.mkdir()
     (squatted / "theirs.txt").write_text("not the harness's")
-    session.share_dump_root(run_path)
+    dumproot.share_dump_root(run_path)
     assert os.environ["HARNESS_XLA_DUMP_ROOT"] == str(run_path / "xla-dumps")
-    session.remove_dump_root(run_path)
+    dumproot.remove_dump_root(run_path)
     assert (squatted / "theirs.txt").read_text() == "not the harness's"
     assert not (run_path / "xla-dumps").exists() and "HARNESS_XLA_DUMP_ROOT" not in os.environ
 
@@ -430,7 +437,7 @@ def test_a_run_that_stops_before_its_session_leaves_no_dump_root(
     assert result.ret != 0
     run_path = (pytester.path / "results" / run_id).resolve()
     assert run_path.is_dir(), result.stdout.str()  # the early start did claim it (else this tests nothing)
-    assert not session._memory_dump_root(run_path).exists()
+    assert not dumproot._memory_dump_root(run_path).exists()
 
 
 def test_a_dump_root_a_body_replaced_by_a_symlink_goes_without_what_it_points_to(
@@ -439,19 +446,19 @@ def test_a_dump_root_a_body_replaced_by_a_symlink_goes_without_what_it_points_to
     """A body may swap the run's root for a symlink: the run's end removed nothing then (rmtree
     refuses a symlink), leaving the link in /dev/shm; it must go, and never what it points to."""
     monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
-    monkeypatch.setattr(session, "MEMORY_FOLDER", tmp_path / "shm")
-    monkeypatch.setattr(session, "_is_tmpfs", lambda folder: True)
+    monkeypatch.setattr(dumproot, "MEMORY_FOLDER", tmp_path / "shm")
+    monkeypatch.setattr(dumproot, "_is_tmpfs", lambda folder: True)
     (tmp_path / "shm").mkdir()
     run_path = tmp_path / "run-3"
     run_path.mkdir()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "theirs.txt").write_text("not the harness's")
-    session.share_dump_root(run_path)
+    dumproot.share_dump_root(run_path)
     root = Path(os.environ["HARNESS_XLA_DUMP_ROOT"])
-    root.rmdir()
+    shutil.rmtree(root)
     root.symlink_to(elsewhere)
-    session.remove_dump_root(run_path)
+    dumproot.remove_dump_root(run_path)
     assert (elsewhere / "theirs.txt").read_text() == "not the harness's"
     assert not os.path.lexists(root) and "HARNESS_XLA_DUMP_ROOT" not in os.environ
 
@@ -475,7 +482,8 @@ def test_xdist_workers_share_one_dump_root_when_the_run_starts_late(
 ):
     """A run the command line does not name SPMD (no -m spmd, no cases/ path) makes its folder in
     the workers: each made the run's memory root itself, the first won it, the other fell back to
-    the run folder on disk, and no one removed the winner's (only the controller removes roots)."""
+    the run folder on disk, and no one removed the winner's (only the controller removes roots).
+    Workers make no root in memory now: they share the run folder's, which the controller removes."""
     monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
     roots = pytester.path / "roots.txt"
     pytester.makepyfile(
@@ -499,3 +507,43 @@ def test_root(spmd, n):
     seen = set(roots.read_text().split())
     assert len(seen) == 1, seen
     assert not any(os.path.lexists(root) for root in seen)
+
+
+def test_memory_roots_of_runs_that_were_killed_are_removed_by_the_next_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """SIGKILL leaves a run's memory root behind; the next run removes it when the process its
+    stamp names is gone, and leaves a live owner's, an unstamped folder and a link alone."""
+    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(dumproot, "MEMORY_FOLDER", shm)
+    monkeypatch.setattr(dumproot, "_is_tmpfs", lambda folder: True)
+    prefix = f"spmd-xla-dumps-{os.getuid()}-"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone_stamp = dumproot._owner_stamp(gone.pid) or f"{gone.pid} 1"
+    gone.wait()
+    killed = shm / (prefix + "run-killed")
+    killed.mkdir()
+    (killed / dumproot.OWNER_FILE).write_text(gone_stamp)
+    (killed / "step0.txt").write_text("a dump")
+    reused = shm / (prefix + "run-pid-reused")  # the pid lives, but it is another process now
+    reused.mkdir()
+    (reused / dumproot.OWNER_FILE).write_text(f"{os.getpid()} 1")
+    alive = shm / (prefix + "run-alive")
+    alive.mkdir()
+    (alive / dumproot.OWNER_FILE).write_text(dumproot._owner_stamp(os.getpid()) or "")
+    unstamped = shm / (prefix + "run-unstamped")
+    unstamped.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / dumproot.OWNER_FILE).write_text(gone_stamp)
+    (shm / (prefix + "run-link")).symlink_to(elsewhere)
+    run_path = tmp_path / "run-new"
+    run_path.mkdir()
+    dumproot.share_dump_root(run_path)
+    left = sorted(p.name.removeprefix(prefix) for p in shm.iterdir())
+    assert left == ["run-alive", "run-link", "run-new", "run-unstamped"]
+    assert elsewhere.is_dir() and (elsewhere / dumproot.OWNER_FILE).exists()
+    assert (shm / (prefix + "run-new") / dumproot.OWNER_FILE).read_text() == dumproot._owner_stamp(os.getpid())
+    dumproot.remove_dump_root(run_path)

@@ -4,9 +4,7 @@ and whether the run is the harness's at all yet; the stash keys the plugin keeps
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import signal
 import threading
 from pathlib import Path
@@ -26,6 +24,7 @@ from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 from harness.judges import basecheck, costcheck, shardingcheck
 from harness.records import results, runfolder, versions
 from harness.registry import REGISTRY_PATH, load_registry
+from harness.run.dumproot import share_dump_root
 
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
 RUN_SERVERS_KEY = pytest.StashKey[runservers.RunServers]()
@@ -83,7 +82,8 @@ class HarnessSession:
             folder = self.run.claim()
         except HarnessError as exc:
             raise pytest.UsageError(f"results folder: {exc}") from None
-        share_dump_root(folder)
+        # Only the controller makes a root in memory: it is the one that removes it at the end.
+        share_dump_root(folder, in_memory=self.worker == "main")
         return folder
 
     def activate(self, config: pytest.Config) -> None:
@@ -140,88 +140,6 @@ def fork_server_wanted(option: str | None, backend: Backend) -> bool:
     """--spmd-fork-server: on, off, or auto (on for the cpu backend)."""
     choice = option or "auto"
     return choice == "on" or (choice == "auto" and backend.name == "cpu")
-
-
-# Where a run's XLA dumps go when this machine has a memory-backed folder: a step graph's compile
-# writes about 200 files there (the modules the step meter reads, and the LLVM IR and objects XLA
-# writes beside them on CPU) and the meter deletes them after the step. On ext4, creating files
-# where as many were just deleted cost 3 s of system time in a `-n 2` run (finding a free inode
-# skips recently deleted ones); on tmpfs it costs nothing. Each step leaves at most its own dumps.
-MEMORY_FOLDER = Path("/dev/shm")
-
-
-def share_dump_root(run_path: Path) -> None:
-    """Children (and servers started from now on) put their XLA dumps under one folder of the run:
-    in memory where the machine has a tmpfs at /dev/shm, else the run folder's xla-dumps/. A root
-    the environment names already (the user's, or this run's from an earlier call) is kept."""
-    if not share_memory_dump_root(run_path):
-        root = run_path / runfolder.XLA_DUMPS_DIR
-        root.mkdir(exist_ok=True)
-        os.environ[XLA_DUMP_ROOT_ENV] = str(root)
-
-
-def share_memory_dump_root(run_path: Path) -> bool:
-    """The run's root in memory, made now and named in the environment, unless one is named
-    already; False where there is none to make (no tmpfs, or a folder of its name exists). The
-    xdist controller calls it before its workers start, so all of them share it (a run that
-    selects SPMD cases only at collection claims its folder in the workers)."""
-    if os.environ.get(XLA_DUMP_ROOT_ENV):
-        return True
-    root = _memory_dump_root(run_path)
-    if root == run_path / runfolder.XLA_DUMPS_DIR:
-        return False
-    try:
-        root.mkdir(mode=0o700)  # never one that exists: a folder of that name is not this run's
-    except OSError:
-        return False
-    # A run that ends before pytest_configure (a conftest that fails to import, after the
-    # early start made this root) never reaches remove_dump_root: its exit removes it then.
-    atexit.register(_remove_left_root, root, os.getpid())
-    os.environ[XLA_DUMP_ROOT_ENV] = str(root)
-    return True
-
-
-def _remove_left_root(root: Path, pid: int) -> None:
-    """At this process's exit, the memory root it made, unless remove_dump_root took it (and the
-    variable) already: a later run of the same name may own a folder of that name by now."""
-    if os.getpid() == pid and os.environ.get(XLA_DUMP_ROOT_ENV) == str(root):
-        _remove_root(root)
-
-
-def _remove_root(root: Path) -> None:
-    """The folder, or the symlink a body put in its place (only the link: never what it points to)."""
-    if root.is_symlink():
-        root.unlink(missing_ok=True)
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def remove_dump_root(run_path: Path) -> None:
-    """At the run's end: the dump folder share_dump_root made (a failing case kept its own dumps in
-    its record's folder already), and the variable naming it, so a later run in this process
-    (pytester) makes its own. A root the environment named before the run is left alone."""
-    shutil.rmtree(run_path / runfolder.XLA_DUMPS_DIR, ignore_errors=True)
-    memory_root = _memory_dump_root(run_path)
-    if os.environ.get(XLA_DUMP_ROOT_ENV) == str(memory_root):
-        _remove_root(memory_root)
-    if os.environ.get(XLA_DUMP_ROOT_ENV) in (str(memory_root), str(run_path / runfolder.XLA_DUMPS_DIR)):
-        del os.environ[XLA_DUMP_ROOT_ENV]
-
-
-def _memory_dump_root(run_path: Path) -> Path:
-    """The run's dump folder in memory: named after the run folder (its name holds a timestamp and
-    the controller's pid) and the user, so no two runs share one."""
-    if not _is_tmpfs(MEMORY_FOLDER) or not os.access(MEMORY_FOLDER, os.W_OK):
-        return run_path / runfolder.XLA_DUMPS_DIR
-    return MEMORY_FOLDER / f"spmd-xla-dumps-{os.getuid()}-{run_path.name}"
-
-
-def _is_tmpfs(folder: Path) -> bool:
-    try:
-        mounts = Path("/proc/self/mounts").read_text()
-    except OSError:
-        return False
-    return any(line.split()[1:3] == [str(folder), "tmpfs"] for line in mounts.splitlines() if len(line.split()) > 2)
 
 
 def load_inputs(session: HarnessSession, config: pytest.Config) -> None:
