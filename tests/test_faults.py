@@ -839,3 +839,28 @@ def test_after(spmd):
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*CaseCrashed: SIGABRT: F0101 *Check failed: queued device work"])
     assert_nothing_left(pytester.path)
+
+
+def test_a_body_that_turns_the_collector_off_does_not_turn_it_off_for_the_next_case(pytester):
+    write(
+        pytester,
+        """
+def body_collector(ctx):
+    import gc
+    ctx.record("pid", os.getpid())
+    ctx.record("collector", [gc.isenabled(), list(gc.get_threshold())])
+
+def body_turns_it_off(ctx):
+    import gc
+    gc.disable()
+    gc.set_threshold(1, 1, 1)
+
+def test_collector(spmd):
+    first = spmd.run(body_collector).values
+    spmd.run(body_turns_it_off)
+    after = spmd.run(body_collector).values
+    assert after["pid"] == first["pid"], "the same warm child"
+    assert after["collector"] == first["collector"] == [True, [700, 10, 10]]
+""",
+    )
+    run(pytester).assert_outcomes(passed=1)

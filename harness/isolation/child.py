@@ -21,6 +21,7 @@ cannot be charged to an innocent case.
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib
 import importlib.metadata
 import json
@@ -115,6 +116,7 @@ class ProcessState:
         self.limits = {name: resource.getrlimit(getattr(resource, name)) for name in _LIMIT_NAMES}
         self.handlers = _signal_handlers()
         self.threads = set(threading.enumerate())
+        self.collector = (gc.isenabled(), gc.get_threshold())
 
     def unquiet(self) -> list[str]:
         """What the body left running: a thread or a process could act (crash, answer) during the
@@ -143,6 +145,14 @@ class ProcessState:
                 resource.setrlimit(getattr(resource, name), (soft, hard))
             except (ValueError, OSError):
                 problems.append(f"{name} changed from {(soft, hard)} to {now} and cannot be raised back")
+        # The collector as the body found it: a body that turns it off (or retunes it) would
+        # change what the next case in this process keeps alive and how long its steps take.
+        enabled, thresholds = self.collector
+        gc.set_threshold(*thresholds)
+        if enabled:
+            gc.enable()
+        else:
+            gc.disable()
         if _signal_handlers() != self.handlers:
             problems.append("signal handlers changed")
         for fd in (0, 1, 2):
