@@ -405,12 +405,20 @@ def test_a_dump_root_the_environment_names_is_kept_and_left(tmp_path: Path, monk
     assert not ours.exists() and "HARNESS_XLA_DUMP_ROOT" not in os.environ
 
 
-def test_a_memory_dump_root_that_exists_already_is_not_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A folder of the run's memory-root name that someone else made is neither used nor removed."""
+@pytest.fixture
+def memory_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private stand-in for /dev/shm (taken for a tmpfs), and no dump root named by the
+    environment (this suite's own run exports its root)."""
     monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
-    monkeypatch.setattr(dumproot, "MEMORY_FOLDER", tmp_path / "shm")
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    monkeypatch.setattr(dumproot, "MEMORY_FOLDER", folder)
     monkeypatch.setattr(dumproot, "_is_tmpfs", lambda folder: True)
-    (tmp_path / "shm").mkdir()
+    return folder
+
+
+def test_a_memory_dump_root_that_exists_already_is_not_taken(tmp_path: Path, memory_folder: Path):
+    """A folder of the run's memory-root name that someone else made is neither used nor removed."""
     run_path = tmp_path / "run-2"
     run_path.mkdir()
     squatted = dumproot._memory_dump_root(run_path)
@@ -440,15 +448,9 @@ def test_a_run_that_stops_before_its_session_leaves_no_dump_root(
     assert not dumproot._memory_dump_root(run_path).exists()
 
 
-def test_a_dump_root_a_body_replaced_by_a_symlink_goes_without_what_it_points_to(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
+def test_a_dump_root_a_body_replaced_by_a_symlink_goes_without_what_it_points_to(tmp_path: Path, memory_folder: Path):
     """A body may swap the run's root for a symlink: the run's end removed nothing then (rmtree
     refuses a symlink), leaving the link in /dev/shm; it must go, and never what it points to."""
-    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
-    monkeypatch.setattr(dumproot, "MEMORY_FOLDER", tmp_path / "shm")
-    monkeypatch.setattr(dumproot, "_is_tmpfs", lambda folder: True)
-    (tmp_path / "shm").mkdir()
     run_path = tmp_path / "run-3"
     run_path.mkdir()
     elsewhere = tmp_path / "elsewhere"
@@ -509,16 +511,10 @@ def test_root(spmd, n):
     assert not any(os.path.lexists(root) for root in seen)
 
 
-def test_memory_roots_of_runs_that_were_killed_are_removed_by_the_next_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
+def test_memory_roots_of_runs_that_were_killed_are_removed_by_the_next_run(tmp_path: Path, memory_folder: Path):
     """SIGKILL leaves a run's memory root behind; the next run removes it when the process its
     stamp names is gone, and leaves a live owner's, an unstamped folder and a link alone."""
-    monkeypatch.delenv("HARNESS_XLA_DUMP_ROOT", raising=False)
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    monkeypatch.setattr(dumproot, "MEMORY_FOLDER", shm)
-    monkeypatch.setattr(dumproot, "_is_tmpfs", lambda folder: True)
+    shm = memory_folder
     prefix = f"spmd-xla-dumps-{os.getuid()}-"
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone_stamp = dumproot._owner_stamp(gone.pid) or f"{gone.pid} 1"
