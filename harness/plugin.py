@@ -27,7 +27,6 @@ from harness.errors import HarnessError, RegistryError
 from harness.isolation import runservers
 from harness.isolation.case import SpmdRunner
 from harness.isolation.evidence import headline
-from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 from harness.judges import basecheck, costcheck, registrycheck, shardingcheck
 from harness.judges.registrycheck import ENTRIES_KEY, RUNNER_KEY, JudgedCase
 from harness.records import results, runfolder
@@ -40,7 +39,6 @@ from harness.run.session import (
     RUN_SERVERS_KEY,
     SESSION_KEY,
     WORKERINPUT_ACTIVE_KEY,
-    WORKERINPUT_DUMP_ROOT_KEY,
     WORKERINPUT_RUN_KEY,
     HarnessSession,
     fork_server_wanted,
@@ -137,7 +135,6 @@ def pytest_configure_node(node: Any) -> None:
     harness = node.config.stash[SESSION_KEY]
     node.workerinput[WORKERINPUT_RUN_KEY] = harness.run.to_workerinput()
     node.workerinput[WORKERINPUT_ACTIVE_KEY] = harness.active
-    node.workerinput[WORKERINPUT_DUMP_ROOT_KEY] = os.environ.get(XLA_DUMP_ROOT_ENV, "")  # the early start's
     servers = node.config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         node.workerinput[runservers.WORKERINPUT_KEY] = runservers.addresses_to_workerinput(servers.addresses())

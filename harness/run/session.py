@@ -4,7 +4,6 @@ and whether the run is the harness's at all yet; the stash keys the plugin keeps
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from pathlib import Path
@@ -20,7 +19,6 @@ from harness.isolation.backend import Backend
 from harness.isolation.child_process import LateFault
 from harness.isolation.pool import ChildPool
 from harness.isolation.processes import signal_name
-from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 from harness.judges import basecheck, costcheck, shardingcheck
 from harness.records import results, runfolder, versions
 from harness.registry import REGISTRY_PATH, load_registry
@@ -33,7 +31,6 @@ PYTEST_SESSION_KEY = pytest.StashKey[pytest.Session]()
 EARLY_KEY = pytest.StashKey[bool]()  # the command line selects SPMD cases (harness.config.activation)
 WORKERINPUT_RUN_KEY = "spmd_harness_run"
 WORKERINPUT_ACTIVE_KEY = "spmd_harness_active"
-WORKERINPUT_DUMP_ROOT_KEY = "spmd_harness_dump_root"
 
 
 class HarnessSession:
@@ -46,12 +43,6 @@ class HarnessSession:
         self.case_timeout: float = options.value(config, "spmd_case_timeout")
         workerinput = getattr(config, "workerinput", None)
         self.worker = _worker_name(config)
-        if (
-            workerinput is not None
-            and workerinput.get(WORKERINPUT_DUMP_ROOT_KEY)
-            and not os.environ.get(XLA_DUMP_ROOT_ENV)
-        ):
-            os.environ[XLA_DUMP_ROOT_ENV] = workerinput[WORKERINPUT_DUMP_ROOT_KEY]  # the controller's
         self.run = _run_folder(config)
         self.results_dir = self.run.path  # made only when the run has something to write (claim)
         # The run's shared fork servers: this process's own (started early), or the controller's.
