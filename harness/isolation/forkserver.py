@@ -48,6 +48,7 @@ import socket
 import sys
 import time
 
+import harness
 from harness.isolation import forkwire, processes
 from harness.isolation.forkwire import (
     CONTROL_FD_ENV,
@@ -67,10 +68,15 @@ FORBIDDEN_IN_SERVER = (
     "torch_xla.distributed.fsdp.xla_fully_sharded_data_parallel",
     "torch_xla.experimental.spmd_fully_sharded_data_parallel",
 )
-XLA_IMPORTS = ("torch", "torch_xla", "torch_xla.runtime", "torch_xla.distributed.spmd", "jax?")
+# What every forked child would import next, at 0.1-0.3 s of CPU each (about 40 children a run):
+# its own main, pytest and hypothesis (a case module imports them to define its bodies) and the
+# case kit (harness.__all__). None of them reads the environment at import, starts a thread or
+# imports torch (tests/test_parent_imports.py); a fresh child imports them itself, the same modules.
+CHILD_IMPORTS = ("harness.isolation.child", "pytest", "hypothesis?", *(f"harness.{name}" for name in harness.__all__))
+XLA_IMPORTS = ("torch", "torch_xla", "torch_xla.runtime", "torch_xla.distributed.spmd", "jax?", *CHILD_IMPORTS)
 # torch._dynamo too: torch.distributed.tensor imports it at its first dispatch (1.5-2.5 s), which
 # each forked gloo rank would otherwise pay again. It starts no thread and runs no op.
-TORCH_IMPORTS = ("torch", "torch._dynamo")
+TORCH_IMPORTS = ("torch", "torch._dynamo", *CHILD_IMPORTS)
 KEEPER_REPORTED = 0  # a keeper's exit code once the child's status is on the client's pipe
 KEEPER_FAILED = 1
 
