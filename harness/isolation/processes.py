@@ -178,11 +178,22 @@ def become_subreaper() -> str | None:
 
 
 def _stat_fields(pid: int | str) -> list[str] | None:
-    """/proc/PID/stat after the command name (which may hold spaces): state, ppid, pgrp, ..."""
+    """/proc/PID/stat after the command name (which may hold spaces): state, ppid, pgrp, ...
+
+    os.open/os.read, not pathlib: `parents()` reads every process's stat, a few times per case
+    (a quarter of pathlib's CPU: 0.6 ms for 64 processes)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
         return None
+    try:
+        raw = os.read(fd, 4096)  # one line of numbers and a command name of at most 64 bytes
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    _, closing, rest = raw.rpartition(b")")
+    return rest.decode("ascii", "replace").split() if closing else None
 
 
 def parents() -> dict[int, int]:
@@ -207,6 +218,8 @@ def children_of(pid: int) -> list[int]:
 def end_children(timeout_s: float = END_CHILDREN_S, keep: Collection[int] = ()) -> None:
     """SIGKILL every child of this process but `keep`, reap it, and repeat: in a subreaper the
     orphans of each killed generation become children of ours. Bounded by timeout_s."""
+    if not _has_children():  # the usual end of a keeper: its child reaped, nothing adopted
+        return
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         doomed = [pid for pid in children_of(os.getpid()) if pid not in keep]
@@ -217,6 +230,16 @@ def end_children(timeout_s: float = END_CHILDREN_S, keep: Collection[int] = ()) 
         for pid in doomed:
             _reap_by(pid, deadline)
     _reap_zombies(keep)
+
+
+def _has_children() -> bool:
+    """Any child, running or ended and not yet reaped (a syscall, where scanning /proc reads every
+    process's stat). WNOWAIT: an ended child stays for its waiter."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _kill_quietly(pid: int, sig: int) -> None:
