@@ -36,6 +36,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import pytest
 from packaging.version import InvalidVersion, Version
 
+from harness.config import options
 from harness.errors import BaselineError, HarnessError
 from harness.isolation.backend import Backend
 from harness.schema import shown, unknown_keys
@@ -347,14 +348,7 @@ def rewrite_command(item: pytest.Item, flag: str, baseline_option: str | None, b
 def refuse_under_xdist(config: pytest.Config, flag: str) -> None:
     """An update writes one file from one process: refused in the xdist controller, before any
     worker starts, whichever way distribution was asked for (-n, --dist, -d with --tx)."""
-    # --dist alone distributes nothing (this repository's addopts hold --dist=worksteal): workers
-    # come from -n or --tx, and xdist has turned -n into --tx entries by the time we look.
-    distributed = (
-        bool(getattr(config.option, "numprocesses", None))
-        or bool(getattr(config.option, "tx", None))
-        or hasattr(config, "workerinput")
-    )
-    if distributed:
+    if options.xdist_distributes(config.option) or hasattr(config, "workerinput"):
         raise pytest.UsageError(f"{flag} writes one file: run it without -n or --dist (pytest-xdist)")
 
 

@@ -107,7 +107,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
         return  # pytest_configure or the first case reports it
     servers = runservers.RunServers()
     early_config.stash[RUN_SERVERS_KEY] = servers
-    servers.start(runservers.specs_to_start(backend), run.path / runfolder.LOGS_DIR / "main")
+    now, after_collection = runservers.specs_to_start(backend, options.xdist_distributes(namespace))
+    servers.start(now, run.path / runfolder.LOGS_DIR / "main", after_collection=after_collection)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
@@ -138,6 +139,23 @@ def pytest_configure_node(node: Any) -> None:
     servers = node.config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         node.workerinput[runservers.WORKERINPUT_KEY] = runservers.addresses_to_workerinput(servers.addresses())
+        servers.worker_started()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """xdist controller: once every worker has collected, the servers waiting for it start."""
+    servers = node.config.stash.get(RUN_SERVERS_KEY, None)
+    if servers is not None:
+        servers.worker_collected()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """A worker that went down collects nothing more: nothing may wait for it."""
+    servers = node.config.stash.get(RUN_SERVERS_KEY, None)
+    if servers is not None:
+        servers.launch_waiting()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -205,3 +205,11 @@ def _parsed(option: Option, text: str, where: str) -> Any:
         return option.parse(text)
     except (HarnessUsageError, ValueError) as exc:
         raise pytest.UsageError(f"{where}: {exc}") from None
+
+
+def xdist_distributes(option: Any) -> bool:
+    """The run's cases go to pytest-xdist workers: -n N (N > 0, or auto) or --tx entries.
+
+    option: config.option, or the early known_args_namespace. --dist alone distributes nothing
+    (this repository's addopts hold --dist=worksteal); xdist turns -n into --tx entries later."""
+    return bool(getattr(option, "numprocesses", None)) or bool(getattr(option, "tx", None))

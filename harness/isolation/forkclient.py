@@ -81,7 +81,10 @@ class ServerAddress:
 class ForkServer:
     """The owner's handle on one server process (the run's controlling pytest process owns it)."""
 
-    def __init__(self, python: str, env: Mapping[str, str], imports: tuple[str, ...], log_dir: Path) -> None:
+    def __init__(
+        self, python: str, env: Mapping[str, str], imports: tuple[str, ...], log_dir: Path, launch: bool = True
+    ) -> None:
+        """The socket now; the process now, or at launch() (clients may connect before: they queue)."""
         self.python = python
         self.imports = imports
         self.key = server_key(python, env, imports)
@@ -100,7 +103,8 @@ class ForkServer:
         self.proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._closed = False
-        self.launch()
+        if launch:
+            self.launch()
 
     def launch(self) -> None:
         """Start the server process (once); it inherits the listener, queued connections included."""

@@ -4,8 +4,10 @@ A run imports torch_xla once. The process that controls the run (plain pytest, o
 controller) starts the XLA fork server as early as pytest lets a plugin act on its options
 (`pytest_load_initial_conftests`, before conftests and test modules are imported), so the
 import overlaps pytest's own start-up and collection, and xdist's worker start-up. It also starts
-the torch-only server (bodies that must see a process without torch_xla). Workers receive the
-addresses in `workerinput`; their pools connect to them and start servers of their own only for keys nobody serves.
+the torch-only server (bodies that must see a process without torch_xla): at once in a run
+without workers, once the workers have collected under xdist (specs_to_start says why). Workers
+receive the addresses in `workerinput`; their pools connect to them and start servers of their
+own only for keys nobody serves.
 
 Started early only when the command line selects SPMD cases (harness.config.activation.selects_spmd_early).
 Otherwise the first SPMD case selected starts a server in its own pool (under xdist: each worker's).
@@ -29,14 +31,31 @@ class RunServers:
 
     def __init__(self) -> None:
         self.servers: dict[str, ForkServer] = {}
+        self._workers_started = 0
+        self._workers_collected = 0
 
-    def start(self, specs: Sequence[ChildSpec], log_dir: Path) -> None:
-        """One server per distinct key, started now."""
-        for spec in specs:
+    def start(self, specs: Sequence[ChildSpec], log_dir: Path, *, after_collection: Sequence[ChildSpec] = ()) -> None:
+        """One server per distinct key: those of `specs` start now; those of `after_collection`
+        get their socket now (the address workers receive) and their process once every xdist
+        worker has collected (worker_collected) or one went down (launch_waiting)."""
+        for spec, now in [(spec, True) for spec in specs] + [(spec, False) for spec in after_collection]:
             if spec.fork_imports is None or server_key(spec.python, dict(spec.env), spec.fork_imports) in self.servers:
                 continue
-            server = ForkServer(spec.python, dict(spec.env), spec.fork_imports, log_dir)
+            server = ForkServer(spec.python, dict(spec.env), spec.fork_imports, log_dir, launch=now)
             self.servers[server.key] = server
+
+    def worker_started(self) -> None:
+        self._workers_started += 1
+
+    def worker_collected(self) -> None:
+        """xdist schedules no case before every worker has collected: the waiting servers start then."""
+        self._workers_collected += 1
+        if self._workers_collected >= self._workers_started:
+            self.launch_waiting()
+
+    def launch_waiting(self) -> None:
+        for server in self.servers.values():
+            server.launch()  # once: a launched server is left as it is
 
     def addresses(self) -> dict[str, ServerAddress]:
         return {key: server.address for key, server in self.servers.items()}
@@ -55,13 +74,20 @@ def servers_can_start(backend: Backend) -> bool:
     return "torch_xla" not in imports or backend.capabilities().has_xla
 
 
-def specs_to_start(backend: Backend) -> list[ChildSpec]:
-    """The XLA server (every SPMD case needs it) and the torch-only one (the gloo reference cases).
+def specs_to_start(backend: Backend, distributed: bool) -> tuple[list[ChildSpec], list[ChildSpec]]:
+    """(start now, start once the xdist workers have collected): the XLA server, which every
+    SPMD case waits for, and the torch-only one (the gloo reference cases, bodies that must see
+    a process without torch_xla).
 
-    Both start at once: while the XLA server imports torch_xla (one core, about 4 s), the other
-    core has time for the torch-only import, which a first gloo case would otherwise wait for.
+    Alone, pytest leaves the second core free while the XLA server imports torch_xla (one core,
+    about 5 s): both start at once, and a first gloo case finds its server ready. Under xdist the
+    workers' start-up and collection take that core too; with the torch-only import beside them
+    the XLA server was ready about 2 s later, and then imported alone, the other core idle
+    (benchmarks/cpu_breakdown.py, /proc/stat). Started after collection, its import takes that
+    idle core instead.
     """
-    return [child_spec(backend, preload=True), child_spec(backend, preload=False)]
+    xla, torch_only = child_spec(backend, preload=True), child_spec(backend, preload=False)
+    return ([xla], [torch_only]) if distributed else ([xla, torch_only], [])
 
 
 def addresses_to_workerinput(addresses: dict[str, ServerAddress]) -> list[dict[str, str]]:
