@@ -32,9 +32,6 @@ GUARD_DECORATORS = ("requires_jax", "_requires_jax")
 GUARD_CONTEXTS = ("jax_env_context", "_jax_env_context")
 ALWAYS = {"torch_xla.core.xla_builder": ("call_jax",), "torch_xla.experimental.custom_kernel": ("trace_pallas",)}
 TAKES_A_JAX_FUNCTION = ("kernel", "jax_func", "fn", "func")
-# A module's source names one of these wherever _guard_of can find a guard (the variable by a part
-# of its name: a literal split in two still holds it).
-NAMED_BY_EVERY_GUARD = (*GUARD_DECORATORS, *GUARD_CONTEXTS, "MEGASCALE")
 
 
 def find_entry_points(package_dir: str, package: str = "torch_xla") -> list[dict]:
@@ -49,14 +46,11 @@ def find_entry_points(package_dir: str, package: str = "torch_xla") -> list[dict
     for path in sorted(root.rglob("*.py")):
         if "test" in path.relative_to(root).parts[0]:
             continue
-        module = ".".join((package, *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
-        text = path.read_text(errors="replace")
-        if module not in ALWAYS and not any(word in text for word in NAMED_BY_EVERY_GUARD):
-            continue  # what _guard_of finds is named in the text: a module naming none holds none
         try:
-            tree = ast.parse(text)
+            tree = ast.parse(path.read_text(errors="replace"))
         except SyntaxError:
             continue
+        module = ".".join((package, *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
         for qualname, node, in_class in _functions(tree):
             why = _guard_of(node)
             if not why and qualname in ALWAYS.get(module, ()):
