@@ -155,7 +155,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     """A worker that went down collects nothing more: nothing may wait for it."""
     servers = node.config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
-        servers.launch_waiting()
+        servers.start_waiting_imports()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -248,6 +248,11 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[PYTEST_SESSION_KEY] = session
+    servers = session.config.stash.get(RUN_SERVERS_KEY, None)
+    if servers is not None and not session.config.pluginmanager.has_plugin("dsession"):
+        # The command line asked for workers, but xdist started none (-n auto with --pdb or on
+        # one core, --dist no): nobody will collect, so the servers waiting for that import now.
+        servers.start_waiting_imports()
 
 
 # tryfirst: a run that found its SPMD cases only in xdist workers prints its header here, and the

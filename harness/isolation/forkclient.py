@@ -36,6 +36,7 @@ from harness.errors import ChildStartError
 from harness.isolation import forkwire, logtail, processes
 from harness.isolation.forkwire import (
     CONTROL_FD_ENV,
+    GO_FD_ENV,
     IMPORTS_ENV,
     LISTEN_BACKLOG,
     LISTEN_FD_ENV,
@@ -82,9 +83,15 @@ class ForkServer:
     """The owner's handle on one server process (the run's controlling pytest process owns it)."""
 
     def __init__(
-        self, python: str, env: Mapping[str, str], imports: tuple[str, ...], log_dir: Path, launch: bool = True
+        self,
+        python: str,
+        env: Mapping[str, str],
+        imports: tuple[str, ...],
+        log_dir: Path,
+        wait_to_import: bool = False,
     ) -> None:
-        """The socket now; the process now, or at launch() (clients may connect before: they queue)."""
+        """Socket and process now. wait_to_import: the process waits for start_imports() (at most
+        forkserver.GO_WAIT_S) before it imports; clients that connect meanwhile wait for its ready."""
         self.python = python
         self.imports = imports
         self.key = server_key(python, env, imports)
@@ -103,14 +110,17 @@ class ForkServer:
         self.proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._closed = False
-        if launch:
-            self.launch()
+        self._go: int | None = None  # our end of the pipe the server waits on, while it waits
+        self.launch(wait_to_import)
 
-    def launch(self) -> None:
+    def launch(self, wait_to_import: bool = False) -> None:
         """Start the server process (once); it inherits the listener, queued connections included."""
         with self._lock:
             if self.proc is not None or self._closed:
                 return
+            go_read = -1
+            if wait_to_import:
+                go_read, self._go = os.pipe()
             # The token on a pipe the server reads once: not in its environment, which any process
             # of this user can read in /proc. It fits in the pipe's buffer, so the write never blocks.
             token_read, token_write = os.pipe()
@@ -122,19 +132,35 @@ class ForkServer:
                 LISTEN_FD_ENV: str(self._listener.fileno()),
                 CONTROL_FD_ENV: str(self._control_theirs.fileno()),
                 TOKEN_FD_ENV: str(token_read),
+                **({GO_FD_ENV: str(go_read)} if wait_to_import else {}),
             }
+            passed = (self._listener.fileno(), self._control_theirs.fileno(), token_read)
             try:
                 with self.log_path.open("ab") as log:
                     self.proc = processes.start_in_session(
                         [self.python, "-u", "-m", "harness.isolation.forkserver"],
                         env=env,
                         stdout=log,
-                        pass_fds=(self._listener.fileno(), self._control_theirs.fileno(), token_read),
+                        pass_fds=passed + ((go_read,) if wait_to_import else ()),
                     )
             finally:
                 os.close(token_read)
+                if wait_to_import:
+                    os.close(go_read)
             self._listener.close()
             self._control_theirs.close()
+
+    def start_imports(self) -> None:
+        """Let a server started with wait_to_import import now (once; no-op otherwise)."""
+        with self._lock:
+            if self._go is None:
+                return
+            try:
+                os.write(self._go, b"g")
+            except OSError:
+                pass  # the server is gone: its clients see that
+            os.close(self._go)
+            self._go = None
 
     def is_alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -148,6 +174,9 @@ class ForkServer:
             if self.proc is None:
                 self._listener.close()
                 self._control_theirs.close()
+        if self._go is not None:
+            os.close(self._go)
+            self._go = None
         self.control.close()  # the server's lifeline: it ends its descendants, then its group
         if self.proc is not None:
             # Time to end what it adopted (escaped helpers); a server that cannot (stopped) is killed.

@@ -41,6 +41,7 @@ import hmac
 import importlib
 import os
 import random
+import select
 import selectors
 import shutil
 import signal
@@ -53,6 +54,7 @@ from harness.isolation import forkwire, processes
 from harness.isolation.forkwire import (
     CONTROL_FD_ENV,
     FIXED_FDS,
+    GO_FD_ENV,
     IMPORTS_ENV,
     LISTEN_FD_ENV,
     MAX_PASSED_FDS,
@@ -209,9 +211,7 @@ class Server:
         except OSError:
             gone = True
         if gone:  # the owner's close, or SIGKILL: its socket folder goes with us
-            folder = os.path.dirname(self.listener.getsockname() or "")
-            if os.path.basename(folder).startswith(SOCKET_FOLDER_PREFIX):
-                shutil.rmtree(folder, ignore_errors=True)
+            remove_socket_folder(self.listener)
             # Every descendant, escaped helpers included (they are ours once their keeper is gone);
             # then the group, ourselves with it.
             processes.end_children()
@@ -386,6 +386,29 @@ def become_child(request: forkwire.SpawnRequest, stdin_fd: int, log_fd: int, pas
         os._exit(code)
 
 
+def remove_socket_folder(listener: socket.socket) -> None:
+    folder = os.path.dirname(listener.getsockname() or "")
+    if os.path.basename(folder).startswith(SOCKET_FOLDER_PREFIX):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# How long a server told to wait (GO_FD_ENV) waits at most: the owner's word only orders the
+# imports of a run's servers (which one gets the CPU first); it must never hold a run up.
+GO_WAIT_S = 30.0
+
+
+def wait_for_go(go_fd: int, control: socket.socket, listener: socket.socket) -> bool:
+    """Wait for the owner's go (a byte, or its end of the pipe closed) before importing; False
+    when the owner is gone meanwhile (its lifeline closed): the socket folder goes, and the
+    server ends without having imported anything."""
+    readable, _, _ = select.select([go_fd, control.fileno()], [], [], GO_WAIT_S)
+    os.close(go_fd)
+    if control.fileno() in readable:  # the owner never writes on its lifeline: readable means gone
+        remove_socket_folder(listener)
+        return False
+    return True
+
+
 def reseed() -> None:
     """A fork inherits its parent's generators; a fresh process would have seeded its own."""
     random.seed()
@@ -401,6 +424,9 @@ def main() -> int:
     listener = socket.socket(fileno=int(os.environ.pop(LISTEN_FD_ENV)))
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_FD_ENV)))
     token = read_token(int(os.environ.pop(TOKEN_FD_ENV)))
+    go = os.environ.pop(GO_FD_ENV, None)
+    if go is not None and not wait_for_go(int(go), control, listener):
+        return 0
     started = time.monotonic()
     # The collector is off while the server imports (import torch_xla runs dozens of full
     # collections: about 1 s of its 4-6 s) and for the server's life; one collection after the

@@ -40,6 +40,7 @@ IMPORTS_ENV = "HARNESS_FORKSERVER_IMPORTS"  # comma-separated modules to import 
 LISTEN_FD_ENV = "HARNESS_FORKSERVER_LISTEN_FD"
 CONTROL_FD_ENV = "HARNESS_FORKSERVER_CONTROL_FD"  # the server's lifeline: it ends when the owner's end closes
 TOKEN_FD_ENV = "HARNESS_FORKSERVER_TOKEN_FD"  # a pipe holding the run's token; the server reads it, then closes it
+GO_FD_ENV = "HARNESS_FORKSERVER_GO_FD"  # if set: a pipe the server waits on before it imports (a byte, or EOF)
 TOKEN_BYTES = 32  # of randomness: the token is their hex
 # Read by torch_xla (C++) or the harness at each use, so a forked child may set them. Seen for
 # XLA_DISABLE_FUNCTIONALIZATION and CPU_NUM_DEVICES on torch_xla 2.6-2.9: forked children with

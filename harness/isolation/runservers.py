@@ -4,8 +4,8 @@ A run imports torch_xla once. The process that controls the run (plain pytest, o
 controller) starts the XLA fork server as early as pytest lets a plugin act on its options
 (`pytest_load_initial_conftests`, before conftests and test modules are imported), so the
 import overlaps pytest's own start-up and collection, and xdist's worker start-up. It also starts
-the torch-only server (bodies that must see a process without torch_xla): at once in a run
-without workers, once the workers have collected under xdist (specs_to_start says why). Workers
+the torch-only server (bodies that must see a process without torch_xla), which under xdist
+waits to import until the workers have collected (specs_to_start says why). Workers
 receive the addresses in `workerinput`; their pools connect to them and start servers of their
 own only for keys nobody serves.
 
@@ -35,13 +35,13 @@ class RunServers:
         self._workers_collected = 0
 
     def start(self, specs: Sequence[ChildSpec], log_dir: Path, *, after_collection: Sequence[ChildSpec] = ()) -> None:
-        """One server per distinct key: those of `specs` start now; those of `after_collection`
-        get their socket now (the address workers receive) and their process once every xdist
-        worker has collected (worker_collected) or one went down (launch_waiting)."""
-        for spec, now in [(spec, True) for spec in specs] + [(spec, False) for spec in after_collection]:
+        """One server per distinct key, started now: those of `after_collection` import once every
+        xdist worker has collected (worker_collected), one went down, or the run turned out to
+        have no workers (start_waiting_imports); until then they wait, owned like any other."""
+        for spec, wait in [(spec, False) for spec in specs] + [(spec, True) for spec in after_collection]:
             if spec.fork_imports is None or server_key(spec.python, dict(spec.env), spec.fork_imports) in self.servers:
                 continue
-            server = ForkServer(spec.python, dict(spec.env), spec.fork_imports, log_dir, launch=now)
+            server = ForkServer(spec.python, dict(spec.env), spec.fork_imports, log_dir, wait_to_import=wait)
             self.servers[server.key] = server
 
     def worker_started(self) -> None:
@@ -51,11 +51,11 @@ class RunServers:
         """xdist schedules no case before every worker has collected: the waiting servers start then."""
         self._workers_collected += 1
         if self._workers_collected >= self._workers_started:
-            self.launch_waiting()
+            self.start_waiting_imports()
 
-    def launch_waiting(self) -> None:
+    def start_waiting_imports(self) -> None:
         for server in self.servers.values():
-            server.launch()  # once: a launched server is left as it is
+            server.start_imports()  # once; a server that never waited is left as it is
 
     def addresses(self) -> dict[str, ServerAddress]:
         return {key: server.address for key, server in self.servers.items()}
