@@ -42,9 +42,6 @@ BASE_ENV_VARS = (
 # partitioned module is byte-identical either way (compared on torch_xla 2.9.0; the release
 # matrix 2.4.0-2.9.0 sees no sharding or cost change), and so are the baselines.
 CPU_XLA_FLAGS = "--xla_backend_optimization_level=0"
-# OMP_WAIT_POLICY=PASSIVE: torch's OpenMP threads sleep between the CPU reference's ops instead
-# of spinning. Under `-n 2` on 2 cores a spinning thread took the core another worker's child
-# was waiting for (2.7% of a run's CPU, `perf`); the ops, their threads and results are the same.
 # On a TPU host the runtime and GKE put the topology in these; a child must see them.
 TPU_ENV_PREFIXES = ("TPU_", "MEGASCALE_", "LIBTPU_", "JAX_", "SKIP_MEGASCALE", "XLA_FLAGS")
 
@@ -81,6 +78,9 @@ class CpuBackend:
             protocol.BACKEND_ENV: self.name,
             protocol.DEVICES_ENV: str(self.devices),
             "XLA_FLAGS": CPU_XLA_FLAGS,
+            # torch's OpenMP threads sleep between the CPU reference's ops instead of spinning:
+            # under `-n 2` on 2 cores a spinning thread took the core another worker's child was
+            # waiting for (2.7% of a run's CPU, `perf`); the ops, their threads and results are the same.
             "OMP_WAIT_POLICY": "PASSIVE",
             **_functionalization_env(functionalization),
         }
