@@ -111,13 +111,11 @@ class ForkServer:
         self._lock = threading.Lock()
         self._closed = False
         self._go: int | None = None  # our end of the pipe the server waits on, while it waits
-        self.launch(wait_to_import)
+        self._launch(wait_to_import)
 
-    def launch(self, wait_to_import: bool = False) -> None:
-        """Start the server process (once); it inherits the listener, queued connections included."""
+    def _launch(self, wait_to_import: bool) -> None:
+        """Start the server process; it inherits the listener, queued connections included."""
         with self._lock:
-            if self.proc is not None or self._closed:
-                return
             go_read = -1
             if wait_to_import:
                 go_read, self._go = os.pipe()

@@ -48,7 +48,7 @@ class RunServers:
         self._workers_started += 1
 
     def worker_collected(self) -> None:
-        """xdist schedules no case before every worker has collected: the waiting servers start then."""
+        """xdist schedules no case before every worker has collected: the waiting servers import then."""
         self._workers_collected += 1
         if self._workers_collected >= self._workers_started:
             self.start_waiting_imports()
