@@ -23,9 +23,10 @@ import pytest
 
 from harness.config import activation, options
 from harness.errors import HarnessError
+from harness.isolation import protocol
 from harness.judges import basecompare, costcheck
 from harness.judges.basecompare import BaseRun, Comparison
-from harness.records import runfolder
+from harness.records import runfolder, versions
 
 SESSION_KEY = pytest.StashKey["CompareSession"]()
 PROPERTY = "spmd_base_compare"  # a report's user property: this case against the base (JSON)
@@ -35,8 +36,9 @@ class CompareSession:
     """The base run this process holds cases to, and (controller) what the run found; registered
     as a plugin so its hooks see every report, the xdist workers' included."""
 
-    def __init__(self, config: pytest.Config, base: BaseRun, own_run: Path) -> None:
+    def __init__(self, config: pytest.Config, base: BaseRun, own_run: Path, backend_name: str = "") -> None:
         self.config = config
+        self.backend_name = backend_name
         self.base = base
         self.own_run = own_run
         self.comparison = Comparison(str(base.path), base.torch_xla)
@@ -60,7 +62,7 @@ def configure(config: pytest.Config, backend: Any, own_run: Path) -> None:
         base = BaseRun.load(Path(path), backend.name, backend.capabilities().devices, own_run)
     except HarnessError as exc:
         raise pytest.UsageError(str(exc)) from None
-    session = config.stash[SESSION_KEY] = CompareSession(config, base, own_run)
+    session = config.stash[SESSION_KEY] = CompareSession(config, base, own_run, backend.name)
     config.pluginmanager.register(session, "spmd_base_compare")
 
 
@@ -69,7 +71,17 @@ def report_header(config: pytest.Config) -> str | None:
     if session is None:
         return None
     base = session.base
-    return f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, {len(base.records)} case records)"
+    line = f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, {len(base.records)} case records)"
+    if base.torch_xla is not None and base.torch_xla == _this_build(session.backend_name):
+        line += "\n" + basecompare.same_build_warning(base.torch_xla)
+    return line
+
+
+def _this_build(backend_name: str) -> str | None:
+    """The torch_xla this run's children will report, as far as the pytest process knows it."""
+    if backend_name == "fake":
+        return os.environ.get(protocol.FAKE_VERSION_ENV)
+    return versions.installed("torch_xla")
 
 
 def judge(
@@ -152,7 +164,7 @@ def summarise(session: CompareSession, terminalreporter: Any) -> None:
     comparison = session.comparison
     terminalreporter.section(f"compared with the base run {session.base.path}", red=bool(comparison.differ))
     for line in comparison.lines():
-        terminalreporter.line(line, red=line.startswith(("differs", "newly failing")))
+        terminalreporter.line(line, red=line.startswith(("differs", "newly failing", "WARNING")))
 
 
 def finish(session: CompareSession) -> None:

@@ -77,7 +77,7 @@ class BaseRun:
     def load(cls, path: Path, backend: str, devices: int, own_run: Path | None = None) -> BaseRun:
         """The run `path` names (harness.records.runfolder: a run folder, or a results folder's newest
         finished run), validated for comparing a run of `backend` with `devices` devices."""
-        run = find_run(Path(path), own_run)
+        run = find_run(Path(path), own_run, backend, devices)
         where = f"--spmd-compare: base run {run}"
         manifest = runfolder.read_manifest(run)
         _check_records_files(run, where)
@@ -166,17 +166,19 @@ def _check_record(record: CaseRecord, where: str) -> None:
             raise BaseRunError(f"{what}: torch_xla {record.torch_xla!r} is not a PEP 440 version; {RERUN}") from None
 
 
-def find_run(path: Path, own_run: Path | None = None) -> Path:
-    """The run folder `path` names: itself when it is one (it must have finished), else the
-    newest finished run in it. `latest` is not followed: it points at whichever run started last,
-    finished or not (this very run, when both share a results folder)."""
+def find_run(path: Path, own_run: Path | None = None, backend: str | None = None, devices: int | None = None) -> Path:
+    """The run folder `path` names: itself when it is one, else the newest run in it that can be a
+    base: finished, not itself a comparison (a PR's earlier run with --spmd-compare shares the
+    folder and holds the PR's own build), taken on `backend` with `devices` devices. `latest` is
+    not followed: it points at whichever run started last, finished or not (this very run, when
+    both share a results folder). None fits: refused, naming each candidate and why."""
     path = path.expanduser().absolute()
     if not path.is_dir():
         raise BaseRunError(f"--spmd-compare={path}: no such folder; point it at the base build's results folder")
     if runfolder.is_run_folder(path):
-        problem = _unfinished(path)
+        problem = _unfinished(path) or _comparison_run(path)
         if problem:
-            raise BaseRunError(f"--spmd-compare: base run {path} {problem}; its records may not cover every case")
+            raise BaseRunError(f"--spmd-compare: base run {path} {problem}; point it at a run of the base build")
         return path
     runs = sorted(
         (p for p in path.glob(f"{runfolder.RUN_PREFIX}*") if p.is_dir() and not p.is_symlink()),
@@ -187,15 +189,50 @@ def find_run(path: Path, own_run: Path | None = None) -> Path:
     for run in runs:
         if own_run is not None and run.absolute() == own_run.absolute():
             continue
-        problem = _unfinished(run) if runfolder.is_run_folder(run) else "has no manifest"
+        if runfolder.is_run_folder(run):
+            problem = _unfinished(run) or _comparison_run(run) or _other_setup(run, backend, devices)
+        else:
+            problem = "has no manifest"
         if problem is None:
             return run
         skipped.append(f"{run.name} {problem}")
-    detail = f" ({'; '.join(skipped[:5])})" if skipped else ""
+    setup = f", taken on backend {backend} with {devices} devices" if backend is not None else ""
+    detail = f": {'; '.join(skipped[:8])}{'; ...' if len(skipped) > 8 else ''}" if skipped else ""
     raise BaseRunError(
-        f"--spmd-compare={path} holds no finished run folder ({runfolder.RUN_PREFIX}*/{runfolder.MANIFEST_NAME})"
-        f"{detail}; run the suite on the base build with --spmd-results-dir={path} first"
+        f"--spmd-compare={path} holds no finished run folder ({runfolder.RUN_PREFIX}*/{runfolder.MANIFEST_NAME}) "
+        f"that can be a base run (not itself a comparison{setup}){detail}; run the suite on the base build with "
+        f"--spmd-results-dir={path} first, or point --spmd-compare at that run's folder"
     )
+
+
+def _comparison_run(run: Path) -> str | None:
+    """Why a run is no base: it compared its own build with another one (its comparison.json, or
+    --spmd-compare on its command line), so its records are a PR build's, not a base build's."""
+    if os.path.lexists(run / runfolder.COMPARISON_NAME):
+        return f"is itself a comparison (it holds {runfolder.COMPARISON_NAME}: a run with --spmd-compare)"
+    try:
+        argv = runfolder.read_manifest(run).argv
+    except (OSError, ValueError):
+        return None  # _unfinished said it already
+    if any(arg.startswith("--spmd-compare") for arg in argv):
+        return "is itself a comparison (its command line has --spmd-compare)"
+    return None
+
+
+def _other_setup(run: Path, backend: str | None, devices: int | None) -> str | None:
+    """Why a run's records cannot predict this run's: another backend or device count. A run whose
+    records cannot be read is not skipped: BaseRun.load refuses it by name."""
+    if backend is None:
+        return None
+    try:
+        _check_records_files(run, f"--spmd-compare: base run {run}")
+        setups = {(r.backend, r.devices) for r in read_records(run)}
+    except (BaseRunError, DamagedRecord, OSError):
+        return None
+    if not setups or setups == {(backend, devices)}:
+        return None
+    taken = "; ".join(f"backend {printable(str(b))} with {d} devices" for b, d in sorted(setups, key=str))
+    return f"was taken on {taken}"
 
 
 def _unfinished(run: Path) -> str | None:
@@ -337,6 +374,8 @@ class Comparison:
             f"base torch_xla {self.base_torch_xla or '?'} -> this build {', '.join(self.this_torch_xla) or '?'}; "
             f"{self.compared} case(s) compared, {len(self.differ)} differ"
         ]
+        if self.base_torch_xla is not None and self.base_torch_xla in self.this_torch_xla:
+            out.append(same_build_warning(self.base_torch_xla))
         out += [f"differs: {case}: {lines[0] if lines else ''}" for case, lines in sorted(self.differ.items())]
         out += [
             f"new in this build (listed, not failed): {case}: {item}"
@@ -346,6 +385,14 @@ class Comparison:
         out += [f"not compared: {case}: {why}" for case, why in sorted(self.not_compared.items())]
         out += list(self.registry)
         return [printable(line) for line in out]
+
+
+def same_build_warning(version: str) -> str:
+    """Both sides carry one version label: the base run may be a run of this very build."""
+    return (
+        f"WARNING: the base run and this build are both torch_xla {version}: if the base run is a run of this "
+        "build, nothing was compared with the base build (point --spmd-compare at the base build's run)"
+    )
 
 
 def _strings(value: Any) -> bool:

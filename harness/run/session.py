@@ -95,7 +95,7 @@ class HarnessSession:
         return [
             f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}; "
             f"{versions.describe(versions.stack())}; results {self.run.path}"
-        ] + ([compared] if compared else [])
+        ] + (compared.splitlines() if compared else [])
 
     def charge_late_fault(self, fault: LateFault) -> None:
         """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""
