@@ -198,6 +198,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if session is not None and session.worker == "main":
         writing.recheck_run(config, session)
         remove_dump_root(session.run.path)
+    if getattr(config, "workerinput", None) is None and _refused(config):
+        run = session.run if session is not None else config.stash.get(RUN_FOLDER_KEY, None)
+        if run is not None:
+            run.retire()  # a run refused before any case leaves no folder, and `latest` keeps the last real run
+
+
+def _refused(config: pytest.Config) -> bool:
+    """The run stopped on a usage error (a bad option, base run or registry), or before its session began."""
+    session = config.stash.get(PYTEST_SESSION_KEY, None)
+    return session is None or session.exitstatus == pytest.ExitCode.USAGE_ERROR
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

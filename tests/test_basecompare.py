@@ -332,4 +332,3 @@ def test_a_base_records_file_that_is_a_link_a_pipe_or_huge_is_refused_before_it_
             fh.truncate(65 << 20)  # sparse: costs no disk
         named = "is 65.0 MiB, more than a suite's records (64 MiB)"
     refused(suite("--spmd-compare=base"), f"{verdicts} {named}")
-
