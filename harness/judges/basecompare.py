@@ -47,8 +47,9 @@ from harness.sharding import canonical_text
 
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
 VERDICTS = tuple(kind.value for kind in JudgementKind)
-# Registry judgements in which the bug showed (its signature, or another failure) and in which the case passed.
-BUG_SHOWED = ("reproduced", "regressed", "failed")
+# Registry judgements in which the bug's signature showed, and in which the case passed ("failed":
+# another failure, which names no bug).
+BUG_SHOWED = ("reproduced", "regressed")
 CASE_PASSED = ("passed", "unexpected-pass")
 COMPARISON_SCHEMA = 1
 MAX_LINES_PER_CASE = 100  # a forged base could differ in every tensor: the failure stays readable
@@ -322,6 +323,8 @@ def registry_change(entry: str, case: str, before: str | None, after: str | None
         return f"fixed by this build: {detail}"
     if before in CASE_PASSED and after in BUG_SHOWED:
         return f"newly failing in this build: {detail}"
+    if after == "failed":
+        return f"fails in this build without the signature of {detail}"
     return f"judged differently: {detail}"
 
 
