@@ -189,6 +189,7 @@ class RunFolder:
     _closed_text: str | None = dataclasses.field(default=None, compare=False, repr=False)
     # Where `latest` pointed before claim() moved it here: retire() puts it back.
     _previous_latest: str | None = dataclasses.field(default=None, compare=False, repr=False)
+    _made_base: bool = dataclasses.field(default=False, compare=False, repr=False)  # claim() made the results folder
 
     @classmethod
     def new(cls, base: Path, run_id: str | None = None) -> RunFolder:
@@ -252,6 +253,7 @@ class RunFolder:
         """
         if self._claimed is not None:
             return self.path
+        self._made_base = not os.path.lexists(self.base)
         self.base.mkdir(parents=True, exist_ok=True)
         try:
             os.mkdir(self.path)
@@ -272,7 +274,7 @@ class RunFolder:
         return self.path
 
     def retire(self) -> bool:
-        """The run was refused before any case ran (a usage error): remove the folder this process
+        """The run was refused, or collected nothing, before any case ran: remove the folder this process
         made, which holds only what the harness wrote at its start (the manifest, the fork servers'
         logs), and point `latest` back where it was, so readers see the previous real run. A folder
         holding a case record, or no longer the one this process made, is kept. True if removed."""
@@ -291,6 +293,11 @@ class RunFolder:
                 point_latest(self.base, self.base / previous)
             else:
                 (self.base / LATEST_NAME).unlink(missing_ok=True)
+        if self._made_base:
+            try:
+                self.base.rmdir()  # only if empty: what another run put there since stays
+            except OSError:
+                pass
         return True
 
     def _is_ours_in_progress(self) -> bool:

@@ -120,9 +120,7 @@ def _run_folder(config: pytest.Config) -> runfolder.RunFolder:
     if early is not None:
         return early
     try:
-        return runfolder.RunFolder.new(
-            Path(options.value(config, "spmd_results_dir")), options.value(config, "spmd_run_id")
-        )
+        return runfolder.RunFolder.new(options.results_dir(config), options.value(config, "spmd_run_id"))
     except HarnessError as exc:
         raise pytest.UsageError(str(exc)) from None
 
