@@ -34,6 +34,7 @@ from harness.registry import get_entry
 from harness.run import writing
 from harness.run.dumproot import remove_dump_root
 from harness.run.failedlines import WholeFailedLines
+from harness.run.findings import Findings
 from harness.run.session import (
     EARLY_KEY,
     PYTEST_SESSION_KEY,
@@ -174,6 +175,7 @@ def pytest_configure(config: pytest.Config) -> None:
     basecheck.configure(config, session.backend, session.run.path)  # only with --spmd-compare
     if workerinput is None:
         config.pluginmanager.register(WholeFailedLines(), "spmd_whole_failed_lines")
+        config.pluginmanager.register(Findings(), "spmd_findings")
 
 
 def _names_input_files(config: pytest.Config) -> bool:

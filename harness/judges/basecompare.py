@@ -25,9 +25,11 @@ contradicts its own manifest. Text read from it is escaped before it is printed.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
+import re
 import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -53,6 +55,7 @@ BUG_SHOWED = ("reproduced", "regressed")
 CASE_PASSED = ("passed", "unexpected-pass")
 COMPARISON_SCHEMA = 1
 MAX_LINES_PER_CASE = 100  # a forged base could differ in every tensor: the failure stays readable
+MAX_NEW_LISTED = 10  # more items the base lacks are counted at the end of the run, not listed one per line
 
 
 class BaseRunError(HarnessUsageError):
@@ -282,13 +285,8 @@ def compare_case(
             f": {printable(reason)}" if reason else ""
         )
         return result
-    if shardings is not None:
-        expected = {name: canonical_text(spec) for name, spec in record.shardings.items()}
-        judge = Baseline(base.path, base.backend, base.devices, base.torch_xla, {case: expected})
-        for change in judge.compare(case, shardings) or []:
-            (result.new if change.before is None else result.differences).append(
-                printable(str(change).replace("(not in the baseline)", "(not in the base run)"))
-            )
+    # The cost lines first: one change in torch_xla (a graph cut in two) moves the counts and
+    # renumbers every step-graph parameter; the counts say what happened.
     if signatures is not None:
         measured = {label: sig for label, sig in signatures.items() if label in record.costs}
         result.new += [
@@ -298,7 +296,59 @@ def compare_case(
         ]
         judge_costs = CostBaseline(base.path, base.backend, base.devices, base.torch_xla, {case: dict(record.costs)})
         result.differences += [printable(str(c)) for c in judge_costs.compare(case, measured) or []]
+    if shardings is not None:
+        expected, base_parameters = _split_parameters(record.shardings)
+        observed, parameters = _split_parameters(shardings)
+        judge = Baseline(base.path, base.backend, base.devices, base.torch_xla, {case: expected})
+        for change in judge.compare(case, observed) or []:
+            (result.new if change.before is None else result.differences).append(
+                printable(str(change).replace("(not in the baseline)", "(not in the base run)"))
+            )
+        for graph in sorted(set(base_parameters) | set(parameters)):
+            changed = _parameters_change(graph, base_parameters.get(graph), parameters.get(graph))
+            if changed is not None:
+                (result.differences if changed[0] else result.new).append(printable(changed[1]))
     return result
+
+
+# A step graph's parameters as the cost meter records them: `step0:parameter(7)`. XLA numbers them
+# in the order the graph takes them, so a graph that gains or loses one renumbers the rest: they are
+# matched by their shardings (a multiset per graph), never one number against the same number.
+GRAPH_PARAMETER = re.compile(r"(?P<graph>.+):parameter\(\d+\)")
+
+
+def _split_parameters(shardings: Mapping[str, str]) -> tuple[dict[str, str], dict[str, collections.Counter[str]]]:
+    """(the named tensors, each step graph's parameter shardings as a multiset)."""
+    named: dict[str, str] = {}
+    graphs: dict[str, collections.Counter[str]] = {}
+    for name, spec in shardings.items():
+        match = GRAPH_PARAMETER.fullmatch(name)
+        if match:
+            graphs.setdefault(match["graph"], collections.Counter())[canonical_text(spec)] += 1
+        else:
+            named[name] = canonical_text(spec)
+    return named, graphs
+
+
+def _parameters_change(
+    graph: str, before: collections.Counter[str] | None, after: collections.Counter[str] | None
+) -> tuple[bool, str] | None:
+    """One line for a graph's parameters, None when they match whatever their numbers; (True, line)
+    fails the case (a sharding the base's graph had is gone), (False, line) only lists what it gained."""
+    if before == after:
+        return None
+    if before is None:
+        return False, f"{graph}: {sum((after or {}).values())} graph parameter(s), a graph the base run lacks"
+    after = after or collections.Counter()
+    gained, lost = after - before, before - after
+    items = [f"-{n} x {spec}" for spec, n in sorted(lost.items())] + [
+        f"+{n} x {spec}" for spec, n in sorted(gained.items())
+    ]
+    line = (
+        f"{graph}: graph parameters {sum(before.values())} -> {sum(after.values())} "
+        f"(matched by sharding, whatever their numbers): {', '.join(items)}"
+    )
+    return bool(lost), line
 
 
 def failure_text(base: BaseRun, this_build: str | None, comparison: CaseComparison) -> str:
@@ -380,13 +430,16 @@ class Comparison:
         if self.base_torch_xla is not None and self.base_torch_xla in self.this_torch_xla:
             out.append(same_build_warning(self.base_torch_xla))
         out += [f"differs: {case}: {lines[0] if lines else ''}" for case, lines in sorted(self.differ.items())]
-        out += [
-            f"new in this build (listed, not failed): {case}: {item}"
-            for case, items in sorted(self.new.items())
-            for item in items
-        ]
+        out += list(self.registry)  # what failed first; what is only listed after
+        new = [f"{case}: {item}" for case, items in sorted(self.new.items()) for item in items]
+        if len(new) <= MAX_NEW_LISTED:
+            out += [f"new in this build (listed, not failed): {line}" for line in new]
+        else:
+            out.append(
+                f"new in this build (listed, not failed): {len(new)} item(s) the base run lacks, in {len(self.new)} "
+                f"case(s); each case's under its result (-rA), all in {runfolder.COMPARISON_NAME}"
+            )
         out += [f"not compared: {case}: {why}" for case, why in sorted(self.not_compared.items())]
-        out += list(self.registry)
         return [printable(line) for line in out]
 
 

@@ -17,6 +17,7 @@ from harness.judges import basecheck, costcheck
 from harness.judges.registrycheck import JudgedCase, evidence_of
 from harness.records import results, runfolder, versions
 from harness.registry import Judgement, JudgementKind
+from harness.run.findings import first_item
 from harness.run.session import PYTEST_SESSION_KEY, SESSION_KEY, HarnessSession
 
 CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
@@ -182,14 +183,5 @@ def _reason(report: pytest.TestReport, judgement: Judgement | None) -> str:
         return str(report.longrepr[2]).removeprefix("Skipped: ")
     if report.failed and report.longrepr is not None:
         crash = getattr(report.longrepr, "reprcrash", None)
-        return headline(crash.message if crash else _first_item(str(report.longrepr)), 500)
+        return headline(crash.message if crash else first_item(str(report.longrepr)), 500)
     return ""
-
-
-def _first_item(text: str) -> str:
-    """A failure whose first line announces a list ("sharding drift: 1 tensor(s) differ ...:")
-    with its first item, so the one-line reason says what changed."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):
-        return f"{lines[0]} {lines[1]}"
-    return lines[0] if lines else ""
