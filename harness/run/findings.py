@@ -59,17 +59,22 @@ def case_names(nodeids: Iterable[str]) -> list[str]:
 
 
 def lines(failed: Iterable[pytest.TestReport]) -> list[str]:
-    groups: dict[tuple[str, ...], list[str]] = collections.defaultdict(list)
+    """Cases grouped by their finding's first item (the counts, when a step compiles more: what
+    changed), the items every case of the group shares after it, then the cases."""
+    groups: dict[str, list[tuple[str, tuple[str, ...]]]] = collections.defaultdict(list)
     for report in failed:
         case = dict(report.user_properties).get("spmd_case_id", report.nodeid)
-        groups[finding_of(report)].append(str(case))
+        finding = finding_of(report)
+        groups[finding[0]].append((str(case), finding[1:]))
     out = []
-    for finding, cases in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
-        out.append(f"{len(cases)} case(s): {finding[0]}")
-        out += [f"  and: {item}" for item in finding[1:MAX_ITEMS_SHOWN]]
-        if len(finding) > MAX_ITEMS_SHOWN:
-            out.append(f"  and {len(finding) - MAX_ITEMS_SHOWN} more item(s) (in each failure above)")
-        names = case_names(cases)
+    for headline, members in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
+        out.append(f"{len(members)} case(s): {headline}")
+        shared = [item for item in members[0][1] if all(item in rest for _, rest in members[1:])]
+        out += [f"  and: {item}" for item in shared[:MAX_ITEMS_SHOWN]]
+        varying = max(len(rest) for _, rest in members) - len(shared[:MAX_ITEMS_SHOWN])
+        if varying > 0:
+            out.append(f"  and up to {varying} more item(s), by case (in each failure above)")
+        names = case_names(case for case, _ in members)
         out.append("  " + ", ".join(names[:4]) + (f", and {len(names) - 4} more test(s)" if len(names) > 4 else ""))
     return [basecompare.printable(line) for line in out]
 
