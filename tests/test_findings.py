@@ -71,3 +71,16 @@ def test_what_failed_comes_before_what_is_only_listed_and_many_new_items_are_cou
         ]
     )
     assert "extra.3: new" not in result.stdout.str().split("compared with the base run", 2)[-1]
+
+
+def test_the_run_closes_with_what_it_checked(suite):
+    suite(version=BASE_BUILD, results="base")
+    result = suite("--spmd-compare=base")
+    result.assert_outcomes(passed=2, xfailed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "spmd checked: 3 case(s) ran; 1 known-bug registry entry judged (1 reproduced); "
+            "0 held to the sharding baseline; 0 held to the cost baseline; 2 held to the base run",
+            "*short test summary info*",
+        ]
+    )

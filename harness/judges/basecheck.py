@@ -24,7 +24,7 @@ import pytest
 from harness.config import activation, options
 from harness.errors import HarnessError
 from harness.isolation import protocol
-from harness.judges import basecompare, costcheck
+from harness.judges import basecompare, checked, costcheck
 from harness.judges.basecompare import BaseRun, Comparison
 from harness.records import runfolder, versions
 
@@ -107,6 +107,8 @@ def judge(
         signatures = None if item.get_closest_marker("no_cost_check") else costcheck.record_fields(item)["costs"]
         judged = None if item.get_closest_marker("no_sharding_baseline") else shardings
         comparison = basecompare.compare_case(session.base, case_id, judged, signatures)
+        if comparison.not_compared is None:
+            checked.mark(report, checked.BASE_RUN)
         finding.update(compared=comparison.not_compared is None, differences=comparison.differences, new=comparison.new)
         if comparison.not_compared:
             finding["not_compared"] = comparison.not_compared

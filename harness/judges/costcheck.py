@@ -27,6 +27,7 @@ from harness.config import options
 from harness.costbaseline import CostBaseline
 from harness.isolation.backend import Backend
 from harness.isolation.case import CaseResult, SpmdRunner
+from harness.judges import checked
 from harness.records import results, runfolder
 
 SESSION_KEY = pytest.StashKey["CostSession"]()
@@ -109,6 +110,7 @@ def judge(
     if changes is None:
         session.cases_without_entry.append(case)
         return
+    checked.mark(report, checked.COST_BASELINE)
     if not changes:
         return
     lines = [str(c) for c in changes]

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness.judges import basecheck, basecompare
+from harness.judges import basecheck, basecompare, checked
 from harness.run.session import SESSION_KEY
 
 MAX_ITEMS_SHOWN = 6  # lines of one finding; the rest is in each failure and in comparison.json
@@ -79,6 +79,22 @@ def lines(failed: Iterable[pytest.TestReport]) -> list[str]:
     return [basecompare.printable(line) for line in out]
 
 
+def checked_line(reports: Iterable[pytest.TestReport]) -> str:
+    """What the run held its cases to: the registry entries judged, the references compared."""
+    calls = [r for r in reports if getattr(r, "when", "") == "call"]
+    entries = {str(v) for r in calls for name, v in r.user_properties if name == "known_bug"}
+    verdicts = collections.Counter(str(v) for r in calls for name, v in r.user_properties if name == "registry_verdict")
+    held = collections.Counter(what for r in calls for what in checked.of(r))
+    parts = [f"{len(calls)} case(s) ran"]
+    parts.append(
+        f"{len(entries)} known-bug registry entr{'y' if len(entries) == 1 else 'ies'} judged"
+        + (f" ({', '.join(f'{n} {v}' for v, n in sorted(verdicts.items()))})" if verdicts else "")
+    )
+    for what in (checked.SHARDING_BASELINE, checked.COST_BASELINE, checked.BASE_RUN):
+        parts.append(f"{held[what]} held to the {what}")
+    return "spmd checked: " + "; ".join(parts)
+
+
 class Findings:
     """Registered by the plugin for the controlling process: the section at the end of the run."""
 
@@ -88,10 +104,11 @@ class Findings:
         if harness is None or not (harness.active or harness.run.exists()):
             return
         failed = [r for r in terminalreporter.stats.get("failed", []) if getattr(r, "when", "") == "call"]
-        if len(failed) < 2:
-            return  # one failure is its own finding
-        shown = lines(failed)
-        changes = sum(1 for line in shown if not line.startswith(" "))
-        terminalreporter.section(f"spmd findings: {len(failed)} failed case(s), {changes} change(s)", red=True)
-        for line in shown:
-            terminalreporter.line(line, red=not line.startswith(" "))
+        if len(failed) > 1:  # one failure is its own finding
+            shown = lines(failed)
+            changes = sum(1 for line in shown if not line.startswith(" "))
+            terminalreporter.section(f"spmd findings: {len(failed)} failed case(s), {changes} change(s)", red=True)
+            for line in shown:
+                terminalreporter.line(line, red=not line.startswith(" "))
+        reports = [r for key in ("passed", "failed", "xfailed", "xpassed") for r in terminalreporter.stats.get(key, [])]
+        terminalreporter.write_line(checked_line(reports))
