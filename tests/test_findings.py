@@ -84,3 +84,21 @@ def test_the_run_closes_with_what_it_checked(suite):
             "*short test summary info*",
         ]
     )
+
+
+def test_a_moved_multi_axis_sharding_fails_with_both_device_grids(suite):
+    hsdp = "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}"
+    suite(version=BASE_BUILD, results="base", shardings={"blocks.0.weight": hsdp})
+    moved = "{devices=[2,1,2]0,2,1,3 last_tile_dim_replicate}"
+    result = suite("--spmd-compare=base", shardings={"blocks.0.weight": moved})
+    result.assert_outcomes(failed=1, passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*this build 2.10.0+git2222222: blocks.0.weight: *",
+            "which device holds which tile:",
+            "blocks.0.weight:",
+            "    base * this build",
+            "    dim 1 ->  [[]0[]]  [[]1[]] * dim 0 ->  [[]0[]]  [[]1[]]",
+            "              0,2  1,3 *0,2  1,3",
+        ]
+    )

@@ -46,6 +46,7 @@ from harness.records.results import CaseRecord, read_records, suite_exit_problem
 from harness.registry import JudgementKind
 from harness.schema import shown
 from harness.sharding import canonical_text
+from harness.tiles import grids_side_by_side, is_multi_axis
 
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
 VERDICTS = tuple(kind.value for kind in JudgementKind)
@@ -264,6 +265,7 @@ class CaseComparison:
     differences: list[str] = dataclasses.field(default_factory=list)  # items that fail it, without the builds
     new: list[str] = dataclasses.field(default_factory=list)  # what the base lacks (listed)
     not_compared: str | None = None  # why the base cannot judge it (the base lacks it, or failed it)
+    grids: list[str] = dataclasses.field(default_factory=list)  # device grids of the moves the text hides
 
 
 def compare_case(
@@ -304,6 +306,15 @@ def compare_case(
             (result.new if change.before is None else result.differences).append(
                 printable(str(change).replace("(not in the baseline)", "(not in the base run)"))
             )
+            if (
+                change.before is not None
+                and change.after is not None
+                and (is_multi_axis(change.before) or is_multi_axis(change.after))
+            ):
+                result.grids += [printable(f"{change.tensor}:")] + [
+                    printable(f"    {row}")
+                    for row in grids_side_by_side(change.before, change.after, ("base", "this build"))
+                ]
         for graph in sorted(set(base_parameters) | set(parameters)):
             changed = _parameters_change(graph, base_parameters.get(graph), parameters.get(graph))
             if changed is not None:
@@ -357,6 +368,8 @@ def failure_text(base: BaseRun, this_build: str | None, comparison: CaseComparis
     lines = [f"{builds}: {item}" for item in comparison.differences[:MAX_LINES_PER_CASE]]
     if len(comparison.differences) > MAX_LINES_PER_CASE:
         lines.append(f"... {len(comparison.differences) - MAX_LINES_PER_CASE} more item(s)")
+    if comparison.grids:
+        lines += ["which device holds which tile:", *comparison.grids[: 4 * MAX_LINES_PER_CASE]]
     lines.append(
         f"(judged against the base run {base.path} by --spmd-compare; a change the PR means "
         "is a change reviewers should see named here)"
