@@ -25,6 +25,8 @@ import pytest
 
 pytestmark = pytest.mark.spmd
 
+NO_DEVICE_KIND = "has no xm.xla_device_kind (public from 2.5)"
+
 # The line use_spmd() prints when something touched the runtime first; the crash signature
 # requires it in the child's log, so a SIGSEGV with another cause is not taken for this bug.
 FORCED_SPMD_WARNING = "Replicating tensors already initialized"
@@ -44,6 +46,12 @@ def _default_device():
     import torch_xla.core.xla_model as xm
 
     return xm.xla_device()
+
+
+def _has_device_kind(ctx) -> bool:
+    import torch_xla.core.xla_model as xm
+
+    return ctx.record("has_device_kind", hasattr(xm, "xla_device_kind"))
 
 
 def _touch_runtime(ctx, call: str) -> None:
@@ -114,6 +122,8 @@ def body_call_before_use_spmd(ctx, call: str) -> None:
     """`call`, then use_spmd(), then a first SPMD step."""
     from harness import xla
 
+    if call == "xla_device_kind" and not _has_device_kind(ctx):
+        return
     _touch_runtime(ctx, call)
     xla.enable_spmd()
     _sharded_step(ctx)
@@ -124,7 +134,9 @@ def body_documented_order(ctx, calls: list[str], reintroduce_device_kind_fix: bo
     from harness import xla
 
     xla.enable_spmd()
-    if reintroduce_device_kind_fix:
+    if not _has_device_kind(ctx):
+        calls = [call for call in calls if call != "xla_device_kind"]
+    elif reintroduce_device_kind_fix:
         _reintroduce_device_kind_fix(ctx)
     for call in calls:
         _touch_runtime(ctx, call)
@@ -138,6 +150,8 @@ def body_device_kind_after_use_spmd(ctx, reintroduce_fix: bool = False) -> None:
     from harness import xla
 
     xla.enable_spmd()
+    if not _has_device_kind(ctx):
+        return
     if reintroduce_fix:
         _reintroduce_device_kind_fix(ctx)
     kinds = ctx.record("kinds", {"default": xm.xla_device_kind(), "device()": xm.xla_device_kind(_default_device())})
@@ -150,6 +164,12 @@ def body_device_kind_after_use_spmd(ctx, reintroduce_fix: bool = False) -> None:
 # --------------------------------------------------------------------------------------------
 # Tests
 # --------------------------------------------------------------------------------------------
+
+
+def _skip_without_device_kind(result) -> None:
+    if result.values.get("has_device_kind", True) is False:
+        pytest.skip(f"torch_xla {result.torch_xla} {NO_DEVICE_KIND}")
+
 
 CALL_ROWS = [
     # pytorch/xla#9735: a job that picks its device first
@@ -166,6 +186,7 @@ CALL_ROWS = [
 @pytest.mark.parametrize("call", CALL_ROWS)
 def test_runtime_call_before_use_spmd(spmd, call) -> None:
     result = spmd.run(body_call_before_use_spmd, call=call, preload=False)
+    _skip_without_device_kind(result)
     assert result.values["first_step"] == "matches the CPU"
 
 
@@ -179,13 +200,15 @@ def test_documented_order_passes_the_same_checks(spmd) -> None:
     calls = [row.values[0] for row in CALL_ROWS]
     result = spmd.run(body_documented_order, calls=calls, reintroduce_device_kind_fix=True, preload=False)
     assert result.values["first_step"] == "matches the CPU"
-    assert result.values["kind_asked"] == "cpu"
+    if result.values["has_device_kind"]:
+        assert result.values["kind_asked"] == "cpu"
 
 
 @pytest.mark.needs(devices=2)
 @pytest.mark.known_bug("xla-device-kind-spmd-virtual-device")
 def test_xla_device_kind_after_use_spmd(spmd) -> None:
     result = spmd.run(body_device_kind_after_use_spmd, preload=False)
+    _skip_without_device_kind(result)
     assert set(result.values["kinds"]) == {"default", "device()"}
 
 
@@ -194,5 +217,6 @@ def test_reintroduced_device_kind_fix_passes(spmd) -> None:
     """Self-test: with the fix put in, the xla_device_kind case passes (its xfail would turn
     into an unexpected pass); without it, test_xla_device_kind_after_use_spmd shows the signature."""
     result = spmd.run(body_device_kind_after_use_spmd, reintroduce_fix=True, preload=False)
+    _skip_without_device_kind(result)
     assert result.values.get("fix_answered"), "the reintroduced fix was never called"
     assert result.values["kinds"] == {"default": "cpu", "device()": "cpu"}
