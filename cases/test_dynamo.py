@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.spmd
+# Dynamo's first call (tracing, partitioning, AOTAutograd) takes most of a case's 8-15 s.
+pytestmark = [pytest.mark.spmd, pytest.mark.slow]
 
 STEPS = 5
 WARMUP = 2  # step 0 traces and compiles; step 1 may retrace once the parameters are device data

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.spmd
+# Every case here is a child of its own that imports torch_xla after its start-up calls (5-15 s).
+pytestmark = [pytest.mark.spmd, pytest.mark.slow]
 
 NO_DEVICE_KIND = "has no xm.xla_device_kind (public from 2.5)"
 
