@@ -26,7 +26,7 @@ import pytest
 # Every case here is a child of its own that imports torch_xla after its start-up calls (5-15 s).
 pytestmark = [pytest.mark.spmd, pytest.mark.slow]
 
-NO_DEVICE_KIND = "has no xm.xla_device_kind (public from 2.5)"
+NO_DEVICE_KIND = "has no xm.xla_device_kind (public from 2.6)"
 
 # The line use_spmd() prints when something touched the runtime first; the crash signature
 # requires it in the child's log, so a SIGSEGV with another cause is not taken for this bug.
