@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-# Dynamo's first call (tracing, partitioning, AOTAutograd) takes most of a case's 8-15 s.
-pytestmark = [pytest.mark.spmd, pytest.mark.slow]
+pytestmark = pytest.mark.spmd
 
 STEPS = 5
 WARMUP = 2  # step 0 traces and compiles; step 1 may retrace once the parameters are device data
