@@ -240,7 +240,7 @@ def test_memory_and_live_tensors_compare_one_line_per_item():
     nearly = copy.deepcopy(before)
     nearly["graphs"]["step0"]["memory"]["peak"] += 16
     assert [str(c) for c in costs.compare(costs.comparable(before), costs.comparable(nearly))] == [
-        "step0: peak 1.2 MiB -> 1.2 MiB (+16 B) per device"
+        "step0: peak 1.2 MiB -> 1.2 MiB (+16 B) per device [within the band, listed]"
     ]
     # Host objects are not baselined (they depend on what was imported before the loop).
     more_objects = copy.deepcopy(before)
@@ -250,6 +250,56 @@ def test_memory_and_live_tensors_compare_one_line_per_item():
     assert costs.compare(costs.comparable(signature()), costs.comparable(after)) == []
     lines = [str(c) for c in costs.compare(costs.comparable(after), costs.comparable(signature()))]
     assert lines[0] == "step0: live after step: not measured" and lines[-1] == "step0: memory not read"
+
+
+def test_bytes_fail_beyond_the_band_counts_on_any_change_and_a_decrease_is_an_improvement():
+    def judged(signature_before, signature_after):
+        return [
+            (str(c), c.fails)
+            for c in costs.compare(costs.comparable(signature_before), costs.comparable(signature_after))
+        ]
+
+    base = signature(live=[4, 6, 6], temp=181555)  # 177.3 KiB
+    # Seen from 2.8.1 to 2.9.0: +16 B on 177.3 KiB, and 1.4 -> 1.5 KiB on a tiny graph: listed.
+    plus16 = copy.deepcopy(base)
+    plus16["graphs"]["step0"]["memory"]["peak"] += 16
+    assert judged(base, plus16) == [
+        ("step0: peak 185.3 KiB -> 185.3 KiB (+16 B) per device [within the band, listed]", False)
+    ]
+    tiny, tiny_after = signature(temp=1434), signature(temp=1536)
+    assert judged(tiny, tiny_after) == [
+        (
+            "step0: temp 1.4 KiB -> 1.5 KiB per device, peak 9.4 KiB -> 9.5 KiB per device [within the band, listed]",
+            False,
+        )
+    ]
+    # Seen from 2.6.1 to 2.9.0: temp down. An improvement, listed.
+    down = signature(live=[4, 6, 6], temp=97382)
+    assert judged(signature(live=[4, 6, 6], temp=116531), down) == [
+        (
+            "step0: temp 113.8 KiB -> 95.1 KiB per device, peak 121.8 KiB -> 103.1 KiB per device [improvement, listed]",
+            False,
+        )
+    ]
+    # Beyond both the 5% and the 1 KiB: fails. 5% of 177.3 KiB is 8.9 KiB.
+    grown = copy.deepcopy(base)
+    grown["graphs"]["step0"]["memory"]["temp"] += 9 * 1024
+    assert judged(base, grown) == [("step0: temp 177.3 KiB -> 186.3 KiB per device", True)]
+    within = copy.deepcopy(base)
+    within["graphs"]["step0"]["memory"]["temp"] += 8 * 1024
+    assert [fails for _, fails in judged(base, within)] == [False]
+    # A count fails on any change, even when its bytes would sit within the band; bytes alone use the band.
+    one_more = signature(live=[4, 6, 7], temp=181555)
+    assert judged(base, one_more) == [("step2: live after step: 6 -> 7 tensors (+32 B per device)", True)]
+    same_count = copy.deepcopy(base)
+    same_count["steps"][2]["live"]["bytes_per_device"] += 4
+    assert judged(base, same_count) == [
+        ("step2: live after step: 6 tensors, 192 B -> 196 B per device [within the band, listed]", False)
+    ]
+    # One item with a failing part and a listed part: two lines, judged apart.
+    both = copy.deepcopy(grown)
+    both["graphs"]["step0"]["memory"]["peak"] -= 100
+    assert [fails for _, fails in judged(base, both)] == [True, False]
 
 
 def test_growth_after_the_warmup_is_a_steady_state_problem_naming_what_stayed_alive():
