@@ -152,6 +152,54 @@ def test_a_step_that_compiles_again_is_a_steady_state_problem_after_the_warmup_o
     assert [str(c) for c in costs.compare(signature(), late)] == ["step2: compiles 0 -> 1"]
 
 
+SIX_STEPS = ((1, 0),) + ((0, 1),) * 5
+
+
+def test_a_bounded_window_passes_and_growth_on_each_of_the_last_three_steps_is_a_leak():
+    # deque(maxlen=3) of one tensor per step: grows at steps 0-2, flat after; the last three steps judge.
+    assert costs.steady_state_problems(signature(steps=SIX_STEPS, live=[4, 5, 6, 6, 6, 6])) == []
+    window_of_four = signature(steps=SIX_STEPS, live=[4, 5, 6, 7, 8, 8])  # full at step 3: step5 is flat
+    assert costs.steady_state_problems(window_of_four) == []
+    leaking = signature(steps=SIX_STEPS, live=[4, 5, 6, 7, 8, 9])
+    leaking["steps"][5]["kept"] = ["XLA tensors kept: float32[] +1"]
+    assert costs.steady_state_problems(leaking) == [
+        "step3..step5 each left more alive than the step before: XLA tensors 6 -> 9 (+96 B per device), "
+        "host objects 106 -> 109; XLA tensors kept: float32[] +1"
+    ]
+    # A loop too short to see its window fill judges the steps it has: the window reads as a leak.
+    assert costs.steady_state_problems(signature(live=[4, 5, 6]))[0].startswith("step2 left more alive than step1")
+
+
+def native_loop(heap_per_step: list[int], rss_per_step: list[int]) -> dict:
+    sig = signature(steps=SIX_STEPS, live=[6] * 6)
+    heap, rss = 50 << 20, 400 << 20
+    for step, (h, r) in zip(sig["steps"], zip([0, *heap_per_step], [0, *rss_per_step])):
+        heap, rss = heap + h, rss + r
+        step["live"].update(heap_bytes=heap, rss_bytes=rss)
+    return sig
+
+
+def test_native_growth_on_each_judged_step_beyond_the_threshold_fails_naming_the_growth_per_step():
+    # Healthy loops measured on 2.4.0 and 2.9.0: heap +0 to +27 KiB, resident set up to +252 KiB per step.
+    healthy = native_loop(
+        [659 << 10, 26 << 10, 27 << 10, 9 << 10, 17 << 10], [20 << 20, 68 << 10, 252 << 10, 16 << 10, 24 << 10]
+    )
+    assert costs.steady_state_problems(healthy) == []
+    leaking = native_loop([265 << 10] * 5, [268 << 10] * 5)  # a C++ block of 265 KiB kept per step
+    assert costs.steady_state_problems(leaking) == [
+        "step3..step5 each left more alive than the step before: native heap (malloc in use) +265 KiB per step "
+        "(50.5 MiB -> 51.3 MiB; a healthy loop stays under +128 KiB per step); nothing the collector tracks grew: "
+        "C++ allocations (torch_xla, XLA), or objects it does not track (bytes, ints, floats, numpy arrays) kept by "
+        "a container made before the meter"
+    ]
+    # Python's small objects live in its own arenas: only the resident set sees them.
+    ints = native_loop([0] * 5, [3 << 20] * 5)
+    assert "resident set +3 MiB per step" in costs.steady_state_problems(ints)[0]
+    # A native window: grows, then stops.
+    window = native_loop([1 << 20, 1 << 20, 1 << 20, 0, 0], [1 << 20] * 3 + [0, 0])
+    assert costs.steady_state_problems(window) == []
+
+
 @pytest.mark.parametrize(
     "damage, named",
     [

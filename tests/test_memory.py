@@ -35,7 +35,11 @@ class ParameterSpec:
     shape: tuple
 
 
-def body_loop(ctx, mode, copies):
+def body_loop(ctx, mode, copies, steps=3):
+    import collections
+    import ctypes
+
+    import numpy as np
     import torch
     import torch.nn as nn
     import torch_xla.debug.metrics as met
@@ -50,9 +54,15 @@ def body_loop(ctx, mode, copies):
     for p in model.parameters():
         xs.mark_sharding(p, mesh, ("fsdp",) + (None,) * (p.dim() - 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    old_container = []  # made before the meter: frozen with everything older, so its items are not listed
+    held = torch.zeros(0, device=xla.device())  # an XLA tensor made before the meter
     meter = stepcosts.StepMeter(ctx, parameters=model.parameters(), optimizer=optimizer)
     kept = []
-    for step in range(3):
+    window = collections.deque(maxlen=3)  # a moving average's last losses
+    trimmed = []
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    for step in range(steps):
         with meter.step():
             if mode == "reset":
                 met.clear_counters()
@@ -66,6 +76,18 @@ def body_loop(ctx, mode, copies):
                 kept.append(loss.detach() * 1)
             if mode == "keep_host":
                 kept += [ParameterSpec(name, tuple(p.shape)) for name, p in model.named_parameters()]
+            if mode == "window":
+                window.append(loss.detach() * 1)
+                trimmed.append(loss.detach() * 1)
+                del trimmed[:-2]
+            if mode == "native":  # a C++ block torch_xla would never free: 265 KiB, written
+                ctypes.memset(libc.malloc(265 << 10), 1, 265 << 10)
+            if mode == "old_container":  # untracked objects the collector never lists
+                old_container.append(bytes(1 << 20))
+                old_container.extend(range(step * 100000, (step + 1) * 100000))
+                old_container.append(np.array([p.detach().cpu().numpy() for p in model.parameters()], dtype=object))
+            if mode == "outside":  # the tensor made before the meter holds 128Ki floats more each step
+                held.data = torch.cat([held.data.cpu(), torch.randn(131072)]).to(xla.device())
             xla.sync()
 
 
@@ -73,6 +95,11 @@ def body_loop(ctx, mode, copies):
 def test_loop(spmd, mode):
     # GROW_TEMP: the first layer computes its product for eight copies of each row, keeps one.
     spmd.run(body_loop, mode=mode, copies=8 if os.environ.get("GROW_TEMP") == "1" else 1, fresh=True)
+
+
+@pytest.mark.parametrize("mode", ["healthy", "window", "keep_tensor", "native", "old_container", "outside"])
+def test_long_loop(spmd, mode):
+    spmd.run(body_loop, mode=mode, copies=1, steps=6, fresh=True)
 """
 
 
@@ -96,7 +123,7 @@ def suite(pytester, monkeypatch):
 
 
 def test_leaks_fail_steady_state_and_a_counter_reset_is_refused(suite):
-    result = suite("-rA")
+    result = suite("-rA", "-k", "not long_loop")
     result.assert_outcomes(passed=1, failed=3)
     result.stdout.fnmatch_lines(
         [
@@ -116,14 +143,40 @@ def test_leaks_fail_steady_state_and_a_counter_reset_is_refused(suite):
 
 
 def test_temp_memory_that_grows_fails_the_cost_baseline_naming_graph_and_bytes(suite, pytester):
-    suite("-k", "healthy", "--spmd-update-costs").assert_outcomes(passed=1)
+    suite("-k", "healthy and not long_loop", "--spmd-update-costs").assert_outcomes(passed=1)
     entry = json.loads((pytester.path / "costs.json").read_text())["cases"]["test_loop.py::test_loop[healthy]"]
     memory = entry["train"]["graphs"]["step0"]["memory"]
     assert memory["temp"] > 0 and entry["train"]["steps"][2]["live"]["tensors"] > 0, entry
-    suite("-k", "healthy").assert_outcomes(passed=1)  # the same loop again holds
-    result = suite("-k", "healthy", grow_temp=True)
+    suite("-k", "healthy and not long_loop").assert_outcomes(passed=1)  # the same loop again holds
+    result = suite("-k", "healthy and not long_loop", grow_temp=True)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         ["*cost drift: * item(s) differ from costs.json*", "*  step0: *temp * -> * per device*"]
     )
     assert "all-gather" not in result.stdout.str() and "all-reduce" not in result.stdout.str()
+
+
+def test_six_steps_tell_a_bounded_window_from_a_leak_and_native_growth_fails_naming_it(suite):
+    result = suite("-rA", "-k", "long_loop")
+    result.assert_outcomes(passed=2, failed=4)
+    result.stdout.fnmatch_lines(["PASSED test_loop.py::test_long_loop[[]healthy[]]"])
+    result.stdout.fnmatch_lines(["PASSED test_loop.py::test_long_loop[[]window[]]"])
+    result.stdout.fnmatch_lines(
+        [
+            "*step3..step5 each left more alive than the step before: XLA tensors * (+12 B per device)*"
+            "; XLA tensors kept: float32[] +1*"
+        ]
+    )
+    native = "nothing the collector tracks grew: C++ allocations*"
+    result.stdout.fnmatch_lines(
+        [
+            "*step3..step5 each left more alive than the step before: native heap (malloc in use) +2* KiB per step*"
+            + native
+        ]
+    )
+    # bytes, ints and numpy copies of the weights kept by a list made before the meter
+    result.stdout.fnmatch_lines(
+        ["*step3..step5 each left more alive * native heap * per step*, resident set +* MiB per step*"]
+    )
+    # an XLA tensor made before the meter, grown by 128Ki floats per step through .data
+    result.stdout.fnmatch_lines(["*step3..step5 each left more alive * native heap (malloc in use) +* per step*"])
