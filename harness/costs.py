@@ -466,8 +466,10 @@ def _leak(steps: list[Mapping[str, Any]], judged: list[int]) -> str | None:
         return None
 
     def grew_each(field: str, by: int = 1) -> bool:
-        values = [live.get(field) for live in lives]
-        return all(v is not None for v in values) and all(b - a >= by for a, b in zip(values, values[1:]))
+        if not all(field in live for live in lives):
+            return False
+        values = [live[field] for live in lives]
+        return all(b - a >= by for a, b in zip(values, values[1:]))
 
     before, after = lives[0], lives[-1]
     parts = []
