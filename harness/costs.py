@@ -424,6 +424,7 @@ def _comparable_graph(graph: Mapping[str, Any]) -> dict[str, Any]:
 # after the warm-up (fewer where the loop ran fewer: then a window still filling reads as a leak).
 # docs/costs.md#leaks-and-windows: a loop needs warm-up + 3 steps, and k+1 for a window of k.
 LEAK_STEPS = 3
+METERED_STEPS = DEFAULT_WARMUP + LEAK_STEPS  # what the library's own metered loops run
 # Native growth a healthy loop never reaches per step after the warm-up: measured on torch_xla
 # 2.4.0 and 2.9.0 (the FSDPv2 and ViT loops: heap +0 to +27 KiB, resident set +0 to +252 KiB per
 # step); a C++ leak of a few hundred KiB per step, or MiBs of untracked objects, is above.
