@@ -5,8 +5,8 @@ autograd function behind `mark_sharding_with_gradients`) and Mixtral ran out of 
 HLO arrays end up living much longer than needed" (#8809). The function as first merged (#8723)
 marked its input in place and returned it; the one released in torch_xla 2.7.0 (#8821's
 autograd work) marks a clone, and 2.8 exposes it as `xs.mark_sharding_with_gradients`. 2.4-2.6
-have neither, so the in-place function never shipped in a release (no registry entry: no release
-carries it).
+have neither, so the in-place function never shipped in a release (no registry entry for #8809:
+no release carries it).
 
 The loop: two MLP blocks whose weights are sharded with `xs.mark_sharding` and passed through
 the gradient-sharding function in every forward, as torchprime did, under harness.stepcosts'
@@ -14,6 +14,10 @@ meter for the warm-up and the steps that judge leaks. The case holds the release
 steady state and the cost baseline, and checks what the function is for: the gradients are held
 sharded like the parameters. The self-test patches #8723's in-place function back in (same
 numbers) and shows which figures see #8809: the step graph's outputs and peak per device.
+
+What the loop found on 2.7.0-2.9.0 (registry `mark-sharding-with-gradients-keeps-a-mesh-per-call`):
+each call of the released function builds a new Mesh from its text and Mesh's lru_caches
+(maxsize=None) keep it, so every step leaves 8 Mesh objects and their cache entries alive.
 """
 
 from __future__ import annotations
@@ -39,10 +43,10 @@ def body_sharded_gradients_train(ctx, steps: int, reintroduce_in_place: bool = F
 
     from harness import stepcosts, xla
 
-    released = getattr(xs, "mark_sharding_with_gradients", None)
+    released, api = getattr(xs, "mark_sharding_with_gradients", None), "xs.mark_sharding_with_gradients"
     if released is None and hasattr(xla_sharding, "MarkShardingFunction"):  # 2.7: not exported by xs
-        released = xla_sharding.MarkShardingFunction.apply
-    ctx.record("api", getattr(released, "__qualname__", None))
+        released, api = xla_sharding.MarkShardingFunction.apply, "MarkShardingFunction.apply"
+    ctx.record("api", api if released is not None else None)
     if released is None:
         return
     n = xla.num_devices()
@@ -105,6 +109,7 @@ def _signature(result) -> dict:
     return costs.check_signature(result.values[costs.SIGNATURES_VALUE][costs.DEFAULT_LABEL], "the body's signature")
 
 
+@pytest.mark.known_bug("mark-sharding-with-gradients-keeps-a-mesh-per-call")
 def test_mark_sharding_with_gradients_loop_holds_gradients_sharded_like_parameters(spmd) -> None:
     """Steady state and the cost baseline judge the loop (the plugin); the gradients must be sharded."""
     result = _run(spmd)
