@@ -85,8 +85,10 @@ STEP_FIELDS = ("compiles", "cache_hits", "executions")
 # device holding most, GC-tracked host objects the loop created. Host objects only judge growth
 # (steady state): their count depends on what was imported before the loop, so it is not baselined.
 # heap_bytes and rss_bytes: what the process holds natively (harness.nativememory), judged by growth only.
-LIVE_FIELDS = ("tensors", "bytes_per_device", "host_objects", "heap_bytes", "rss_bytes")
-BASELINED_LIVE_FIELDS = ("tensors", "bytes_per_device")
+# footprint_bytes: every XLA tensor Python holds after the step, the ones made before the loop too
+# (parameters, tensors made at wrap or load time), on the device holding most; baselined (the band).
+LIVE_FIELDS = ("tensors", "bytes_per_device", "host_objects", "heap_bytes", "rss_bytes", "footprint_bytes")
+BASELINED_LIVE_FIELDS = ("tensors", "bytes_per_device", "footprint_bytes")
 # A compiled step graph's memory per device, from XLA's buffer assignment of the partitioned module.
 GRAPH_MEMORY_FIELDS = ("arguments", "outputs", "temp", "peak")
 
@@ -481,6 +483,11 @@ def _leak(steps: list[Mapping[str, Any]], judged: list[int]) -> str | None:
             f"XLA tensors {before.get('tensors', 0)} -> {after.get('tensors', 0)}"
             + (f" ({_signed(moved)} per device)" if moved else "")
         )
+    if grew_each("footprint_bytes") and not (grew_each("tensors") or grew_each("bytes_per_device")):
+        parts.append(
+            f"device footprint {kib(before['footprint_bytes'])} -> {kib(after['footprint_bytes'])} per device "
+            "(tensors made before the loop included)"
+        )
     if grew_each("host_objects"):
         parts.append(f"host objects {before.get('host_objects', 0)} -> {after['host_objects']}")
     # One step's native growth can be a one-off (a new graph's compilation, an arena malloc keeps):
@@ -640,6 +647,9 @@ def _live_change(before: Mapping[str, int] | None, after: Mapping[str, int] | No
         )
     elif moved:
         parts.add_bytes(f"live after step: {count_b} tensors, {_moved(bytes_a, bytes_b)} per device", bytes_a, bytes_b)
+    held_a, held_b = before.get("footprint_bytes"), after.get("footprint_bytes")
+    if held_a is not None and held_b is not None and held_a != held_b:  # a baseline without it: not compared
+        parts.add_bytes(f"device footprint {_moved(held_a, held_b)} per device", held_a, held_b)
     return parts
 
 

@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import sys
+import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,10 @@ class StepMeter:
         # now (modules, the model, its parameters) moves to the collector's permanent generation,
         # so a collection after each step scans only what the loop made (~0.1 ms, not ~250 ms for
         # a full collection of torch's ~470k objects) and gc.get_objects() lists only that.
+        # The XLA tensors made before the loop (parameters, tensors made at wrap or load time) are
+        # frozen with the rest and so not listed after a step: held here by weak reference, their
+        # bytes join the loop's in the step's device footprint.
+        self.before_loop = [] if host_only else _device_tensors_now()
         self.freezes = _FreezeWatch()
         self.alive: _Alive | None = None
 
@@ -131,6 +136,9 @@ class StepMeter:
             alive.types["objects frozen by the loop (gc.freeze)"] += frozen
         # What the collector cannot see: C++ allocations, untracked objects held by older containers.
         entry["live"] = alive.totals() | nativememory.now()
+        if not self.host_only:
+            held = [tensor for tensor in (ref() for ref in self.before_loop) if tensor is not None]
+            entry["live"]["footprint_bytes"] = alive.device_bytes + _bytes(held)
         if self.alive is not None and index >= self.signature["warmup"]:
             kept = alive.kept_since(self.alive)
             if kept:
@@ -352,6 +360,12 @@ class _FreezeWatch:
                 return 0
             self.seen_freeze = True
         return gc.get_freeze_count() - self.at_start
+
+
+def _device_tensors_now() -> list[weakref.ReferenceType[Any]]:
+    """Weak references to every XLA tensor Python holds now (one pass over the collector's objects,
+    once per meter, before it freezes them)."""
+    return [weakref.ref(obj) for obj in gc.get_objects() if _is_device_tensor(obj)]
 
 
 def _ids_within(roots: Iterable[Any]) -> set[int]:

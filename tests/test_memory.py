@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from harness.costs import kib
 from tests.test_baseline import lit
 
 pytestmark = [
@@ -35,7 +36,7 @@ class ParameterSpec:
     shape: tuple
 
 
-def body_loop(ctx, mode, copies, steps=3):
+def body_loop(ctx, mode, copies, steps=3, hold_before=False):
     import collections
     import ctypes
 
@@ -56,6 +57,9 @@ def body_loop(ctx, mode, copies, steps=3):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     old_container = []  # made before the meter: frozen with everything older, so its items are not listed
     held = torch.zeros(0, device=xla.device())  # an XLA tensor made before the meter
+    # HOLD_BEFORE: a torch_xla that makes every device hold 256 KiB more for the model's life (made at
+    # wrap or load time, before the loop)
+    resident = torch.zeros(65536).to(xla.device()) if hold_before else None
     meter = stepcosts.StepMeter(ctx, parameters=model.parameters(), optimizer=optimizer)
     kept = []
     window = collections.deque(maxlen=3)  # a moving average's last losses
@@ -94,7 +98,13 @@ def body_loop(ctx, mode, copies, steps=3):
 @pytest.mark.parametrize("mode", ["healthy", "keep_tensor", "keep_host", "reset"])
 def test_loop(spmd, mode):
     # GROW_TEMP: the first layer computes its product for eight copies of each row, keeps one.
-    spmd.run(body_loop, mode=mode, copies=8 if os.environ.get("GROW_TEMP") == "1" else 1, fresh=True)
+    spmd.run(
+        body_loop,
+        mode=mode,
+        copies=8 if os.environ.get("GROW_TEMP") == "1" else 1,
+        hold_before=os.environ.get("HOLD_BEFORE") == "1",
+        fresh=True,
+    )
 
 
 @pytest.mark.parametrize("mode", ["healthy", "window", "keep_tensor", "native", "old_container", "outside"])
@@ -107,8 +117,9 @@ def test_long_loop(spmd, mode):
 def suite(pytester, monkeypatch):
     pytester.makepyfile(test_loop=LOOP_CASE)
 
-    def run(*args: str, grow_temp: bool = False) -> pytest.RunResult:
+    def run(*args: str, grow_temp: bool = False, hold_before: bool = False) -> pytest.RunResult:
         monkeypatch.setenv("GROW_TEMP", "1" if grow_temp else "0")
+        monkeypatch.setenv("HOLD_BEFORE", "1" if hold_before else "0")
         return pytester.runpytest_subprocess(
             "--spmd-backend=cpu",
             "--spmd-devices=4",
@@ -179,4 +190,24 @@ def test_six_steps_tell_a_bounded_window_from_a_leak_and_native_growth_fails_nam
         ["*step3..step5 each left more alive * native heap * per step*, resident set +* MiB per step*"]
     )
     # an XLA tensor made before the meter, grown by 128Ki floats per step through .data
-    result.stdout.fnmatch_lines(["*step3..step5 each left more alive * native heap (malloc in use) +* per step*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*step3..step5 each left more alive than the step before: device footprint * -> * per device "
+            "(tensors made before the loop included), native heap (malloc in use) +* per step*"
+        ]
+    )
+
+
+def test_bytes_a_device_holds_for_the_loops_life_fail_the_cost_baseline_as_footprint(suite, pytester):
+    suite("-k", "healthy and not long_loop", "--spmd-update-costs").assert_outcomes(passed=1)
+    entry = json.loads((pytester.path / "costs.json").read_text())["cases"]["test_loop.py::test_loop[healthy]"]
+    footprint = entry["train"]["steps"][2]["live"]["footprint_bytes"]
+    assert footprint > entry["train"]["steps"][2]["live"]["bytes_per_device"], entry  # the parameters count
+    result = suite("-k", "healthy and not long_loop", hold_before=True)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*cost drift: 3 item(s) differ from costs.json*",
+            f"*  step0: device footprint {kib(footprint)} -> {kib(footprint + 65536 * 4)} per device",
+        ]
+    )
