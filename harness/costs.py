@@ -483,7 +483,8 @@ def _leak(steps: list[Mapping[str, Any]], judged: list[int]) -> str | None:
             f"XLA tensors {before.get('tensors', 0)} -> {after.get('tensors', 0)}"
             + (f" ({_signed(moved)} per device)" if moved else "")
         )
-    if grew_each("footprint_bytes") and not (grew_each("tensors") or grew_each("bytes_per_device")):
+    held_before = grew_each("footprint_bytes") and not (grew_each("tensors") or grew_each("bytes_per_device"))
+    if held_before:
         parts.append(
             f"device footprint {kib(before['footprint_bytes'])} -> {kib(after['footprint_bytes'])} per device "
             "(tensors made before the loop included)"
@@ -502,6 +503,8 @@ def _leak(steps: list[Mapping[str, Any]], judged: list[int]) -> str | None:
     if not parts:
         return None
     kept = list(steps[judged[-1]].get("kept") or [])
+    if held_before and not kept:
+        kept = ["the loop made nothing that stayed alive: tensors made before the loop hold more"]
     if native and not kept:
         kept = [
             "nothing the collector tracks grew: C++ allocations (torch_xla, XLA), or objects it does not track "

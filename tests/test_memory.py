@@ -194,6 +194,7 @@ def test_six_steps_tell_a_bounded_window_from_a_leak_and_native_growth_fails_nam
         [
             "*step3..step5 each left more alive than the step before: device footprint * -> * per device "
             "(tensors made before the loop included), native heap (malloc in use) +* per step*"
+            "; the loop made nothing that stayed alive: tensors made before the loop hold more"
         ]
     )
 
