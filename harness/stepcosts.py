@@ -364,8 +364,20 @@ class _FreezeWatch:
 
 def _device_tensors_now() -> list[weakref.ReferenceType[Any]]:
     """Weak references to every XLA tensor Python holds now (one pass over the collector's objects,
-    once per meter, before it freezes them)."""
-    return [weakref.ref(obj) for obj in gc.get_objects() if _is_device_tensor(obj)]
+    once per meter, before it freezes them). A child holds ~430k objects: a Python-level test of
+    each took ~230 ms, so the tensors are picked by their exact types in C (map, compress), ~100 ms
+    with the listing itself, and no object's __class__ is asked (a lazy module's would warn)."""
+    import torch
+
+    tensor_types, todo = set(), [torch.Tensor]
+    while todo:  # torch.Tensor and every subclass defined so far (nn.Parameter, wrappers)
+        kind = todo.pop()
+        if kind not in tensor_types:
+            tensor_types.add(kind)
+            todo += type.__subclasses__(kind)
+    objects = gc.get_objects()
+    candidates = itertools.compress(objects, map(tensor_types.__contains__, map(type, objects)))
+    return [weakref.ref(obj) for obj in candidates if _is_device_tensor(obj)]
 
 
 def _ids_within(roots: Iterable[Any]) -> set[int]:
