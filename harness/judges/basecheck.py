@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from harness import costs
 from harness.config import activation, options
 from harness.errors import HarnessError
 from harness.isolation import protocol
@@ -109,7 +110,12 @@ def judge(
         comparison = basecompare.compare_case(session.base, case_id, judged, signatures)
         if comparison.not_compared is None:
             checked.mark(report, checked.BASE_RUN)
-        finding.update(compared=comparison.not_compared is None, differences=comparison.differences, new=comparison.new)
+        finding.update(
+            compared=comparison.not_compared is None,
+            differences=comparison.differences,
+            new=comparison.new,
+            moved=comparison.moved,
+        )
         if comparison.not_compared:
             finding["not_compared"] = comparison.not_compared
         if comparison.differences:
@@ -118,6 +124,13 @@ def judge(
         if comparison.new:
             report.sections.append(
                 ("new in this build (the base run lacks them; listed, not failed)", "\n".join(comparison.new))
+            )
+        if comparison.moved:
+            report.sections.append(
+                (
+                    f"bytes moved from the base run within the band ({costs.band_text()}) or down (listed, not failed)",
+                    "\n".join(comparison.moved),
+                )
             )
     # On the report itself: pytest copied the item's properties into it before this hook's end.
     report.user_properties.append((PROPERTY, json.dumps(finding, sort_keys=True)))
@@ -159,6 +172,8 @@ def collect(session: CompareSession, report: pytest.TestReport) -> None:
         comparison.differ[case] = finding["failure"]
     if finding.get("new"):
         comparison.new[case] = finding["new"]
+    if finding.get("moved"):
+        comparison.moved[case] = finding["moved"]
     if finding.get("not_compared"):
         comparison.not_compared[case] = finding["not_compared"]
     base_record = session.base.records.get(case)

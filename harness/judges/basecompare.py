@@ -37,6 +37,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from harness import costs
 from harness.costbaseline import CostBaseline
 from harness.errors import DamagedRecord, HarnessUsageError
 from harness.isolation.evidence import headline
@@ -264,6 +265,7 @@ class CaseComparison:
     case: str
     differences: list[str] = dataclasses.field(default_factory=list)  # items that fail it, without the builds
     new: list[str] = dataclasses.field(default_factory=list)  # what the base lacks (listed)
+    moved: list[str] = dataclasses.field(default_factory=list)  # bytes within the band, improvements (listed)
     not_compared: str | None = None  # why the base cannot judge it (the base lacks it, or failed it)
     grids: list[str] = dataclasses.field(default_factory=list)  # device grids of the moves the text hides
 
@@ -297,7 +299,9 @@ def compare_case(
             if label not in record.costs
         ]
         judge_costs = CostBaseline(base.path, base.backend, base.devices, base.torch_xla, {case: dict(record.costs)})
-        result.differences += [printable(str(c)) for c in judge_costs.compare(case, measured) or []]
+        changes = judge_costs.compare(case, measured) or []
+        result.differences += [printable(str(c)) for c in costs.failing(changes)]
+        result.moved += [printable(str(c)) for c in costs.listed(changes)]
     if shardings is not None:
         expected, base_parameters = _split_parameters(record.shardings)
         observed, parameters = _split_parameters(shardings)
@@ -409,6 +413,7 @@ class Comparison:
     not_compared: dict[str, str] = dataclasses.field(default_factory=dict)  # case -> why
     registry: list[str] = dataclasses.field(default_factory=list)  # registry_change lines
     schema: int = COMPARISON_SCHEMA
+    moved: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # case -> byte moves (listed)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=1, allow_nan=False)
@@ -432,7 +437,11 @@ class Comparison:
         for name, check in checks.items():
             if name not in data or not check(data[name]):
                 raise ValueError(f"field {name!r} is {shown(data.get(name))}")
-        return cls(**{name: data[name] for name in (*checks, "schema")})
+        # `moved` came later: a comparison written before it lists no byte moves.
+        moved = data.get("moved", {})
+        if not (isinstance(moved, dict) and all(_strings(x) for x in moved.values())):
+            raise ValueError(f"field 'moved' is {shown(moved)}")
+        return cls(**{name: data[name] for name in (*checks, "schema")}, moved=moved)
 
     def lines(self) -> list[str]:
         """The end-of-run listing (also the report's, in Markdown there)."""
@@ -452,6 +461,11 @@ class Comparison:
                 f"new in this build (listed, not failed): {len(new)} item(s) the base run lacks, in {len(self.new)} "
                 f"case(s); each case's under its result (-rA), all in {runfolder.COMPARISON_NAME}"
             )
+        out += [
+            f"bytes moved (listed, not failed: {costs.band_text()} band): {case}: {item}"
+            for case, items in sorted(self.moved.items())
+            for item in items
+        ]
         out += [f"not compared: {case}: {why}" for case, why in sorted(self.not_compared.items())]
         return [printable(line) for line in out]
 
