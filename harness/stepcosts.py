@@ -408,10 +408,22 @@ def _is_device_tensor(obj: Any) -> bool:
 
     if not issubclass(type(obj), torch.Tensor) or hasattr(obj, "_local_tensor") or hasattr(obj, "global_tensor"):
         return False
+    if _is_tracing_tensor(obj):
+        return False
     try:
         return bool(obj.device.type == "xla")
     except Exception:  # noqa: BLE001 - a tensor subclass without a device is no XLA buffer
         return False
+
+
+def _is_tracing_tensor(obj: Any) -> bool:
+    """A FakeTensor or FunctionalTensor, torch's tracing stand-ins: Dynamo, scan and scan_layers
+    trace through them and leave some alive on device xla (seen on 2.8.0 and 2.9.0). They hold no
+    XLA data, and reading their sharding raises "Expected XLA tensor" ("Check failed: xtensor")."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return isinstance(obj, (FakeTensor, FunctionalTensor))
 
 
 def _counters() -> dict[str, int]:
