@@ -38,6 +38,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.config import options
 from harness.errors import BaselineError, HarnessError
+from harness.isolation import files
 from harness.isolation.backend import Backend
 from harness.schema import shown, unknown_keys
 
@@ -104,7 +105,7 @@ class BaselineFile(Generic[E]):
             return None
         where = f"{cls.KIND} baseline {path}"
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(files.read_text(path))
         except OSError as exc:
             raise cls.ERROR(f"{where} cannot be read ({exc.strerror or exc})") from None
         except ValueError as exc:

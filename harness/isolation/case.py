@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import CaseError, CaseFailed, HarnessUsageError
-from harness.isolation import evidence
+from harness.isolation import evidence, files
 from harness.isolation.backend import Backend
 from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
 from harness.isolation.evidence import headline
@@ -190,8 +190,7 @@ class SpmdRunner:
             return
         self.journal.parent.mkdir(parents=True, exist_ok=True)
         entry = {"spec": dataclasses.asdict(spec), "fresh": fresh, "request": request}
-        with self.journal.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry) + "\n")
+        files.append_line(self.journal, json.dumps(entry))
 
     def _run_in(
         self, child: ChildProcess, spec: ChildSpec, ref: dict[str, str], kwargs: dict[str, Any], timeout: float

@@ -37,6 +37,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.costbaseline import CostBaseline
 from harness.errors import DamagedRecord, HarnessUsageError
+from harness.isolation import files
 from harness.isolation.evidence import headline
 from harness.judges.baseline import Baseline
 from harness.records import runfolder
@@ -357,7 +358,7 @@ def read_comparison(run: Path) -> Comparison | None:
     path = run / runfolder.COMPARISON_NAME
     if not path.is_file():
         return None
-    return Comparison.from_json(path.read_text(encoding="utf-8"))
+    return Comparison.from_json(files.read_text(path))
 
 
 def sorted_unique(values: Iterable[str]) -> list[str]:

@@ -18,6 +18,7 @@ import shutil
 import stat
 from pathlib import Path
 
+from harness.isolation import files
 from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 from harness.records import runfolder
 
@@ -49,7 +50,7 @@ def share_memory_dump_root(run_path: Path) -> bool:
     _remove_stale_roots()
     try:
         root.mkdir(mode=0o700)  # never one that exists: a folder of that name is not this run's
-        (root / OWNER_FILE).write_text(_owner_stamp(os.getpid()) or "")
+        files.create_new(root / OWNER_FILE, _owner_stamp(os.getpid()) or "")
     except OSError:
         return False
     # A run that ends before pytest_configure (a conftest that fails to import, after the
@@ -121,7 +122,7 @@ def _remove_stale_roots() -> None:
             info = path.lstat()
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
                 continue
-            stamp = (path / OWNER_FILE).read_text().split()
+            stamp = files.read_text(path / OWNER_FILE).split()  # a pipe planted there is refused, not waited on
             pid = int(stamp[0])
         except (OSError, ValueError, IndexError):
             continue

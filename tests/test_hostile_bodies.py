@@ -1,0 +1,151 @@
+"""Case bodies that attack the run itself, as a hostile pull request would (fake backend, black-box
+runs): a body runs as the same user as pytest, so it can put a named pipe or a link where the
+harness expects its own file, stop the pytest process, delete a lock, or change its process for the
+case after it. None of it may hang the run, be written through, lose an update or change a
+later case's verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.records import runfolder
+
+pytestmark = pytest.mark.selftest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(pytester: pytest.Pytester, *args: str, timeout: float = 90) -> pytest.RunResult:
+    # A hang is what these tests look for: pytester's timeout turns it into a failure.
+    return pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-rA", *args, timeout=timeout)
+
+
+def only_run_folder(pytester: pytest.Pytester) -> Path:
+    (folder,) = (p for p in (pytester.path / "results").glob("run-*") if not p.is_symlink())
+    return folder
+
+
+# --- a named pipe where the run expects its own file --------------------------------------------
+
+PIPES = """
+import os, pathlib
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def run_folder():
+    (folder,) = (p for p in pathlib.Path("results").glob("run-*") if not p.is_symlink())
+    return folder.absolute()
+
+def pipe_in_place_of(path):
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    os.mkfifo(path)
+
+def body_plants(ctx, target, folder):
+    folder = pathlib.Path(folder)
+    ctx.record_hlo("m", "HloModule m")
+    if target == "manifest":
+        pipe_in_place_of(folder / "run.json")
+    elif target == "verdicts":
+        pipe_in_place_of(folder / "verdicts-main.jsonl")
+    elif target == "journal":
+        pipe_in_place_of(folder / "requests-main.jsonl")
+    elif target == "hlo":
+        pipe_in_place_of(folder / "hlo" / "test_pipes.py_test_a_plants__m.txt")
+    elif target == "log":
+        pipe_in_place_of(os.readlink("/proc/self/fd/2"))
+        raise RuntimeError("the case fails, so its log is read")
+
+def body_ok(ctx):
+    pass
+
+def test_a_plants(spmd):
+    spmd.run(body_ok)  # the run folder exists from here on
+    spmd.run(body_plants, target=os.environ["TARGET"], folder=str(run_folder()))
+
+def test_b_later(spmd):
+    spmd.run(body_ok)
+"""
+
+
+@pytest.mark.parametrize("target", ["manifest", "verdicts", "journal", "hlo", "log"])
+def test_a_named_pipe_planted_in_place_of_a_run_file_does_not_hang_the_run(pytester, monkeypatch, target):
+    pytester.makepyfile(test_pipes=PIPES)
+    monkeypatch.setenv("TARGET", target)
+    result = run(pytester)
+    text = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in text
+    if target == "log":
+        result.assert_outcomes(failed=1, passed=1)
+        result.stdout.fnmatch_lines(["*RuntimeError: the case fails, so its log is read*"])
+    else:
+        result.assert_outcomes(passed=2)
+    folder = only_run_folder(pytester)
+    if target == "manifest":
+        assert result.ret == pytest.ExitCode.TESTS_FAILED
+        result.stdout.fnmatch_lines(["*spmd harness: run.json of run-* was changed while the run's cases ran*"])
+        assert runfolder.read_manifest(folder).status == "finished"  # the pipe was replaced, not opened
+    if target == "hlo":
+        kept = folder / "hlo" / "test_pipes.py_test_a_plants__m.txt"
+        assert kept.is_file() and kept.read_text() == "HloModule m"
+
+
+STALE_OWNER = """
+import os, sys
+from pathlib import Path
+from harness.run import dumproot
+
+dumproot.MEMORY_FOLDER = Path(sys.argv[1])
+dumproot._remove_stale_roots()
+print("swept")
+"""
+
+
+def test_a_named_pipe_as_a_stale_dump_roots_owner_stamp_does_not_hang_the_next_run(tmp_path: Path):
+    # Not in the real /dev/shm: other runs of this user on the machine would sweep it too.
+    stale = tmp_path / f"spmd-xla-dumps-{os.getuid()}-run-20260101-000000-p1"
+    stale.mkdir()
+    os.mkfifo(stale / ".owner")
+    proc = subprocess.run(
+        [sys.executable, "-c", STALE_OWNER, str(tmp_path)], capture_output=True, text=True, timeout=30, cwd=REPO_ROOT
+    )
+    assert proc.stdout.strip() == "swept", proc.stderr
+    assert stale.is_dir(), "a root whose owner cannot be read is left alone"
+
+
+# --- a body that stops the pytest process waiting for its verdict -------------------------------
+
+STOPS = """
+import os, signal
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_ok(ctx):
+    pass
+
+def body_stops(ctx, pid):
+    os.kill(pid, signal.SIGSTOP)
+
+def test_a_stops_pytest(spmd):
+    spmd.run(body_stops, pid=os.getpid())  # the pytest process (an xdist worker) that waits for the verdict
+
+def test_b_later(spmd):
+    spmd.run(body_ok)
+"""
+
+
+@pytest.mark.parametrize("workers", [None, "2"])
+def test_a_body_that_stops_the_pytest_process_does_not_stop_the_run(pytester, workers):
+    pytester.makepyfile(test_stops=STOPS)
+    result = run(pytester, *(("-n", workers) if workers else ()), timeout=60)
+    result.assert_outcomes(passed=2)
