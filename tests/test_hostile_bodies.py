@@ -7,6 +7,7 @@ later case's verdict.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -149,3 +150,55 @@ def test_a_body_that_stops_the_pytest_process_does_not_stop_the_run(pytester, wo
     pytester.makepyfile(test_stops=STOPS)
     result = run(pytester, *(("-n", workers) if workers else ()), timeout=60)
     result.assert_outcomes(passed=2)
+
+
+# --- a body that deletes the baseline's lock while another update run holds it ------------------
+
+DELETES_LOCK = """
+import os, pathlib
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body(ctx, lock):
+    ctx.record_sharding("w", "{replicated}")
+    if lock:
+        pathlib.Path(lock).unlink()
+
+def test_b(spmd):
+    spmd.run(body, lock=os.environ.get("DELETE_LOCK", ""))
+"""
+
+
+def test_a_body_deleting_the_baseline_lock_while_another_update_run_holds_it_loses_no_entry(pytester, monkeypatch):
+    """Update run A holds the lock and has read the file; a case of update run B deletes the lock,
+    then B locks a new lock file and writes its entry. A must not overwrite it."""
+    from harness import baselinefile
+    from harness.judges.baseline import Baseline
+
+    pytester.makepyfile(test_deleter=DELETES_LOCK)
+    monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", "2.9.0")
+    update = ("--spmd-shardings-baseline=shardings.json", "--spmd-update-shardings")
+    run(pytester, *update).assert_outcomes(passed=1)  # the file, taken once
+    path = pytester.path / "shardings.json"
+    taken = json.loads(path.read_text())
+    path.write_text(json.dumps({**taken, "cases": {}}))  # test_b's entry is B's to write again
+    other_run: list[pytest.RunResult] = []
+
+    def load_then_let_b_run() -> Baseline | None:
+        found = Baseline.load(path, taken["backend"], taken["devices"])
+        if not other_run:
+            monkeypatch.setenv("DELETE_LOCK", str(path.with_name("shardings.json.lock")))
+            other_run.append(run(pytester, *update))
+        return found
+
+    baselinefile.rewrite(
+        path,
+        "sharding",
+        "--spmd-update-shardings",
+        load_then_let_b_run,
+        lambda: Baseline.empty(path, taken["backend"], taken["devices"]),
+        {"test_a.py::test_a": ({"w": "{replicated}"}, "2.9.0")},
+    )
+    other_run[0].assert_outcomes(passed=1)
+    assert sorted(json.loads(path.read_text())["cases"]) == ["test_a.py::test_a", "test_deleter.py::test_b"]
