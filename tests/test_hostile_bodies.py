@@ -202,3 +202,80 @@ def test_a_body_deleting_the_baseline_lock_while_another_update_run_holds_it_los
     )
     other_run[0].assert_outcomes(passed=1)
     assert sorted(json.loads(path.read_text())["cases"]) == ["test_a.py::test_a", "test_deleter.py::test_b"]
+
+
+# --- a body that changes its process for the case after it in the same child ---------------------
+
+LEAVES_STATE = """
+import os, signal, sys
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+UMASK = os.umask(0o022)  # the run's (children inherit it)
+os.umask(UMASK)
+
+def body_changes(ctx):
+    os.umask(0o077 if UMASK != 0o077 else 0o027)
+    os.environ["XLA_DISABLE_FUNCTIONALIZATION"] = "1"
+    os.environ["LEFT_BY_A"] = "1"
+    os.putenv(b"LEFT_NATIVELY", b"1")  # what native code's setenv does: os.environ does not see it
+    os.chdir("/")
+    sys.path.insert(0, "/left/by/a")
+
+def body_signals(ctx):
+    signal.signal(signal.SIGUSR1, lambda *_: None)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2])
+
+def body_monkeypatches(ctx):
+    os.getpid = lambda: 1
+
+def body_looks(ctx):
+    import ctypes
+    mask = os.umask(0o022)
+    os.umask(mask)
+    ctx.record("seen", {
+        "bodies_before": ctx.bodies_before,
+        "umask": mask,
+        "functionalization": ctx.functionalization,
+        "left": os.environ.get("LEFT_BY_A"),
+        "native": ctypes.CDLL(None).getenv(b"LEFT_NATIVELY") != 0,
+        "cwd_is_root": os.getcwd() == "/",
+        "path": sys.path[0],
+        "handler": signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL,
+        "blocked": signal.SIGUSR2 in signal.pthread_sigmask(signal.SIG_BLOCK, []),
+        "getpid": os.getpid() != 1,
+    })
+
+def test_a_changes(spmd):
+    spmd.run(body_changes)
+
+def test_b_looks(spmd):
+    seen = spmd.run(body_looks).values["seen"]
+    assert seen["bodies_before"] == 1, "not run in the child test_a used: nothing was tested"
+    assert seen == {**seen, "umask": UMASK, "functionalization": True, "left": None, "native": False,
+                    "cwd_is_root": False}, seen
+    assert seen["path"] != "/left/by/a"
+
+def test_c_signals(spmd):
+    spmd.run(body_signals)
+
+def test_d_looks(spmd):
+    seen = spmd.run(body_looks).values["seen"]
+    assert seen["handler"] and not seen["blocked"], seen
+    assert seen["bodies_before"] == 3, "signal handlers put back: the child is reused"
+
+def test_e_monkeypatches(spmd):
+    result = spmd.run(body_monkeypatches, check=False)
+    assert not result.reusable and "os.getpid" in result.poisoned, result.poisoned
+
+def test_f_looks(spmd):
+    seen = spmd.run(body_looks).values["seen"]
+    assert seen["getpid"] and seen["bodies_before"] == 0, seen
+"""
+
+
+def test_a_warm_child_starts_the_next_case_as_it_was_before_the_body(pytester):
+    pytester.makepyfile(test_state=LEAVES_STATE)
+    result = run(pytester, "-p", "no:randomly")
+    result.assert_outcomes(passed=6)
