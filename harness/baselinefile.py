@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import json
 import os
 import shlex
 import tempfile
@@ -40,7 +39,7 @@ from harness.config import options
 from harness.errors import BaselineError, HarnessError
 from harness.isolation import files
 from harness.isolation.backend import Backend
-from harness.schema import shown, unknown_keys
+from harness.schema import load_json, shown, unknown_keys
 
 LOCK_ATTEMPTS = 5  # a lock file that keeps vanishing under the update: refused after this many tries
 LOCK_TIMEOUT_S = 60.0  # a concurrent writer holds the lock for a read and a write: far less than this
@@ -106,7 +105,7 @@ class BaselineFile(Generic[E]):
             return None
         where = f"{cls.KIND} baseline {path}"
         try:
-            data = json.loads(files.read_text(path))
+            data = load_json(files.read_text(path))
         except OSError as exc:
             raise cls.ERROR(f"{where} cannot be read ({exc.strerror or exc})") from None
         except ValueError as exc:

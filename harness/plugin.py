@@ -167,9 +167,20 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if config.stash.get(EARLY_KEY, False) or (workerinput or {}).get(WORKERINPUT_ACTIVE_KEY):
         session.activate(config)
-    elif _names_input_files(config) and not getattr(config.option, "help", False):
-        load_inputs(session, config)  # a file the user named is checked now, in the xdist controller too
+    elif (_names_input_files(config) or _distributes(config, workerinput)) and not getattr(
+        config.option, "help", False
+    ):
+        # A file the user named is checked now, in the xdist controller too; so is a default file
+        # the workers would read: a worker's usage error ends the run as "no tests ran", naming nothing.
+        load_inputs(session, config)
+        if _distributes(config, workerinput):
+            config.stash[costcheck.SESSION_KEY].read_unless_probed()
     basecheck.configure(config, session.backend, session.run.path)  # only with --spmd-compare
+
+
+def _distributes(config: pytest.Config, workerinput: Any) -> bool:
+    """This process is the controller of xdist workers."""
+    return workerinput is None and options.xdist_distributes(config.option)
 
 
 def _names_input_files(config: pytest.Config) -> bool:

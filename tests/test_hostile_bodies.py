@@ -279,3 +279,67 @@ def test_a_warm_child_starts_the_next_case_as_it_was_before_the_body(pytester):
     pytester.makepyfile(test_state=LEAVES_STATE)
     result = run(pytester, "-p", "no:randomly")
     result.assert_outcomes(passed=6)
+
+
+# --- files nested too deeply to read, a damaged default baseline under xdist ---------------------
+
+ONE_CASE = """
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body(ctx):
+    ctx.record_sharding("w", "{replicated}")
+
+def test_a(spmd):
+    spmd.run(body)
+
+def test_b(spmd):
+    spmd.run(body)
+    assert False, "test_b fails"
+"""
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_a_base_run_record_nested_too_deeply_is_a_usage_error_naming_it(pytester):
+    pytester.makepyfile(test_one=ONE_CASE)
+    run(pytester, "--spmd-results-dir=base").assert_outcomes(passed=1, failed=1)
+    (base,) = (pytester.path / "base").glob("run-*")
+    with (base / "verdicts-main.jsonl").open("a") as fh:
+        fh.write(DEEP + "\n")
+    result = run(pytester, "--spmd-compare=base", "--spmd-results-dir=pr")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines(
+        ["*--spmd-compare: base run * holds a damaged record: *verdicts-main.jsonl:3: *nested too deeply*"]
+    )
+
+
+def test_the_report_of_a_run_whose_verdicts_hold_a_line_nested_too_deeply_still_counts_and_fails(pytester):
+    pytester.makepyfile(test_one=ONE_CASE)
+    run(pytester).assert_outcomes(passed=1, failed=1)
+    folder = only_run_folder(pytester)
+    with (folder / "verdicts-main.jsonl").open("a") as fh:
+        fh.write(DEEP + "\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.report", str(folder), "--pytest-exit-status", "1", "--annotate"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "::error title=SPMD regression%3A test_one.py%3A%3Atest_b::" in proc.stdout, proc.stdout
+    assert "2 cases: 1 passed, 1 failed" in proc.stdout + proc.stderr, proc.stdout
+    assert "1 damaged record line(s)" in proc.stdout + proc.stderr
+    assert (folder / "summary.md").is_file()
+
+
+def test_a_damaged_default_sharding_baseline_under_xdist_is_the_usage_error_serial_gives(pytester):
+    pytester.makepyfile(test_one=ONE_CASE)
+    (pytester.path / "baselines" / "shardings").mkdir(parents=True)
+    (pytester.path / "baselines" / "shardings" / "fake-4.json").write_text('{"backend": "fake", "dev')
+    for workers in ((), ("-n", "2")):
+        result = run(pytester, *workers)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, (workers, result.stdout.str() + result.stderr.str())
+        result.stderr.fnmatch_lines(["ERROR: sharding baseline */baselines/shardings/fake-4.json is not valid JSON*"])

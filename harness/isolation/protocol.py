@@ -166,7 +166,10 @@ def decode(line: bytes) -> Any:
 
 def strict_loads(data: bytes) -> Any:
     """UTF-8 JSON without NaN or Infinity; UnicodeDecodeError or ValueError otherwise."""
-    return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError("its JSON is nested too deeply to be read") from None
 
 
 def _reject_constant(name: str) -> Any:

@@ -43,7 +43,7 @@ from harness.judges.baseline import Baseline
 from harness.records import runfolder
 from harness.records.results import CaseRecord, read_records, suite_exit_problem
 from harness.registry import JudgementKind
-from harness.schema import shown
+from harness.schema import load_json, shown
 from harness.sharding import canonical_text
 
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
@@ -314,7 +314,7 @@ class Comparison:
     @classmethod
     def from_json(cls, text: str) -> Comparison:
         """Strict: a file of the wrong shape is a ValueError naming the field."""
-        data = json.loads(text)
+        data = load_json(text)
         if not isinstance(data, dict) or data.get("schema") != COMPARISON_SCHEMA:
             raise ValueError(f"not a comparison of schema {COMPARISON_SCHEMA}")
         checks: dict[str, Any] = {

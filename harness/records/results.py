@@ -23,7 +23,7 @@ from harness.errors import DamagedRecord
 from harness.isolation import files
 from harness.isolation.processes import describe_exit
 from harness.records import runfolder
-from harness.schema import shown
+from harness.schema import load_json, shown
 
 # The shape of a CaseRecord line; readers can refuse what they do not know.
 RECORD_SCHEMA = 2
@@ -229,7 +229,7 @@ def read_records(
                 if not line.strip():
                     continue
                 try:
-                    data = json.loads(line)
+                    data = load_json(line)
                     if isinstance(data, dict) and "amends" in data:
                         apply_amendment(records, data)
                     else:
@@ -241,7 +241,7 @@ def read_records(
                             exc
                             if isinstance(exc, DamagedRecord)
                             else f"not JSON ({exc})"
-                            if isinstance(exc, json.JSONDecodeError)
+                            if isinstance(exc, ValueError)
                             else f"not a case record ({exc!r})"
                         )
                         raise DamagedRecord(f"{path}:{number}: {why}") from None

@@ -46,6 +46,7 @@ from typing import Any
 
 from harness.errors import HarnessUsageError
 from harness.isolation import files
+from harness.schema import load_json
 
 MANIFEST_NAME = "run.json"
 LATEST_NAME = "latest"
@@ -146,7 +147,7 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> Manifest:
         """Strict: a manifest of the wrong shape is a ValueError naming the field."""
-        data = json.loads(text)
+        data = load_json(text)
         if not isinstance(data, dict):
             raise ValueError("the manifest is not a JSON object")
         fields = {f.name: f for f in dataclasses.fields(cls)}
