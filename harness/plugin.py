@@ -136,6 +136,9 @@ def pytest_configure_node(node: Any) -> None:
     harness = node.config.stash[SESSION_KEY]
     node.workerinput[WORKERINPUT_RUN_KEY] = harness.run.to_workerinput()
     node.workerinput[WORKERINPUT_ACTIVE_KEY] = harness.active
+    base = basecheck.to_workerinput(node.config)
+    if base is not None:
+        node.workerinput[basecheck.WORKERINPUT_KEY] = base
     servers = node.config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         node.workerinput[runservers.WORKERINPUT_KEY] = runservers.addresses_to_workerinput(servers.addresses())

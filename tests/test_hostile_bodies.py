@@ -343,3 +343,47 @@ def test_a_damaged_default_sharding_baseline_under_xdist_is_the_usage_error_seri
         result = run(pytester, *workers)
         assert result.ret == pytest.ExitCode.USAGE_ERROR, (workers, result.stdout.str() + result.stderr.str())
         result.stderr.fnmatch_lines(["ERROR: sharding baseline */baselines/shardings/fake-4.json is not valid JSON*"])
+
+
+# --- a body that edits the base run, then kills its xdist worker so a new one starts ------------
+
+EDITS_BASE = """
+import json, os, pathlib, signal
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body(ctx, spec):
+    ctx.record_sharding("w", spec)
+
+def body_forges(ctx, base, spec, worker):
+    for verdicts in pathlib.Path(base).glob("run-*/verdicts-*.jsonl"):
+        records = [json.loads(line) for line in verdicts.read_text().splitlines() if line.strip()]
+        for record in records:
+            if record["nodeid"].endswith("test_b"):
+                record["shardings"] = {"w": spec}
+        verdicts.write_text("".join(json.dumps(r) + "\\n" for r in records))
+    os.kill(worker, signal.SIGKILL)
+
+def test_a(spmd):
+    if os.environ.get("FORGE") and not os.path.exists("forged"):  # once: xdist may run test_a again
+        pathlib.Path("forged").touch()
+        spmd.run(body_forges, base=os.path.abspath("base"), spec=os.environ["SPEC_B"], worker=os.getpid())
+    spmd.run(body, spec="{replicated}")
+
+def test_b(spmd):
+    spmd.run(body, spec=os.environ["SPEC_B"])
+"""
+
+
+def test_a_restarted_xdist_worker_holds_its_cases_to_the_base_the_run_read_at_its_start(pytester, monkeypatch):
+    pytester.makepyfile(test_edits=EDITS_BASE)
+    monkeypatch.setenv("SPEC_B", "{replicated}")
+    run(pytester, "--spmd-results-dir=base").assert_outcomes(passed=2)
+    monkeypatch.setenv("SPEC_B", "{devices=[4,1]0,1,2,3}")  # the regression the base must catch
+    monkeypatch.setenv("FORGE", "1")
+    result = run(pytester, "--spmd-results-dir=pr", "--spmd-compare=base", "-n", "2", "--dist=loadfile")
+    text = result.stdout.str()
+    assert "replacing crashed worker" in text, "the body did not kill its worker: nothing was tested"
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["FAILED test_edits.py::test_b*"])
