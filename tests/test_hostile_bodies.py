@@ -387,3 +387,48 @@ def test_a_restarted_xdist_worker_holds_its_cases_to_the_base_the_run_read_at_it
     assert "replacing crashed worker" in text, "the body did not kill its worker: nothing was tested"
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["FAILED test_edits.py::test_b*"])
+
+
+# --- text of the code under test where it reaches Markdown or the runner ------------------------
+
+
+def test_a_records_torch_xla_text_cannot_restyle_or_hide_the_summary(pytester, monkeypatch):
+    pytester.makepyfile(test_one=ONE_CASE)
+    monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", "2.9.0\n## ✅ all green ![x](https://example.com/x.png) <!--")
+    run(pytester).assert_outcomes(passed=1, failed=1)
+    folder = only_run_folder(pytester)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.report", str(folder), "--pytest-exit-status", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    summary = (folder / "summary.md").read_text()
+    assert "<!--" not in summary and "![x](" not in summary, summary
+    assert not any(line.startswith("## ✅") for line in summary.splitlines()), summary
+    assert "| test\\_b | ❌ failed" in summary, proc.stdout + proc.stderr  # the tables are not hidden
+
+
+def test_a_wheel_name_cannot_stop_the_runners_commands(tmp_path: Path):
+    for name in ("torch-##[stop-commands]x-cp311-cp311-linux_x86_64.whl", "torch_xla-1-cp311-cp311-linux_x86_64.whl"):
+        (tmp_path / name).touch()
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.wheeltags", str(tmp_path), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 2 and "is not a wheel filename" in proc.stderr, proc.stderr
+    assert "##[" not in proc.stdout + proc.stderr
+    (tmp_path / "torch-1-cp311-cp311-linux_x86_64.whl").touch()
+    script = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "ci-spmd.sh"), "--wheels", str(tmp_path), "--venv", str(tmp_path / "v")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GITHUB_")},
+    )
+    assert "expected one torch-*.whl" in script.stderr + script.stdout, script.stderr
+    assert "##[" not in script.stdout + script.stderr
