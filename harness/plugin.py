@@ -30,7 +30,7 @@ from harness.isolation.evidence import headline
 from harness.judges import basecheck, costcheck, registrycheck, shardingcheck
 from harness.judges.registrycheck import ENTRIES_KEY, RUNNER_KEY, JudgedCase
 from harness.records import results, runfolder
-from harness.run import writing
+from harness.run import caseuser, writing
 from harness.run.dumproot import remove_dump_root
 from harness.run.session import (
     EARLY_KEY,
@@ -163,6 +163,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _register_markers(config)
+    caseuser.configure(config)  # before any child starts
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
     shardingcheck.configure(config, session.backend)

@@ -432,3 +432,66 @@ def test_a_wheel_name_cannot_stop_the_runners_commands(tmp_path: Path):
     )
     assert "expected one torch-*.whl" in script.stderr + script.stdout, script.stderr
     assert "##[" not in script.stdout + script.stderr
+
+
+# --- case children as a user of their own (--spmd-case-user, a run with root) --------------------
+
+AS_USER = """
+import os, signal
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body(ctx, pid, manifest):
+    tried = {}
+    for what, attempt in (
+        ("manifest", lambda: open(manifest, "a")),
+        ("checkout", lambda: open(__file__, "a")),
+        ("signal", lambda: os.kill(pid, signal.SIGSTOP)),
+    ):
+        try:
+            attempt()
+            tried[what] = "done"
+        except OSError as exc:
+            tried[what] = type(exc).__name__
+    ctx.record("seen", {"uid": os.geteuid(), "tried": tried})
+
+def test_u(spmd):
+    (folder,) = [p for p in os.scandir("results") if p.name.startswith("run-") and not p.is_symlink()]
+    seen = spmd.run(body, pid=os.getpid(), manifest=os.path.abspath(os.path.join(folder.path, "run.json"))).values["seen"]
+    assert seen["uid"] != 0 and set(seen["tried"].values()) == {"PermissionError"}, seen
+"""
+
+
+def test_the_run_header_says_whether_cases_are_isolated(pytester):
+    pytester.makepyfile(test_one=ONE_CASE)
+    result = run(pytester)
+    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+    result.stdout.fnmatch_lines([f"cases run as pytest's own user ({who}): unisolated, a case body can write*"])
+    refused = run(pytester, "--spmd-case-user=no-such-user-here")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*--spmd-case-user=no-such-user-here: no such user on this machine*"])
+
+
+def readable_by_others(path: Path) -> bool:
+    """Every folder down to path can be entered by any user (the case user must reach Python)."""
+    return all(p.stat().st_mode & 0o001 for p in [path, *path.parents] if p.is_dir())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a run with root can run its cases as another user")
+@pytest.mark.skipif(
+    not readable_by_others(Path(sys.base_prefix)) or not readable_by_others(REPO_ROOT),
+    reason="this machine's Python or checkout is not readable by other users (e.g. under /root)",
+)
+def test_a_case_run_as_the_case_user_cannot_write_the_runs_files_nor_signal_it(tmp_path: Path):
+    tmp_path.chmod(0o755)
+    (tmp_path / "test_u.py").write_text(AS_USER)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--spmd-backend=fake", "-p", "no:cacheprovider", "--spmd-case-user=nobody"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cases run as user nobody" in proc.stdout

@@ -30,6 +30,7 @@ import os
 import resource
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -459,10 +460,28 @@ def linger() -> None:
         pass  # the body closed stdin: nothing to wait on
 
 
+def drop_to_case_user() -> None:
+    """Become the case user the run names (--spmd-case-user), before anything of the case runs:
+    it can write nothing the run reads and signal none of the run's processes. The descriptors
+    the child needs (stdio, its log, the result pipe, the lifeline) are open already. HOME
+    becomes a folder of its own: root's is not the case user's to write (caches, jax's config)."""
+    user = os.environ.get(protocol.CASE_USER_ENV, "")
+    if not user:
+        return
+    uid, gid = (int(part) for part in user.split(":"))
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    home = tempfile.mkdtemp(prefix="spmd-case-home-")
+    os.environ["HOME"] = home
+    os.environ.pop("XDG_CACHE_HOME", None)
+
+
 def main() -> int:
     global KEEPER_PID
     keeper = os.environ.pop(protocol.KEEPER_PID_ENV, "")
     KEEPER_PID = int(keeper) if keeper.isdigit() else None
+    drop_to_case_user()
     start_watchdog()
     # A crash or a SIGTERM on timeout writes every thread's Python stack into the log.
     faulthandler.enable(all_threads=True)
