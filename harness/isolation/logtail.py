@@ -60,8 +60,8 @@ def tail_file(
             start = max(since, end - TAIL_READ_BYTES)
             fh.seek(start)
             text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return f"(no log at {path})"
+    except OSError as exc:  # missing, or a pipe or link a case put in its place (never waited on)
+        return f"(no log at {path}: {exc.strerror or exc})"
     if start > since and "\n" in text:  # the window starts mid-line: drop that partial line
         text = "[... earlier part of the log cut ...]\n" + text.split("\n", 1)[1]
     return tail_text(fold(text) if fold else text, lines, max_bytes)
