@@ -106,6 +106,17 @@ def test_a_named_pipe_planted_in_place_of_a_run_file_does_not_hang_the_run(pytes
         assert kept.is_file() and kept.read_text() == "HloModule m"
 
 
+def test_a_named_pipe_in_place_of_the_manifest_under_xdist_fails_the_run_it_does_not_hang(pytester, monkeypatch):
+    """The xdist controller never ran a case itself: it must still close the run, and fail it."""
+    pytester.makepyfile(test_pipes=PIPES)
+    monkeypatch.setenv("TARGET", "manifest")
+    result = run(pytester, "-n", "2")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*spmd harness: run.json of run-* was changed while the run's cases ran*"])
+    assert runfolder.read_manifest(only_run_folder(pytester)).status == "finished"
+
+
 STALE_OWNER = """
 import os, sys
 from pathlib import Path

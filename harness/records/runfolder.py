@@ -232,7 +232,9 @@ class RunFolder:
         )
 
     def exists(self) -> bool:
-        return _is_real_folder(self.path) and _is_real_file(self.manifest_path)
+        """The run made its folder (a process of this run claimed it). Not the manifest's word: a
+        case can delete it or put a pipe in its place, and the run must still be closed and fail."""
+        return _is_real_folder(self.path)
 
     def opening_manifest(self) -> Manifest:
         """The manifest as claim() writes it: the same in every process of the run."""
