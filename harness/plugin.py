@@ -11,6 +11,7 @@ never imports torch or torch_xla.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Generator, Iterator
@@ -24,7 +25,7 @@ from harness.config import activation, options
 from harness.config.backends import make_backend
 from harness.config.requirements import unmet_needs
 from harness.errors import HarnessError, RegistryError
-from harness.isolation import runservers
+from harness.isolation import files, runservers
 from harness.isolation.case import SpmdRunner
 from harness.isolation.evidence import headline
 from harness.judges import basecheck, costcheck, registrycheck, shardingcheck
@@ -164,6 +165,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     _register_markers(config)
     caseuser.configure(config)  # before any child starts
+    config.pluginmanager.register(_JunitGuard(), "spmd_junit_guard")
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
     shardingcheck.configure(config, session.backend)
@@ -228,6 +230,19 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             problems.append(f"{item.nodeid}: {exc}")
     if problems:
         raise pytest.UsageError("known-bug registry:\n  " + "\n  ".join(dict.fromkeys(problems)))
+
+
+class _JunitGuard:
+    """pytest's junitxml opens its file with a plain open() at the session's end: a named pipe a
+    case put there (results/junit.xml is the case's to write) would hang the run. Runs first."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        harness = session.config.stash.get(SESSION_KEY, None)
+        xmlpath = getattr(session.config.option, "xmlpath", None)
+        if harness is not None and xmlpath and (harness.active or harness.run.exists()):
+            with contextlib.suppress(OSError):
+                files.clear_for_writer(xmlpath)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

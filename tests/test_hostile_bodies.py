@@ -117,6 +117,28 @@ def test_a_named_pipe_in_place_of_the_manifest_under_xdist_fails_the_run_it_does
     assert runfolder.read_manifest(only_run_folder(pytester)).status == "finished"
 
 
+JUNIT_PIPE = """
+import os
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body(ctx, path):
+    os.mkfifo(path)
+
+def test_a(spmd):
+    spmd.run(body, path=os.path.abspath("results/junit.xml"))
+"""
+
+
+def test_a_named_pipe_in_place_of_the_junit_file_does_not_hang_the_run(pytester):
+    pytester.makepyfile(test_junit=JUNIT_PIPE)
+    (pytester.path / "results").mkdir()
+    result = run(pytester, "--junitxml=results/junit.xml", timeout=60)
+    result.assert_outcomes(passed=1)
+    assert (pytester.path / "results" / "junit.xml").is_file()
+
+
 STALE_OWNER = """
 import os, sys
 from pathlib import Path

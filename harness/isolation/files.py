@@ -92,3 +92,14 @@ def replace_file(path: Path, text: str) -> None:
         pass
     create_new(temp, text)
     os.replace(temp, path)
+
+
+def clear_for_writer(path: str | os.PathLike[str]) -> None:
+    """Remove what a case put where another program will open a file for writing (a pipe it
+    would block on, a link it would write through); a regular file, or nothing, is left as is."""
+    try:
+        kind = stat.S_IFMT(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return
+    if kind not in (stat.S_IFREG, stat.S_IFDIR):
+        os.unlink(path)
