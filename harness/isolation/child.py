@@ -352,6 +352,12 @@ def run_request(request: protocol.Request) -> protocol.ChildAnswer:
         ctx.poison(f"waiting for the body's device work raised {type(exc).__name__}")
     unquiet = state.unquiet()
     problems = state.restore() + unquiet + ctx.poisoned
+    if problems:  # in the child's log: why the next case gets a new child
+        print(
+            f"[harness] case {request.case}: this child is not reused: {'; '.join(problems)}",
+            file=sys.stderr,
+            flush=True,
+        )
     return protocol.ChildAnswer(
         id=request.id,
         case=request.case,
