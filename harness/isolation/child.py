@@ -20,6 +20,7 @@ cannot be charged to an innocent case.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import gc
 import importlib
@@ -352,12 +353,10 @@ def run_request(request: protocol.Request) -> protocol.ChildAnswer:
         ctx.poison(f"waiting for the body's device work raised {type(exc).__name__}")
     unquiet = state.unquiet()
     problems = state.restore() + unquiet + ctx.poisoned
-    if problems:  # in the child's log: why the next case gets a new child
-        print(
-            f"[harness] case {request.case}: this child is not reused: {'; '.join(problems)}",
-            file=sys.stderr,
-            flush=True,
-        )
+    if problems:  # in the child's log: why the next case gets a new child (when the body left stderr open)
+        with contextlib.suppress(OSError, ValueError):
+            print(f"[harness] case {request.case}: this child is not reused: {'; '.join(problems)}", file=sys.stderr)
+            sys.stderr.flush()
     return protocol.ChildAnswer(
         id=request.id,
         case=request.case,
