@@ -133,15 +133,40 @@ def assert_same_numbers(a, b) -> None:
     ), f"the change must keep the numbers: {a.values['losses']} vs {b.values['losses']}"
 
 
+def assert_healthy(result) -> None:
+    """The unchanged loop must pass the detector first: on a build where it does not, the planted
+    change cannot be told apart, and the build's own change is what the other failures name."""
+    problems = costs.steady_state_problems(signature_of(result))
+    assert problems == [], (
+        "this build's unchanged two-layer FSDPv2 loop already fails the steady-state detector, so the "
+        "detector's self-test cannot tell its planted change apart (the build's own change is what the "
+        f"other failures of this run name): {'; '.join(problems)}"
+    )
+
+
+def assert_each_step_named(problems: list[str], change: str) -> None:
+    """The detector names each step after its warm-up once, for the change planted in the loop."""
+    expected = [f"step{i}" for i in range(2, STEPS)]
+    assert [p.split(" ", 1)[0] for p in problems] == expected, (
+        f"the steady-state detector should report {change} once at {', '.join(expected)} (after its 2-step "
+        f"warm-up); on this build it reported {len(problems)} problem(s): {'; '.join(problems) or 'none'}"
+    )
+
+
 def test_steady_state_detector_catches_a_graph_per_step(spmd) -> None:
     healthy = spmd.run(body_two_layer_fsdpv2, steps=STEPS, fresh=True)
     retracing = spmd.run(body_two_layer_fsdpv2, steps=STEPS, rotate_input_sharding=True, fresh=True)
     assert_same_numbers(healthy, retracing)
-    assert costs.steady_state_problems(signature_of(healthy)) == [], "a healthy loop must pass the detector"
+    assert_healthy(healthy)
     steps = signature_of(retracing)["steps"]
-    assert [s["compiles"] for s in steps] == [1] * STEPS, f"the change must compile a graph every step: {steps}"
+    compiles = [s["compiles"] for s in steps]
+    assert compiles == [1] * STEPS, (
+        f"the planted change (the batch's sharding moves every step) should compile one graph per step; on this "
+        f"build the loop compiled {compiles} graphs at steps 0-{STEPS - 1}, so the build's own change (the other "
+        "failures of this run name it) hides what the self-test plants"
+    )
     problems = costs.steady_state_problems(signature_of(retracing))
-    assert [p.split(" ", 1)[0] for p in problems] == [f"step{i}" for i in range(2, STEPS)], problems
+    assert_each_step_named(problems, "a graph compiled per step")
     # What differs is named: the batch's input sharding, replicated at step 1, columns cut at step 2.
     assert "{replicated} -> " in problems[0] and "parameter(" in problems[0], problems[0]
 
@@ -150,7 +175,10 @@ def test_cost_baseline_catches_communication_that_changes_no_sharding(spmd) -> N
     before = spmd.run(body_two_layer_fsdpv2, steps=STEPS, fresh=True)
     after = spmd.run(body_two_layer_fsdpv2, steps=STEPS, gather_twice=True, fresh=True)
     assert_same_numbers(before, after)
-    assert before.shardings == after.shardings, "the change must leave every recorded sharding as it was"
+    assert before.shardings == after.shardings, (
+        "the planted change (a block gathering its weight twice) should move no recorded sharding; on this build "
+        "the two loops record different shardings, so the build's own change hides what the self-test plants"
+    )
     base = CostBaseline(
         None, "cpu", 0, "2.9.0", {"case": {costs.DEFAULT_LABEL: costs.comparable(signature_of(before))}}
     )  # type: ignore[arg-type]  # no file: only compare() is used
@@ -164,11 +192,11 @@ def test_steady_state_detector_catches_a_tensor_kept_per_step(spmd) -> None:
     healthy = spmd.run(body_two_layer_fsdpv2, steps=STEPS, fresh=True)
     leaking = spmd.run(body_two_layer_fsdpv2, steps=STEPS, keep_tensor_per_step=True, fresh=True)
     assert_same_numbers(healthy, leaking)
-    assert costs.steady_state_problems(signature_of(healthy)) == [], "a healthy loop must pass the detector"
+    assert_healthy(healthy)
     live = [step["live"]["tensors"] for step in signature_of(leaking)["steps"]]
     assert live[1:] == [live[1] + n for n in range(STEPS - 1)], f"one tensor more alive per step: {live}"
     problems = costs.steady_state_problems(signature_of(leaking))
-    assert [p.split(" ", 1)[0] for p in problems] == [f"step{i}" for i in range(2, STEPS)], problems
+    assert_each_step_named(problems, "one XLA tensor kept per step")
     # The step, the growth and what stayed alive: the kept loss, a 0-dim float32 tensor.
     assert "left more alive than step1: XLA tensors" in problems[0], problems[0]
     assert "XLA tensors kept: float32[] +1" in problems[0], problems[0]
@@ -177,7 +205,7 @@ def test_steady_state_detector_catches_a_tensor_kept_per_step(spmd) -> None:
 def test_steady_state_detector_catches_a_host_object_kept_per_parameter_per_step(spmd) -> None:
     leaking = spmd.run(body_two_layer_fsdpv2, steps=STEPS, keep_host_object_per_parameter=True, fresh=True)
     problems = costs.steady_state_problems(signature_of(leaking))
-    assert [p.split(" ", 1)[0] for p in problems] == [f"step{i}" for i in range(2, STEPS)], problems
+    assert_each_step_named(problems, "one host object kept per parameter per step")
     # One per parameter (two Linear layers: a weight and a bias each), named by type.
     assert "host objects kept: cases.test_costs.ParameterSpec +4" in problems[0], problems[0]
     assert "XLA tensors" not in problems[0], f"no device tensor was kept: {problems[0]}"
@@ -189,8 +217,16 @@ def test_cost_baseline_catches_temp_memory_that_changes_no_collective(spmd) -> N
     assert_same_numbers(before, after)
     assert before.shardings == after.shardings, "the change must leave every recorded sharding as it was"
     graph_before, graph_after = signature_of(before)["graphs"]["step0"], signature_of(after)["graphs"]["step0"]
-    assert graph_before["collectives"] == graph_after["collectives"], "the change must move no collective"
-    assert graph_after["memory"]["temp"] > 1.5 * graph_before["memory"]["temp"], (graph_before, graph_after)
+    hidden = "so the build's own change (the other failures of this run name it) hides what the self-test plants"
+    assert graph_before["collectives"] == graph_after["collectives"], (
+        f"the planted change (a block computing eight copies of each row) should move no collective; on this build "
+        f"step0's collectives differ between the two loops, {hidden}"
+    )
+    temps = f"{costs.kib(graph_before['memory']['temp'])} -> {costs.kib(graph_after['memory']['temp'])} per device"
+    assert graph_after["memory"]["temp"] > 1.5 * graph_before["memory"]["temp"], (
+        f"the planted change (a block computing eight copies of each row) should almost double step0's temp memory; "
+        f"on this build it went {temps}, {hidden}"
+    )
     base = CostBaseline(
         None, "cpu", 0, "2.9.0", {"case": {costs.DEFAULT_LABEL: costs.comparable(signature_of(before))}}
     )  # type: ignore[arg-type]  # no file: only compare() is used

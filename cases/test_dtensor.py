@@ -22,6 +22,7 @@ import socket
 
 import pytest
 
+from harness import costs
 from harness.hlo import parameter_shardings
 from harness.sharding import as_sharding, assert_sharding_equal
 
@@ -197,7 +198,7 @@ def _assert_specs_recorded_so_far(result, expected: dict[str, str]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-GLOO_STEPS = 3  # the third runs after the meter's two-step warm-up
+GLOO_STEPS = costs.METERED_STEPS  # the warm-up, then 3 steps judged for leaks (docs/costs.md)
 
 
 def _gloo_rank(rank: int, world_size: int, queue) -> None:
@@ -392,9 +393,9 @@ def train_next_to_reference(ctx, model, reference, x, x_xla, steps: int, record_
 @pytest.mark.needs(devices=2)
 @pytest.mark.parametrize("functionalization", FUNCTIONALIZATION)
 def test_per_parameter_distribute_tensor_workaround(spmd, functionalization: bool) -> None:
-    # Three steps: the third runs after the meter's two-step warm-up, so steady state is checked.
+    # The warm-up, then 3 steps judged for leaks (docs/costs.md).
     result = spmd.run(
-        body_per_parameter_workaround, functionalization=functionalization, steps=3, fresh=True
+        body_per_parameter_workaround, functionalization=functionalization, steps=costs.METERED_STEPS, fresh=True
     )  # a cost-measured loop: no graph cached by an earlier case
     expected = expected_param_specs(mesh_size(spmd))
     for name, spec in expected.items():

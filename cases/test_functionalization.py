@@ -17,6 +17,7 @@ import math
 
 import pytest
 
+from harness import costs
 from harness.hlo import assert_every_sharding_call_annotated, sharding_custom_calls
 from harness.sharding import (
     NoSharding,
@@ -116,7 +117,7 @@ def test_mark_sharding_on_same_shape_view(spmd, functionalization: bool) -> None
 # FSDPv2 + transformer_auto_wrap_policy on a small ViT
 # --------------------------------------------------------------------------------------------
 
-TRAIN_STEPS = 3
+TRAIN_STEPS = costs.METERED_STEPS  # the warm-up, then 3 steps judged for leaks (docs/costs.md)
 LEARNING_RATE = 0.1
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-5
 PARAM_ATOL = 1e-4  # largest |XLA - CPU| allowed in any parameter after the steps

@@ -26,6 +26,7 @@ import pytest
 
 from cases.test_functionalization import LEARNING_RATE, TRAIN_STEPS, body_fsdpv2_vit_train, check_losses
 from cases.test_scalar_specs import body_fsdpv2_scalar_output, body_fsdpv2_scalar_param
+from harness import costs
 from harness.sharding import Tiled, as_sharding, is_replicated
 from harness.tiles import device_grid, holders_from_mesh, tile_holders
 
@@ -131,7 +132,7 @@ def test_fsdpv2_vit_train_steps_match_cpu(spmd, layout: str) -> None:
 @pytest.mark.known_bug("fsdpv2-scalar-param-spec")
 @pytest.mark.parametrize("layout", DATA_LAYOUTS)
 def test_fsdpv2_scalar_parameter_on_layout(spmd, layout: str) -> None:
-    result = spmd.run(body_fsdpv2_scalar_param, steps=3, layout=layout, fresh=True)
+    result = spmd.run(body_fsdpv2_scalar_param, steps=costs.METERED_STEPS, layout=layout, fresh=True)
     assert result.values["param_shapes"]["scale"] == []
     _check_fsdpv2_params(result, layout)
     _check_fsdpv2_params(result, layout, prefix="after_steps.")
@@ -140,7 +141,7 @@ def test_fsdpv2_scalar_parameter_on_layout(spmd, layout: str) -> None:
 @pytest.mark.known_bug("fsdpv2-scalar-output-spec")
 @pytest.mark.parametrize("layout", DATA_LAYOUTS)
 def test_fsdpv2_scalar_output_on_layout(spmd, layout: str) -> None:
-    result = spmd.run(body_fsdpv2_scalar_output, steps=3, layout=layout, fresh=True)
+    result = spmd.run(body_fsdpv2_scalar_output, steps=costs.METERED_STEPS, layout=layout, fresh=True)
     assert result.values["output_rank"] == 0
     assert is_replicated(result.shardings["output"]), result.shardings["output"]
     _check_fsdpv2_params(result, layout)
@@ -273,7 +274,7 @@ def _spec_of_placements(codes: tuple[str, ...], rank: int) -> tuple:
 @pytest.mark.parametrize("functionalization", [pytest.param(True, id="func-on"), pytest.param(False, id="func-off")])
 def test_dtensor_2d_distribute_tensor_workaround(spmd, functionalization: bool) -> None:
     result = spmd.run(
-        body_dtensor_2d_workaround, functionalization=functionalization, steps=3, fresh=True
+        body_dtensor_2d_workaround, functionalization=functionalization, steps=costs.METERED_STEPS, fresh=True
     )  # a cost-measured loop: no graph cached by an earlier case
     for name, codes in DTENSOR_2D_PLACEMENTS.items():
         spec = _spec_of_placements(codes, DTENSOR_RANKS[name])

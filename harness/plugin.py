@@ -31,8 +31,11 @@ from harness.isolation.evidence import headline
 from harness.judges import basecheck, costcheck, registrycheck, shardingcheck
 from harness.judges.registrycheck import ENTRIES_KEY, RUNNER_KEY, JudgedCase
 from harness.records import results, runfolder
+from harness.registry import get_entry
 from harness.run import caseuser, writing
 from harness.run.dumproot import remove_dump_root
+from harness.run.failedlines import WholeFailedLines
+from harness.run.findings import Findings
 from harness.run.session import (
     EARLY_KEY,
     PYTEST_SESSION_KEY,
@@ -96,7 +99,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
         backend = make_backend(value("spmd_backend"), value("spmd_devices"))
         wanted = fork_server_wanted(value("spmd_fork_server"), backend)
-        run = runfolder.RunFolder.new(Path(value("spmd_results_dir")), value("spmd_run_id"))
+        run = runfolder.RunFolder.new(options.results_dir(early_config, namespace), value("spmd_run_id"))
     except (pytest.UsageError, HarnessError, AttributeError, ValueError, TypeError):
         return  # pytest_configure reports a bad option as a usage error
     early_config.stash[RUN_FOLDER_KEY] = run
@@ -182,6 +185,9 @@ def pytest_configure(config: pytest.Config) -> None:
         if _distributes(config, workerinput):
             config.stash[costcheck.SESSION_KEY].read_unless_probed()
     basecheck.configure(config, session.backend, session.run.path)  # only with --spmd-compare
+    if workerinput is None:
+        config.pluginmanager.register(WholeFailedLines(), "spmd_whole_failed_lines")
+        config.pluginmanager.register(Findings(), "spmd_findings")
 
 
 def _distributes(config: pytest.Config, workerinput: Any) -> bool:
@@ -215,11 +221,36 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if session is not None and session.worker == "main":
         writing.recheck_run(config, session)
         remove_dump_root(session.run.path)
+    if getattr(config, "workerinput", None) is None and _refused(config):
+        run = session.run if session is not None else config.stash.get(RUN_FOLDER_KEY, None)
+        if run is not None:
+            run.retire()  # a run refused before any case leaves no folder, and `latest` keeps the last real run
+
+
+def _refused(config: pytest.Config) -> bool:
+    """The run stopped on a usage error (a bad option, base run or registry), collected nothing, or
+    stopped before its session began: it ran no case, and leaves nothing behind."""
+    session = config.stash.get(PYTEST_SESSION_KEY, None)
+    return session is None or session.exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.NO_TESTS_COLLECTED)
+
+
+def _no_case_hint(config: pytest.Config) -> str | None:
+    """A run that asked for SPMD cases and collected none: say where they are looked for."""
+    if not (
+        config.stash.get(EARLY_KEY, False) or activation.marker_expression_selects_spmd(config.option.markexpr or "")
+    ):
+        return None
+    return (
+        f"spmd harness: no SPMD case was collected under {config.rootpath}; the cases live in the harness "
+        "checkout's cases/ folder: run pytest there (pytest -m spmd), or name it (pytest <checkout>/cases -m spmd)"
+    )
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse unknown or overlapping known_bug entries before any case runs (exit 4, usage error)."""
-    problems = []
+    """Refuse unknown or overlapping known_bug entries before any case runs (exit 4, usage error),
+    each problem once with the cases that share it (a misspelt id on a parametrised case is one
+    mistake); then keep only the cases of --spmd-bug's entry."""
+    problems: dict[str, list[str]] = {}
     registry_path = config.stash[SESSION_KEY].registry_path
     for item in items:
         if not activation.is_spmd(item):
@@ -227,9 +258,33 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         try:
             item.stash[ENTRIES_KEY] = registrycheck.entries_of(item, registry_path)
         except RegistryError as exc:
-            problems.append(f"{item.nodeid}: {exc}")
+            problems.setdefault(str(exc), []).append(item.nodeid)
     if problems:
-        raise pytest.UsageError("known-bug registry:\n  " + "\n  ".join(dict.fromkeys(problems)))
+        raise pytest.UsageError(
+            "known-bug registry:\n  "
+            + "\n  ".join(f"{_cases_named(nodeids)}: {problem}" for problem, nodeids in problems.items())
+        )
+    bug = options.value(config, "spmd_bug")
+    if bug:
+        _select_bug(config, items, bug, registry_path)
+
+
+def _cases_named(nodeids: list[str]) -> str:
+    shown = ", ".join(nodeids[:3])
+    return shown + (f" and {len(nodeids) - 3} more case(s)" if len(nodeids) > 3 else "")
+
+
+def _select_bug(config: pytest.Config, items: list[pytest.Item], bug: str, registry_path: Path) -> None:
+    """--spmd-bug=ID: the SPMD cases whose known_bug markers name registry entry ID, and nothing else."""
+    try:
+        get_entry(bug, registry_path)
+    except RegistryError as exc:
+        raise pytest.UsageError(f"--spmd-bug={bug}: {exc}") from None
+    keep = [item for item in items if activation.is_spmd(item) and bug in {e.id for e in item.stash[ENTRIES_KEY]}]
+    dropped = [item for item in items if item not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 class _JunitGuard:
@@ -292,6 +347,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     harness = config.stash.get(SESSION_KEY, None)
     if harness is None:
         return
+    hint = _no_case_hint(config) if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED else None
+    if hint:
+        terminalreporter.write_line(hint, yellow=True)
     if not harness.active:
         if harness.worker == "main" and harness.run.exists():  # xdist workers found SPMD cases
             for line in harness.header_lines(config):

@@ -25,11 +25,12 @@ import os
 import re
 import secrets
 import sys
+import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import costs, xla
+from harness import costs, nativememory, xla
 from harness.errors import HarnessUsageError
 
 # XLA's dump file names: module_0003.<module name>.<unique id>.<stage>.txt; stage
@@ -88,6 +89,10 @@ class StepMeter:
         # now (modules, the model, its parameters) moves to the collector's permanent generation,
         # so a collection after each step scans only what the loop made (~0.1 ms, not ~250 ms for
         # a full collection of torch's ~470k objects) and gc.get_objects() lists only that.
+        # The XLA tensors made before the loop (parameters, tensors made at wrap or load time) are
+        # frozen with the rest and so not listed after a step: held here by weak reference, their
+        # bytes join the loop's in the step's device footprint.
+        self.before_loop = [] if host_only else _device_tensors_now()
         self.freezes = _FreezeWatch()
         self.alive: _Alive | None = None
 
@@ -98,7 +103,7 @@ class StepMeter:
             yield
             entry: dict[str, Any] = {"graphs": []}
             self._record_alive(index, entry)
-            entry["live"] = {"host_objects": entry["live"]["host_objects"]}
+            entry["live"] = {k: v for k, v in entry["live"].items() if k not in ("tensors", "bytes_per_device")}
             self.signature["steps"].append(entry)
             return
         self._clear_dumps()
@@ -129,7 +134,11 @@ class StepMeter:
         frozen = self.freezes.frozen_since_start()
         if frozen > 0:
             alive.types["objects frozen by the loop (gc.freeze)"] += frozen
-        entry["live"] = alive.totals()
+        # What the collector cannot see: C++ allocations, untracked objects held by older containers.
+        entry["live"] = alive.totals() | nativememory.now()
+        if not self.host_only:
+            held = [tensor for tensor in (ref() for ref in self.before_loop) if tensor is not None]
+            entry["live"]["footprint_bytes"] = alive.device_bytes + _bytes(held)
         if self.alive is not None and index >= self.signature["warmup"]:
             kept = alive.kept_since(self.alive)
             if kept:
@@ -353,6 +362,24 @@ class _FreezeWatch:
         return gc.get_freeze_count() - self.at_start
 
 
+def _device_tensors_now() -> list[weakref.ReferenceType[Any]]:
+    """Weak references to every XLA tensor Python holds now (one pass over the collector's objects,
+    once per meter, before it freezes them). A child holds ~430k objects: a Python-level test of
+    each took ~230 ms, so the tensors are picked by their exact types in C (map, compress), ~100 ms
+    with the listing itself, and no object's __class__ is asked (a lazy module's would warn)."""
+    import torch
+
+    tensor_types, todo = set(), [torch.Tensor]
+    while todo:  # torch.Tensor and every subclass defined so far (nn.Parameter, wrappers)
+        kind = todo.pop()
+        if kind not in tensor_types:
+            tensor_types.add(kind)
+            todo += type.__subclasses__(kind)
+    objects = gc.get_objects()
+    candidates = itertools.compress(objects, map(tensor_types.__contains__, map(type, objects)))
+    return [weakref.ref(obj) for obj in candidates if _is_device_tensor(obj)]
+
+
 def _ids_within(roots: Iterable[Any]) -> set[int]:
     """ids of the containers in JSON-like trees (dicts, lists, tuples, sets, _Alive)."""
     seen: set[int] = set()
@@ -381,10 +408,22 @@ def _is_device_tensor(obj: Any) -> bool:
 
     if not issubclass(type(obj), torch.Tensor) or hasattr(obj, "_local_tensor") or hasattr(obj, "global_tensor"):
         return False
+    if _is_tracing_tensor(obj):
+        return False
     try:
         return bool(obj.device.type == "xla")
     except Exception:  # noqa: BLE001 - a tensor subclass without a device is no XLA buffer
         return False
+
+
+def _is_tracing_tensor(obj: Any) -> bool:
+    """A FakeTensor or FunctionalTensor, torch's tracing stand-ins: Dynamo, scan and scan_layers
+    trace through them and leave some alive on device xla (seen on 2.8.0 and 2.9.0). They hold no
+    XLA data, and reading their sharding raises "Expected XLA tensor" ("Check failed: xtensor")."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return isinstance(obj, (FakeTensor, FunctionalTensor))
 
 
 def _counters() -> dict[str, int]:

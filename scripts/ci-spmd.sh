@@ -12,6 +12,9 @@
 #                    its own (VENV-base) with results in RESULTS/base/, then on --wheels with
 #                    --spmd-compare pointed at that exact run folder: a sharding or cost change
 #                    between the two builds fails the PR's case   [SPMD_BASE_WHEELS_DIR]
+#   --base-venv DIR  the PR's base build already installed in a virtualenv, used as it is (instead
+#                    of --base-wheels): two existing venvs compared, e.g.
+#                    --base-venv ../xla-base/.venv --venv ../xla-pr/.venv --skip-install   [SPMD_BASE_VENV]
 #   --devices N      CPU XLA devices per case (default 4)                   [SPMD_DEVICES]
 #   --results-dir DIR  results folder (default results)                     [SPMD_RESULTS_DIR]
 #   --known-bugs PATH  the known-bug registry to judge by (default: the harness's own,
@@ -45,6 +48,7 @@ PYTEST_NO_TESTS_COLLECTED=5
 
 wheels_dir=${SPMD_WHEELS_DIR:-}
 base_wheels_dir=${SPMD_BASE_WHEELS_DIR:-}
+base_venv=${SPMD_BASE_VENV:-}
 base_run=''  # the base build's run folder, once it ran
 devices=${SPMD_DEVICES:-4}
 results_dir=${SPMD_RESULTS_DIR:-}
@@ -68,6 +72,7 @@ parse_args() {
     case $1 in
       --wheels) wheels_dir=${2:?--wheels needs a folder}; shift 2 ;;
       --base-wheels) base_wheels_dir=${2:?--base-wheels needs a folder}; shift 2 ;;
+      --base-venv) base_venv=${2:?--base-venv needs a folder}; shift 2 ;;
       --devices) devices=${2:?--devices needs a number}; shift 2 ;;
       --results-dir) results_dir=${2:?--results-dir needs a folder}; shift 2 ;;
       # The 0.1.0 spelling, kept so existing callers keep working; --help shows only --results-dir.
@@ -87,6 +92,9 @@ parse_args() {
   [[ $workers =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer, got '$workers'"
   # Checked here, before minutes of installing: pytest would refuse it only at its start.
   [[ -z $base_wheels_dir || -d $base_wheels_dir ]] || die "--base-wheels $base_wheels_dir: no such folder"
+  [[ -z $base_wheels_dir || -z $base_venv ]] || die "--base-wheels and --base-venv both name the base build: give one"
+  [[ -z $base_venv || -x $base_venv/bin/python ]] ||
+    die "--base-venv $base_venv: no virtualenv there ($base_venv/bin/python is missing)"
   [[ -z $known_bugs || -f $known_bugs ]] ||
     die "--known-bugs $known_bugs: no such file (a path in the calling repository's checkout, e.g. its copy of harness/known_bugs.toml)"
 }
@@ -183,8 +191,8 @@ report() {
 # exact run folder it made (named here, like the PR's), for --spmd-compare.
 run_base() {
   local pr_wheels=$wheels_dir pr_venv=$venv pr_results=$results_dir rc=0
-  wheels_dir=$base_wheels_dir venv=$venv-base results_dir=$results_dir/base
-  [[ $skip_install == true ]] || install
+  wheels_dir=$base_wheels_dir venv=${base_venv:-$venv-base} results_dir=$results_dir/base
+  [[ $skip_install == true || -n $base_venv ]] || install  # --base-venv is used as it is
   mkdir -p "$results_dir"
   run_id=$(new_run_id)
   untrusted_output run_pytest || rc=$?
@@ -206,6 +214,7 @@ run_in_image() {
   local mounts=(-v "$PWD:$PWD") env=(-e HOME=/tmp -e "USER=${USER:-spmd}")
   [[ -n $wheels_dir ]] && mounts+=(-v "$wheels_dir:$wheels_dir:ro")
   [[ -n $base_wheels_dir ]] && mounts+=(-v "$base_wheels_dir:$base_wheels_dir:ro")
+  [[ -n $base_venv && $base_venv != "$PWD"/* ]] && mounts+=(-v "$base_venv:$base_venv")
   [[ $results_dir == "$PWD"/* ]] || { mkdir -p "$results_dir"; mounts+=(-v "$results_dir:$results_dir"); }
   [[ $venv == "$PWD"/* ]] || { mkdir -p "$venv"; mounts+=(-v "$venv:$venv"); }
   [[ -n $known_bugs && $known_bugs != "$PWD"/* ]] && mounts+=(-v "$known_bugs:$known_bugs:ro")
@@ -223,6 +232,7 @@ run_in_image() {
   [[ -n $known_bugs ]] && inner+=(--known-bugs "$known_bugs")
   [[ -n $wheels_dir ]] && inner+=(--wheels "$wheels_dir")
   [[ -n $base_wheels_dir ]] && inner+=(--base-wheels "$base_wheels_dir")
+  [[ -n $base_venv ]] && inner+=(--base-venv "$base_venv")
   [[ -n $python_version ]] && inner+=(--python-version "$python_version")
   [[ $skip_install == true ]] && inner+=(--skip-install)
   # --shm-size: what pytorch/xla's _test.yml gives its test containers.
@@ -239,6 +249,7 @@ main() {
   parse_args "$@"
   wheels_dir=$(absolute "$wheels_dir")
   base_wheels_dir=$(absolute "$base_wheels_dir")
+  base_venv=$(absolute "$base_venv")
   results_dir=$(absolute "$results_dir")
   venv=$(absolute "$venv")
   known_bugs=$(absolute "$known_bugs")
@@ -247,7 +258,7 @@ main() {
   # A venv made in the image points at the image's Python: keep it apart from the host's .venv.
   if [[ -n $image ]]; then venv=${venv:-$PWD/.venv-image}; run_in_image; fi
   venv=${venv:-$PWD/.venv}
-  [[ -n $base_wheels_dir ]] && run_base
+  [[ -n $base_wheels_dir || -n $base_venv ]] && run_base
   [[ $skip_install == true ]] || install
   mkdir -p "$results_dir"
 

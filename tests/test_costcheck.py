@@ -81,6 +81,30 @@ def test_more_collectives_fail_on_the_release_line_one_line_per_item_and_the_dum
     assert [p.name for p in kept] == ["test_cases.py_test_train__train_step0.after_optimizations.txt"]
 
 
+def test_on_the_release_line_bytes_within_the_band_and_improvements_are_listed_growth_beyond_fails(suite, pytester):
+    suite(signature(live=[4, 6, 6], temp=181555), "--spmd-update-costs")
+    nearly = signature(live=[4, 6, 6], temp=181555)
+    nearly["graphs"]["step0"]["memory"]["peak"] += 16
+    result = suite(nearly)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*cost byte moves within the band (+5% and +1 KiB) or improvements (listed, not failed)*",
+            "*step0: peak 185.3 KiB -> 185.3 KiB (+16 B) per device [[]within the band, listed[]]",
+        ]
+    )
+    suite(signature(live=[4, 6, 6], temp=97382)).stdout.fnmatch_lines(
+        ["*step0: temp 177.3 KiB -> 95.1 KiB per device, peak * [[]improvement, listed[]]"]
+    )
+    grown = suite(signature(live=[4, 6, 6], temp=2 * 181555))
+    grown.assert_outcomes(failed=1)
+    grown.stdout.fnmatch_lines(
+        ["*cost drift: 1 item(s) differ*", "*step0: temp 177.3 KiB -> 354.6 KiB per device, peak*"]
+    )
+    # A live tensor more is a count: it fails whatever its bytes.
+    suite(signature(live=[4, 6, 7], temp=181555)).assert_outcomes(failed=1)
+
+
 def test_on_another_release_line_the_change_is_reported(suite):
     suite(signature(), "--spmd-update-costs")
     result = suite(signature(all_reduce=3), version="2.8.0")

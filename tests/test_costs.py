@@ -152,6 +152,58 @@ def test_a_step_that_compiles_again_is_a_steady_state_problem_after_the_warmup_o
     assert [str(c) for c in costs.compare(signature(), late)] == ["step2: compiles 0 -> 1"]
 
 
+SIX_STEPS = ((1, 0),) + ((0, 1),) * 5
+
+
+def test_a_bounded_window_passes_and_growth_on_each_of_the_last_three_steps_is_a_leak():
+    # deque(maxlen=3) of one tensor per step: grows at steps 0-2, flat after; the last three steps judge.
+    assert costs.steady_state_problems(signature(steps=SIX_STEPS, live=[4, 5, 6, 6, 6, 6])) == []
+    window_of_four = signature(steps=SIX_STEPS, live=[4, 5, 6, 7, 8, 8])  # full at step 3: step5 is flat
+    assert costs.steady_state_problems(window_of_four) == []
+    leaking = signature(steps=SIX_STEPS, live=[4, 5, 6, 7, 8, 9])
+    leaking["steps"][5]["kept"] = ["XLA tensors kept: float32[] +1"]
+    assert costs.steady_state_problems(leaking) == [
+        "step3..step5 each left more alive than the step before: XLA tensors 6 -> 9 (+96 B per device), "
+        "host objects 106 -> 109; XLA tensors kept: float32[] +1"
+    ]
+    # A loop too short to see its window fill judges the steps it has: the window reads as a leak.
+    assert costs.steady_state_problems(signature(live=[4, 5, 6]))[0].startswith("step2 left more alive than step1")
+
+
+def native_loop(heap_per_step: list[int], rss_per_step: list[int]) -> dict:
+    sig = signature(steps=SIX_STEPS, live=[6] * 6)
+    heap, rss = 50 << 20, 400 << 20
+    for step, (h, r) in zip(sig["steps"], zip([0, *heap_per_step], [0, *rss_per_step])):
+        heap, rss = heap + h, rss + r
+        step["live"].update(heap_bytes=heap, rss_bytes=rss)
+    return sig
+
+
+def test_native_growth_on_each_judged_step_beyond_the_threshold_fails_naming_the_growth_per_step():
+    # Healthy loops measured on 2.4.0 and 2.9.0: heap +0 to +27 KiB, resident set up to +252 KiB per step.
+    healthy = native_loop(
+        [659 << 10, 26 << 10, 27 << 10, 9 << 10, 17 << 10], [20 << 20, 68 << 10, 252 << 10, 16 << 10, 24 << 10]
+    )
+    assert costs.steady_state_problems(healthy) == []
+    leaking = native_loop([265 << 10] * 5, [268 << 10] * 5)  # a C++ block of 265 KiB kept per step
+    assert costs.steady_state_problems(leaking) == [
+        "step3..step5 each left more alive than the step before: native heap (malloc in use) +265 KiB per step "
+        "(50.5 MiB -> 51.3 MiB; a healthy loop stays under +128 KiB per step); nothing the collector tracks grew: "
+        "C++ allocations (torch_xla, XLA), or objects it does not track (bytes, ints, floats, numpy arrays) kept by "
+        "a container made before the meter"
+    ]
+    # Python's small objects live in its own arenas: only the resident set sees them.
+    ints = native_loop([0] * 5, [3 << 20] * 5)
+    assert "resident set +3 MiB per step" in costs.steady_state_problems(ints)[0]
+    # One step judged (a 3-step loop): a native one-off, such as a new graph's compilation, is no leak.
+    short = native_loop([0] * 5, [3 << 20] * 5)
+    short["steps"] = short["steps"][:3]
+    assert costs.steady_state_problems(short) == []
+    # A native window: grows, then stops.
+    window = native_loop([1 << 20, 1 << 20, 1 << 20, 0, 0], [1 << 20] * 3 + [0, 0])
+    assert costs.steady_state_problems(window) == []
+
+
 @pytest.mark.parametrize(
     "damage, named",
     [
@@ -240,7 +292,7 @@ def test_memory_and_live_tensors_compare_one_line_per_item():
     nearly = copy.deepcopy(before)
     nearly["graphs"]["step0"]["memory"]["peak"] += 16
     assert [str(c) for c in costs.compare(costs.comparable(before), costs.comparable(nearly))] == [
-        "step0: peak 1.2 MiB -> 1.2 MiB (+16 B) per device"
+        "step0: peak 1.2 MiB -> 1.2 MiB (+16 B) per device [within the band, listed]"
     ]
     # Host objects are not baselined (they depend on what was imported before the loop).
     more_objects = copy.deepcopy(before)
@@ -250,6 +302,56 @@ def test_memory_and_live_tensors_compare_one_line_per_item():
     assert costs.compare(costs.comparable(signature()), costs.comparable(after)) == []
     lines = [str(c) for c in costs.compare(costs.comparable(after), costs.comparable(signature()))]
     assert lines[0] == "step0: live after step: not measured" and lines[-1] == "step0: memory not read"
+
+
+def test_bytes_fail_beyond_the_band_counts_on_any_change_and_a_decrease_is_an_improvement():
+    def judged(signature_before, signature_after):
+        return [
+            (str(c), c.fails)
+            for c in costs.compare(costs.comparable(signature_before), costs.comparable(signature_after))
+        ]
+
+    base = signature(live=[4, 6, 6], temp=181555)  # 177.3 KiB
+    # Seen from 2.8.1 to 2.9.0: +16 B on 177.3 KiB, and 1.4 -> 1.5 KiB on a tiny graph: listed.
+    plus16 = copy.deepcopy(base)
+    plus16["graphs"]["step0"]["memory"]["peak"] += 16
+    assert judged(base, plus16) == [
+        ("step0: peak 185.3 KiB -> 185.3 KiB (+16 B) per device [within the band, listed]", False)
+    ]
+    tiny, tiny_after = signature(temp=1434), signature(temp=1536)
+    assert judged(tiny, tiny_after) == [
+        (
+            "step0: temp 1.4 KiB -> 1.5 KiB per device, peak 9.4 KiB -> 9.5 KiB per device [within the band, listed]",
+            False,
+        )
+    ]
+    # Seen from 2.6.1 to 2.9.0: temp down. An improvement, listed.
+    down = signature(live=[4, 6, 6], temp=97382)
+    assert judged(signature(live=[4, 6, 6], temp=116531), down) == [
+        (
+            "step0: temp 113.8 KiB -> 95.1 KiB per device, peak 121.8 KiB -> 103.1 KiB per device [improvement, listed]",
+            False,
+        )
+    ]
+    # Beyond both the 5% and the 1 KiB: fails. 5% of 177.3 KiB is 8.9 KiB.
+    grown = copy.deepcopy(base)
+    grown["graphs"]["step0"]["memory"]["temp"] += 9 * 1024
+    assert judged(base, grown) == [("step0: temp 177.3 KiB -> 186.3 KiB per device", True)]
+    within = copy.deepcopy(base)
+    within["graphs"]["step0"]["memory"]["temp"] += 8 * 1024
+    assert [fails for _, fails in judged(base, within)] == [False]
+    # A count fails on any change, even when its bytes would sit within the band; bytes alone use the band.
+    one_more = signature(live=[4, 6, 7], temp=181555)
+    assert judged(base, one_more) == [("step2: live after step: 6 -> 7 tensors (+32 B per device)", True)]
+    same_count = copy.deepcopy(base)
+    same_count["steps"][2]["live"]["bytes_per_device"] += 4
+    assert judged(base, same_count) == [
+        ("step2: live after step: 6 tensors, 192 B -> 196 B per device [within the band, listed]", False)
+    ]
+    # One item with a failing part and a listed part: two lines, judged apart.
+    both = copy.deepcopy(grown)
+    both["graphs"]["step0"]["memory"]["peak"] -= 100
+    assert [fails for _, fails in judged(base, both)] == [True, False]
 
 
 def test_growth_after_the_warmup_is_a_steady_state_problem_naming_what_stayed_alive():

@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from harness.costs import kib
 from tests.test_baseline import lit
 
 pytestmark = [
@@ -35,7 +36,11 @@ class ParameterSpec:
     shape: tuple
 
 
-def body_loop(ctx, mode, copies):
+def body_loop(ctx, mode, copies, steps=3, hold_before=False):
+    import collections
+    import ctypes
+
+    import numpy as np
     import torch
     import torch.nn as nn
     import torch_xla.debug.metrics as met
@@ -50,9 +55,18 @@ def body_loop(ctx, mode, copies):
     for p in model.parameters():
         xs.mark_sharding(p, mesh, ("fsdp",) + (None,) * (p.dim() - 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    old_container = []  # made before the meter: frozen with everything older, so its items are not listed
+    held = torch.zeros(0, device=xla.device())  # an XLA tensor made before the meter
+    # HOLD_BEFORE: a torch_xla that makes every device hold 256 KiB more for the model's life (made at
+    # wrap or load time, before the loop)
+    resident = torch.zeros(65536).to(xla.device()) if hold_before else None
     meter = stepcosts.StepMeter(ctx, parameters=model.parameters(), optimizer=optimizer)
     kept = []
-    for step in range(3):
+    window = collections.deque(maxlen=3)  # a moving average's last losses
+    trimmed = []
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    for step in range(steps):
         with meter.step():
             if mode == "reset":
                 met.clear_counters()
@@ -66,13 +80,36 @@ def body_loop(ctx, mode, copies):
                 kept.append(loss.detach() * 1)
             if mode == "keep_host":
                 kept += [ParameterSpec(name, tuple(p.shape)) for name, p in model.named_parameters()]
+            if mode == "window":
+                window.append(loss.detach() * 1)
+                trimmed.append(loss.detach() * 1)
+                del trimmed[:-2]
+            if mode == "native":  # a C++ block torch_xla would never free: 265 KiB, written
+                ctypes.memset(libc.malloc(265 << 10), 1, 265 << 10)
+            if mode == "old_container":  # untracked objects the collector never lists
+                old_container.append(bytes(1 << 20))
+                old_container.extend(range(step * 100000, (step + 1) * 100000))
+                old_container.append(np.array([p.detach().cpu().numpy() for p in model.parameters()], dtype=object))
+            if mode == "outside":  # the tensor made before the meter holds 128Ki floats more each step
+                held.data = torch.cat([held.data.cpu(), torch.randn(131072)]).to(xla.device())
             xla.sync()
 
 
 @pytest.mark.parametrize("mode", ["healthy", "keep_tensor", "keep_host", "reset"])
 def test_loop(spmd, mode):
     # GROW_TEMP: the first layer computes its product for eight copies of each row, keeps one.
-    spmd.run(body_loop, mode=mode, copies=8 if os.environ.get("GROW_TEMP") == "1" else 1, fresh=True)
+    spmd.run(
+        body_loop,
+        mode=mode,
+        copies=8 if os.environ.get("GROW_TEMP") == "1" else 1,
+        hold_before=os.environ.get("HOLD_BEFORE") == "1",
+        fresh=True,
+    )
+
+
+@pytest.mark.parametrize("mode", ["healthy", "window", "keep_tensor", "native", "old_container", "outside"])
+def test_long_loop(spmd, mode):
+    spmd.run(body_loop, mode=mode, copies=1, steps=6, fresh=True)
 """
 
 
@@ -80,8 +117,9 @@ def test_loop(spmd, mode):
 def suite(pytester, monkeypatch):
     pytester.makepyfile(test_loop=LOOP_CASE)
 
-    def run(*args: str, grow_temp: bool = False) -> pytest.RunResult:
+    def run(*args: str, grow_temp: bool = False, hold_before: bool = False) -> pytest.RunResult:
         monkeypatch.setenv("GROW_TEMP", "1" if grow_temp else "0")
+        monkeypatch.setenv("HOLD_BEFORE", "1" if hold_before else "0")
         return pytester.runpytest_subprocess(
             "--spmd-backend=cpu",
             "--spmd-devices=4",
@@ -96,7 +134,7 @@ def suite(pytester, monkeypatch):
 
 
 def test_leaks_fail_steady_state_and_a_counter_reset_is_refused(suite):
-    result = suite("-rA")
+    result = suite("-rA", "-k", "not long_loop")
     result.assert_outcomes(passed=1, failed=3)
     result.stdout.fnmatch_lines(
         [
@@ -116,14 +154,61 @@ def test_leaks_fail_steady_state_and_a_counter_reset_is_refused(suite):
 
 
 def test_temp_memory_that_grows_fails_the_cost_baseline_naming_graph_and_bytes(suite, pytester):
-    suite("-k", "healthy", "--spmd-update-costs").assert_outcomes(passed=1)
+    suite("-k", "healthy and not long_loop", "--spmd-update-costs").assert_outcomes(passed=1)
     entry = json.loads((pytester.path / "costs.json").read_text())["cases"]["test_loop.py::test_loop[healthy]"]
     memory = entry["train"]["graphs"]["step0"]["memory"]
     assert memory["temp"] > 0 and entry["train"]["steps"][2]["live"]["tensors"] > 0, entry
-    suite("-k", "healthy").assert_outcomes(passed=1)  # the same loop again holds
-    result = suite("-k", "healthy", grow_temp=True)
+    suite("-k", "healthy and not long_loop").assert_outcomes(passed=1)  # the same loop again holds
+    result = suite("-k", "healthy and not long_loop", grow_temp=True)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         ["*cost drift: * item(s) differ from costs.json*", "*  step0: *temp * -> * per device*"]
     )
     assert "all-gather" not in result.stdout.str() and "all-reduce" not in result.stdout.str()
+
+
+def test_six_steps_tell_a_bounded_window_from_a_leak_and_native_growth_fails_naming_it(suite):
+    result = suite("-rA", "-k", "long_loop")
+    result.assert_outcomes(passed=2, failed=4)
+    result.stdout.fnmatch_lines(["PASSED test_loop.py::test_long_loop[[]healthy[]]"])
+    result.stdout.fnmatch_lines(["PASSED test_loop.py::test_long_loop[[]window[]]"])
+    result.stdout.fnmatch_lines(
+        [
+            "*step3..step5 each left more alive than the step before: XLA tensors * (+12 B per device)*"
+            "; XLA tensors kept: float32[] +1*"
+        ]
+    )
+    native = "nothing the collector tracks grew: C++ allocations*"
+    result.stdout.fnmatch_lines(
+        [
+            "*step3..step5 each left more alive than the step before: native heap (malloc in use) +2* KiB per step*"
+            + native
+        ]
+    )
+    # bytes, ints and numpy copies of the weights kept by a list made before the meter
+    result.stdout.fnmatch_lines(
+        ["*step3..step5 each left more alive * native heap * per step*, resident set +* MiB per step*"]
+    )
+    # an XLA tensor made before the meter, grown by 128Ki floats per step through .data
+    result.stdout.fnmatch_lines(
+        [
+            "*step3..step5 each left more alive than the step before: device footprint * -> * per device "
+            "(tensors made before the loop included), native heap (malloc in use) +* per step*"
+            "; the loop made nothing that stayed alive: tensors made before the loop hold more"
+        ]
+    )
+
+
+def test_bytes_a_device_holds_for_the_loops_life_fail_the_cost_baseline_as_footprint(suite, pytester):
+    suite("-k", "healthy and not long_loop", "--spmd-update-costs").assert_outcomes(passed=1)
+    entry = json.loads((pytester.path / "costs.json").read_text())["cases"]["test_loop.py::test_loop[healthy]"]
+    footprint = entry["train"]["steps"][2]["live"]["footprint_bytes"]
+    assert footprint > entry["train"]["steps"][2]["live"]["bytes_per_device"], entry  # the parameters count
+    result = suite("-k", "healthy and not long_loop", hold_before=True)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*cost drift: 3 item(s) differ from costs.json*",
+            f"*  step0: device footprint {kib(footprint)} -> {kib(footprint + 65536 * 4)} per device",
+        ]
+    )

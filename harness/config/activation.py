@@ -28,7 +28,7 @@ SPMD_MARKER_LINE = "spmd: an SPMD regression case that runs torch_xla in a child
 # What an SPMD case file says to be one (a module's pytestmark or a decorator): read as text, cheap.
 SPMD_MARK_TEXT = "mark.spmd"
 # Options that let pytest (or a plugin) drop collected items before they run.
-DESELECTING_OPTIONS = ("keyword", "markexpr", "deselect", "lf", "failedfirst", "last_failed_no_failures")
+DESELECTING_OPTIONS = ("keyword", "markexpr", "deselect", "lf", "failedfirst", "last_failed_no_failures", "spmd_bug")
 
 
 def is_spmd(item: pytest.Item) -> bool:

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,6 +133,14 @@ OPTIONS = (
         "processes. The checkout and venv must be readable by USER. Default: children run as pytest's user.",
     ),
     Option(
+        "spmd_bug",
+        None,
+        metavar="ID",
+        ini=False,
+        help="run only the cases whose known_bug markers name this registry entry (harness/known_bugs.toml), "
+        "e.g. --spmd-bug=fsdpv2-scalar-param-spec.",
+    ),
+    Option(
         "spmd_fork_server",
         None,
         choices=FORK_SERVER_CHOICES,
@@ -206,6 +215,15 @@ def value(config: pytest.Config, name: str, namespace: Any = None) -> Any:
     if text:
         return _parsed(option, text, f"ini key {name} = {text!r} ({config.inipath or 'ini file'})")
     return option.default
+
+
+def results_dir(config: pytest.Config, namespace: Any = None) -> Path:
+    """--spmd-results-dir. A path on the command line is the user's, from where pytest started; the
+    ini's or the default is the project's: anchored at the rootdir wherever pytest starts (run from
+    cases/, results still land in the project's results/, where spmd-report and .gitignore expect them)."""
+    path = Path(value(config, "spmd_results_dir", namespace)).expanduser()
+    given = getattr(namespace if namespace is not None else config.option, "spmd_results_dir", None)
+    return path if given is not None or path.is_absolute() else config.rootpath / path
 
 
 def _parsed(option: Option, text: str, where: str) -> Any:

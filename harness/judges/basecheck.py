@@ -23,11 +23,13 @@ from typing import Any
 
 import pytest
 
+from harness import costs
 from harness.config import activation, options
 from harness.errors import HarnessError
-from harness.judges import basecompare, costcheck
+from harness.isolation import protocol
+from harness.judges import basecompare, checked, costcheck
 from harness.judges.basecompare import BaseRun, Comparison
-from harness.records import runfolder
+from harness.records import runfolder, versions
 from harness.records.results import CaseRecord
 
 SESSION_KEY = pytest.StashKey["CompareSession"]()
@@ -39,8 +41,9 @@ class CompareSession:
     """The base run this process holds cases to, and (controller) what the run found; registered
     as a plugin so its hooks see every report, the xdist workers' included."""
 
-    def __init__(self, config: pytest.Config, base: BaseRun, own_run: Path) -> None:
+    def __init__(self, config: pytest.Config, base: BaseRun, own_run: Path, backend_name: str = "") -> None:
         self.config = config
+        self.backend_name = backend_name
         self.base = base
         self.own_run = own_run
         self.comparison = Comparison(str(base.path), base.torch_xla)
@@ -68,7 +71,7 @@ def configure(config: pytest.Config, backend: Any, own_run: Path) -> None:
             base = BaseRun.load(Path(path), backend.name, backend.capabilities().devices, own_run)
         except HarnessError as exc:
             raise pytest.UsageError(str(exc)) from None
-    session = config.stash[SESSION_KEY] = CompareSession(config, base, own_run)
+    session = config.stash[SESSION_KEY] = CompareSession(config, base, own_run, backend.name)
     config.pluginmanager.register(session, "spmd_base_compare")
 
 
@@ -104,7 +107,17 @@ def report_header(config: pytest.Config) -> str | None:
     if session is None:
         return None
     base = session.base
-    return f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, {len(base.records)} case records)"
+    line = f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, {len(base.records)} case records)"
+    if base.torch_xla is not None and base.torch_xla == _this_build(session.backend_name):
+        line += "\n" + basecompare.same_build_warning(base.torch_xla)
+    return line
+
+
+def _this_build(backend_name: str) -> str | None:
+    """The torch_xla this run's children will report, as far as the pytest process knows it."""
+    if backend_name == "fake":
+        return os.environ.get(protocol.FAKE_VERSION_ENV)
+    return versions.installed("torch_xla")
 
 
 def judge(
@@ -130,17 +143,42 @@ def judge(
         signatures = None if item.get_closest_marker("no_cost_check") else costcheck.record_fields(item)["costs"]
         judged = None if item.get_closest_marker("no_sharding_baseline") else shardings
         comparison = basecompare.compare_case(session.base, case_id, judged, signatures)
-        finding.update(compared=comparison.not_compared is None, differences=comparison.differences, new=comparison.new)
+        if comparison.not_compared is None:
+            checked.mark(report, checked.BASE_RUN)
+        finding.update(
+            compared=comparison.not_compared is None,
+            differences=comparison.differences,
+            new=comparison.new,
+            moved=comparison.moved,
+        )
         if comparison.not_compared:
             finding["not_compared"] = comparison.not_compared
         if comparison.differences:
             finding["failure"] = _fail(report, basecompare.failure_text(session.base, version, comparison))
+            _drop_reported_sections(report)
         if comparison.new:
             report.sections.append(
                 ("new in this build (the base run lacks them; listed, not failed)", "\n".join(comparison.new))
             )
+        if comparison.moved:
+            report.sections.append(
+                (
+                    f"bytes moved from the base run within the band ({costs.band_text()}) or down (listed, not failed)",
+                    "\n".join(comparison.moved),
+                )
+            )
     # On the report itself: pytest copied the item's properties into it before this hook's end.
     report.user_properties.append((PROPERTY, json.dumps(finding, sort_keys=True)))
+
+
+def _drop_reported_sections(report: pytest.TestReport) -> None:
+    """The committed baselines' "reported, not failed" sections of a case the base run fails: the
+    same change again, against an older reference (each one is kept in the case's record, and
+    spmd-report prints it)."""
+    report.sections[:] = [(title, text) for title, text in report.sections if REPORTED_ONLY not in title]
+
+
+REPORTED_ONLY = "(reported, not failed"  # harness.judges.baseline's and harness.costbaseline's section titles
 
 
 def _fail(report: pytest.TestReport, message: str) -> list[str]:
@@ -169,6 +207,8 @@ def collect(session: CompareSession, report: pytest.TestReport) -> None:
         comparison.differ[case] = finding["failure"]
     if finding.get("new"):
         comparison.new[case] = finding["new"]
+    if finding.get("moved"):
+        comparison.moved[case] = finding["moved"]
     if finding.get("not_compared"):
         comparison.not_compared[case] = finding["not_compared"]
     base_record = session.base.records.get(case)
@@ -187,7 +227,7 @@ def summarise(session: CompareSession, terminalreporter: Any) -> None:
     comparison = session.comparison
     terminalreporter.section(f"compared with the base run {session.base.path}", red=bool(comparison.differ))
     for line in comparison.lines():
-        terminalreporter.line(line, red=line.startswith(("differs", "newly failing")))
+        terminalreporter.line(line, red=line.startswith(("differs", "newly failing", "WARNING")))
 
 
 def finish(session: CompareSession) -> None:

@@ -25,9 +25,11 @@ contradicts its own manifest. Text read from it is escaped before it is printed.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
+import re
 import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -35,6 +37,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from harness import costs
 from harness.costbaseline import CostBaseline
 from harness.errors import DamagedRecord, HarnessUsageError
 from harness.isolation import files
@@ -45,14 +48,17 @@ from harness.records.results import CaseRecord, read_records, suite_exit_problem
 from harness.registry import JudgementKind
 from harness.schema import load_json, shown
 from harness.sharding import canonical_text
+from harness.tiles import grids_side_by_side, is_multi_axis
 
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
 VERDICTS = tuple(kind.value for kind in JudgementKind)
-# Registry judgements in which the bug showed (its signature, or another failure) and in which the case passed.
-BUG_SHOWED = ("reproduced", "regressed", "failed")
+# Registry judgements in which the bug's signature showed, and in which the case passed ("failed":
+# another failure, which names no bug).
+BUG_SHOWED = ("reproduced", "regressed")
 CASE_PASSED = ("passed", "unexpected-pass")
 COMPARISON_SCHEMA = 1
 MAX_LINES_PER_CASE = 100  # a forged base could differ in every tensor: the failure stays readable
+MAX_NEW_LISTED = 10  # more items the base lacks are counted at the end of the run, not listed one per line
 
 
 class BaseRunError(HarnessUsageError):
@@ -78,7 +84,7 @@ class BaseRun:
     def load(cls, path: Path, backend: str, devices: int, own_run: Path | None = None) -> BaseRun:
         """The run `path` names (harness.records.runfolder: a run folder, or a results folder's newest
         finished run), validated for comparing a run of `backend` with `devices` devices."""
-        run = find_run(Path(path), own_run)
+        run = find_run(Path(path), own_run, backend, devices)
         where = f"--spmd-compare: base run {run}"
         manifest = runfolder.read_manifest(run)
         _check_records_files(run, where)
@@ -167,17 +173,19 @@ def _check_record(record: CaseRecord, where: str) -> None:
             raise BaseRunError(f"{what}: torch_xla {record.torch_xla!r} is not a PEP 440 version; {RERUN}") from None
 
 
-def find_run(path: Path, own_run: Path | None = None) -> Path:
-    """The run folder `path` names: itself when it is one (it must have finished), else the
-    newest finished run in it. `latest` is not followed: it points at whichever run started last,
-    finished or not (this very run, when both share a results folder)."""
+def find_run(path: Path, own_run: Path | None = None, backend: str | None = None, devices: int | None = None) -> Path:
+    """The run folder `path` names: itself when it is one, else the newest run in it that can be a
+    base: finished, not itself a comparison (a PR's earlier run with --spmd-compare shares the
+    folder and holds the PR's own build), taken on `backend` with `devices` devices. `latest` is
+    not followed: it points at whichever run started last, finished or not (this very run, when
+    both share a results folder). None fits: refused, naming each candidate and why."""
     path = path.expanduser().absolute()
     if not path.is_dir():
         raise BaseRunError(f"--spmd-compare={path}: no such folder; point it at the base build's results folder")
     if runfolder.is_run_folder(path):
-        problem = _unfinished(path)
+        problem = _unfinished(path) or _comparison_run(path)
         if problem:
-            raise BaseRunError(f"--spmd-compare: base run {path} {problem}; its records may not cover every case")
+            raise BaseRunError(f"--spmd-compare: base run {path} {problem}; point it at a run of the base build")
         return path
     runs = sorted(
         (p for p in path.glob(f"{runfolder.RUN_PREFIX}*") if p.is_dir() and not p.is_symlink()),
@@ -188,15 +196,50 @@ def find_run(path: Path, own_run: Path | None = None) -> Path:
     for run in runs:
         if own_run is not None and run.absolute() == own_run.absolute():
             continue
-        problem = _unfinished(run) if runfolder.is_run_folder(run) else "has no manifest"
+        if runfolder.is_run_folder(run):
+            problem = _unfinished(run) or _comparison_run(run) or _other_setup(run, backend, devices)
+        else:
+            problem = "has no manifest"
         if problem is None:
             return run
         skipped.append(f"{run.name} {problem}")
-    detail = f" ({'; '.join(skipped[:5])})" if skipped else ""
+    setup = f", taken on backend {backend} with {devices} devices" if backend is not None else ""
+    detail = f": {'; '.join(skipped[:8])}{'; ...' if len(skipped) > 8 else ''}" if skipped else ""
     raise BaseRunError(
-        f"--spmd-compare={path} holds no finished run folder ({runfolder.RUN_PREFIX}*/{runfolder.MANIFEST_NAME})"
-        f"{detail}; run the suite on the base build with --spmd-results-dir={path} first"
+        f"--spmd-compare={path} holds no finished run folder ({runfolder.RUN_PREFIX}*/{runfolder.MANIFEST_NAME}) "
+        f"that can be a base run (not itself a comparison{setup}){detail}; run the suite on the base build with "
+        f"--spmd-results-dir={path} first, or point --spmd-compare at that run's folder"
     )
+
+
+def _comparison_run(run: Path) -> str | None:
+    """Why a run is no base: it compared its own build with another one (its comparison.json, or
+    --spmd-compare on its command line), so its records are a PR build's, not a base build's."""
+    if os.path.lexists(run / runfolder.COMPARISON_NAME):
+        return f"is itself a comparison (it holds {runfolder.COMPARISON_NAME}: a run with --spmd-compare)"
+    try:
+        argv = runfolder.read_manifest(run).argv
+    except (OSError, ValueError):
+        return None  # _unfinished said it already
+    if any(arg.startswith("--spmd-compare") for arg in argv):
+        return "is itself a comparison (its command line has --spmd-compare)"
+    return None
+
+
+def _other_setup(run: Path, backend: str | None, devices: int | None) -> str | None:
+    """Why a run's records cannot predict this run's: another backend or device count. A run whose
+    records cannot be read is not skipped: BaseRun.load refuses it by name."""
+    if backend is None:
+        return None
+    try:
+        _check_records_files(run, f"--spmd-compare: base run {run}")
+        setups = {(r.backend, r.devices) for r in read_records(run)}
+    except (BaseRunError, DamagedRecord, OSError):
+        return None
+    if not setups or setups == {(backend, devices)}:
+        return None
+    taken = "; ".join(f"backend {printable(str(b))} with {d} devices" for b, d in sorted(setups, key=str))
+    return f"was taken on {taken}"
 
 
 def _unfinished(run: Path) -> str | None:
@@ -223,7 +266,9 @@ class CaseComparison:
     case: str
     differences: list[str] = dataclasses.field(default_factory=list)  # items that fail it, without the builds
     new: list[str] = dataclasses.field(default_factory=list)  # what the base lacks (listed)
+    moved: list[str] = dataclasses.field(default_factory=list)  # bytes within the band, improvements (listed)
     not_compared: str | None = None  # why the base cannot judge it (the base lacks it, or failed it)
+    grids: list[str] = dataclasses.field(default_factory=list)  # device grids of the moves the text hides
 
 
 def compare_case(
@@ -245,13 +290,8 @@ def compare_case(
             f": {printable(reason)}" if reason else ""
         )
         return result
-    if shardings is not None:
-        expected = {name: canonical_text(spec) for name, spec in record.shardings.items()}
-        judge = Baseline(base.path, base.backend, base.devices, base.torch_xla, {case: expected})
-        for change in judge.compare(case, shardings) or []:
-            (result.new if change.before is None else result.differences).append(
-                printable(str(change).replace("(not in the baseline)", "(not in the base run)"))
-            )
+    # The cost lines first: one change in torch_xla (a graph cut in two) moves the counts and
+    # renumbers every step-graph parameter; the counts say what happened.
     if signatures is not None:
         measured = {label: sig for label, sig in signatures.items() if label in record.costs}
         result.new += [
@@ -260,8 +300,71 @@ def compare_case(
             if label not in record.costs
         ]
         judge_costs = CostBaseline(base.path, base.backend, base.devices, base.torch_xla, {case: dict(record.costs)})
-        result.differences += [printable(str(c)) for c in judge_costs.compare(case, measured) or []]
+        changes = judge_costs.compare(case, measured) or []
+        result.differences += [printable(str(c)) for c in costs.failing(changes)]
+        result.moved += [printable(str(c)) for c in costs.listed(changes)]
+    if shardings is not None:
+        expected, base_parameters = _split_parameters(record.shardings)
+        observed, parameters = _split_parameters(shardings)
+        judge = Baseline(base.path, base.backend, base.devices, base.torch_xla, {case: expected})
+        for change in judge.compare(case, observed) or []:
+            (result.new if change.before is None else result.differences).append(
+                printable(str(change).replace("(not in the baseline)", "(not in the base run)"))
+            )
+            if (
+                change.before is not None
+                and change.after is not None
+                and (is_multi_axis(change.before) or is_multi_axis(change.after))
+            ):
+                result.grids += [printable(f"{change.tensor}:")] + [
+                    printable(f"    {row}")
+                    for row in grids_side_by_side(change.before, change.after, ("base", "this build"))
+                ]
+        for graph in sorted(set(base_parameters) | set(parameters)):
+            changed = _parameters_change(graph, base_parameters.get(graph), parameters.get(graph))
+            if changed is not None:
+                (result.differences if changed[0] else result.new).append(printable(changed[1]))
     return result
+
+
+# A step graph's parameters as the cost meter records them: `step0:parameter(7)`. XLA numbers them
+# in the order the graph takes them, so a graph that gains or loses one renumbers the rest: they are
+# matched by their shardings (a multiset per graph), never one number against the same number.
+GRAPH_PARAMETER = re.compile(r"(?P<graph>.+):parameter\(\d+\)")
+
+
+def _split_parameters(shardings: Mapping[str, str]) -> tuple[dict[str, str], dict[str, collections.Counter[str]]]:
+    """(the named tensors, each step graph's parameter shardings as a multiset)."""
+    named: dict[str, str] = {}
+    graphs: dict[str, collections.Counter[str]] = {}
+    for name, spec in shardings.items():
+        match = GRAPH_PARAMETER.fullmatch(name)
+        if match:
+            graphs.setdefault(match["graph"], collections.Counter())[canonical_text(spec)] += 1
+        else:
+            named[name] = canonical_text(spec)
+    return named, graphs
+
+
+def _parameters_change(
+    graph: str, before: collections.Counter[str] | None, after: collections.Counter[str] | None
+) -> tuple[bool, str] | None:
+    """One line for a graph's parameters, None when they match whatever their numbers; (True, line)
+    fails the case (a sharding the base's graph had is gone), (False, line) only lists what it gained."""
+    if before == after:
+        return None
+    if before is None:
+        return False, f"{graph}: {sum((after or {}).values())} graph parameter(s), a graph the base run lacks"
+    after = after or collections.Counter()
+    gained, lost = after - before, before - after
+    items = [f"-{n} x {spec}" for spec, n in sorted(lost.items())] + [
+        f"+{n} x {spec}" for spec, n in sorted(gained.items())
+    ]
+    line = (
+        f"{graph}: graph parameters {sum(before.values())} -> {sum(after.values())} "
+        f"(matched by sharding, whatever their numbers): {', '.join(items)}"
+    )
+    return bool(lost), line
 
 
 def failure_text(base: BaseRun, this_build: str | None, comparison: CaseComparison) -> str:
@@ -270,6 +373,8 @@ def failure_text(base: BaseRun, this_build: str | None, comparison: CaseComparis
     lines = [f"{builds}: {item}" for item in comparison.differences[:MAX_LINES_PER_CASE]]
     if len(comparison.differences) > MAX_LINES_PER_CASE:
         lines.append(f"... {len(comparison.differences) - MAX_LINES_PER_CASE} more item(s)")
+    if comparison.grids:
+        lines += ["which device holds which tile:", *comparison.grids[: 4 * MAX_LINES_PER_CASE]]
     lines.append(
         f"(judged against the base run {base.path} by --spmd-compare; a change the PR means "
         "is a change reviewers should see named here)"
@@ -286,6 +391,8 @@ def registry_change(entry: str, case: str, before: str | None, after: str | None
         return f"fixed by this build: {detail}"
     if before in CASE_PASSED and after in BUG_SHOWED:
         return f"newly failing in this build: {detail}"
+    if after == "failed":
+        return f"fails in this build without the signature of {detail}"
     return f"judged differently: {detail}"
 
 
@@ -307,6 +414,7 @@ class Comparison:
     not_compared: dict[str, str] = dataclasses.field(default_factory=dict)  # case -> why
     registry: list[str] = dataclasses.field(default_factory=list)  # registry_change lines
     schema: int = COMPARISON_SCHEMA
+    moved: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # case -> byte moves (listed)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=1, allow_nan=False)
@@ -330,7 +438,11 @@ class Comparison:
         for name, check in checks.items():
             if name not in data or not check(data[name]):
                 raise ValueError(f"field {name!r} is {shown(data.get(name))}")
-        return cls(**{name: data[name] for name in (*checks, "schema")})
+        # `moved` came later: a comparison written before it lists no byte moves.
+        moved = data.get("moved", {})
+        if not (isinstance(moved, dict) and all(_strings(x) for x in moved.values())):
+            raise ValueError(f"field 'moved' is {shown(moved)}")
+        return cls(**{name: data[name] for name in (*checks, "schema")}, moved=moved)
 
     def lines(self) -> list[str]:
         """The end-of-run listing (also the report's, in Markdown there)."""
@@ -338,15 +450,33 @@ class Comparison:
             f"base torch_xla {self.base_torch_xla or '?'} -> this build {', '.join(self.this_torch_xla) or '?'}; "
             f"{self.compared} case(s) compared, {len(self.differ)} differ"
         ]
+        if self.base_torch_xla is not None and self.base_torch_xla in self.this_torch_xla:
+            out.append(same_build_warning(self.base_torch_xla))
         out += [f"differs: {case}: {lines[0] if lines else ''}" for case, lines in sorted(self.differ.items())]
+        out += list(self.registry)  # what failed first; what is only listed after
+        new = [f"{case}: {item}" for case, items in sorted(self.new.items()) for item in items]
+        if len(new) <= MAX_NEW_LISTED:
+            out += [f"new in this build (listed, not failed): {line}" for line in new]
+        else:
+            out.append(
+                f"new in this build (listed, not failed): {len(new)} item(s) the base run lacks, in {len(self.new)} "
+                f"case(s); each case's under its result (-rA), all in {runfolder.COMPARISON_NAME}"
+            )
         out += [
-            f"new in this build (listed, not failed): {case}: {item}"
-            for case, items in sorted(self.new.items())
+            f"bytes moved (listed, not failed: {costs.band_text()} band): {case}: {item}"
+            for case, items in sorted(self.moved.items())
             for item in items
         ]
         out += [f"not compared: {case}: {why}" for case, why in sorted(self.not_compared.items())]
-        out += list(self.registry)
         return [printable(line) for line in out]
+
+
+def same_build_warning(version: str) -> str:
+    """Both sides carry one version label: the base run may be a run of this very build."""
+    return (
+        f"WARNING: the base run and this build are both torch_xla {version}: if the base run is a run of this "
+        "build, nothing was compared with the base build (point --spmd-compare at the base build's run)"
+    )
 
 
 def _strings(value: Any) -> bool:

@@ -27,6 +27,7 @@ from harness.config import options
 from harness.costbaseline import CostBaseline
 from harness.isolation.backend import Backend
 from harness.isolation.case import CaseResult, SpmdRunner
+from harness.judges import checked
 from harness.records import results, runfolder
 
 SESSION_KEY = pytest.StashKey["CostSession"]()
@@ -109,10 +110,21 @@ def judge(
     if changes is None:
         session.cases_without_entry.append(case)
         return
+    checked.mark(report, checked.COST_BASELINE)
     if not changes:
         return
-    lines = [str(c) for c in changes]
-    item.stash[CHANGES_KEY] = item.stash.get(CHANGES_KEY, []) + lines
+    item.stash[CHANGES_KEY] = item.stash.get(CHANGES_KEY, []) + [str(c) for c in changes]
+    moves = costs.listed(changes)  # bytes within the band, improvements: listed, never failed
+    if moves:
+        report.sections.append(
+            (
+                f"cost byte moves within the band ({costs.band_text()}) or improvements (listed, not failed)",
+                "\n".join(f"  {c}" for c in moves),
+            )
+        )
+    lines = [str(c) for c in costs.failing(changes)]
+    if not lines:
+        return
     listing = "\n".join(f"  {line}" for line in lines)
     if base.on_release_line(version) and report.passed:
         _fail(

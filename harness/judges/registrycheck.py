@@ -84,8 +84,9 @@ def judge(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestRep
     if not case.entries or report.skipped:
         return
     judgement = case.judgement = registry.judge(case.entries, case.torch_xla, evidence_of(call))
-    item.user_properties.append(("known_bug", judgement.entry or case.entries[0].id))
-    item.user_properties.append(("registry_verdict", judgement.kind.value))
+    judged = [("known_bug", judgement.entry or case.entries[0].id), ("registry_verdict", judgement.kind.value)]
+    item.user_properties.extend(judged)
+    report.user_properties.extend(judged)  # copied from the item before this judgement: for the run's closing line
     if judgement.kind is JudgementKind.REPRODUCED:
         report.outcome = "skipped"
         report.wasxfail = judgement.message

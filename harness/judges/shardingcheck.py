@@ -14,6 +14,7 @@ from harness.baselinefile import BaselineSession
 from harness.config import options
 from harness.isolation.backend import Backend
 from harness.isolation.case import SpmdRunner
+from harness.judges import checked
 from harness.judges.baseline import Baseline
 
 SESSION_KEY = pytest.StashKey["ShardingSession"]()
@@ -64,6 +65,7 @@ def judge(
     if check is None:
         session.cases_without_entry.append(case_id)
         return []
+    checked.mark(report, checked.SHARDING_BASELINE)
     if check.failure is not None:
         report.outcome = "failed"
         report.longrepr = check.failure

@@ -38,6 +38,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import socket
 import stat
 import sys
@@ -188,6 +189,9 @@ class RunFolder:
     # a case deleting the manifest later does not make the run refuse its own folder.
     _claimed: tuple[int, int] | None = dataclasses.field(default=None, compare=False, repr=False)
     _closed_text: str | None = dataclasses.field(default=None, compare=False, repr=False)
+    # Where `latest` pointed before claim() moved it here: retire() puts it back.
+    _previous_latest: str | None = dataclasses.field(default=None, compare=False, repr=False)
+    _made_base: bool = dataclasses.field(default=False, compare=False, repr=False)  # claim() made the results folder
 
     @classmethod
     def new(cls, base: Path, run_id: str | None = None) -> RunFolder:
@@ -253,6 +257,7 @@ class RunFolder:
         """
         if self._claimed is not None:
             return self.path
+        self._made_base = not os.path.lexists(self.base)
         self.base.mkdir(parents=True, exist_ok=True)
         try:
             os.mkdir(self.path)
@@ -268,8 +273,36 @@ class RunFolder:
             files.create_new(self.manifest_path, self.opening_manifest().to_json())
         except FileExistsError:
             return self.path  # another process of this run wrote it a moment ago
+        self._previous_latest = _latest_target(self.base)
         point_latest(self.base, self.path)
         return self.path
+
+    def retire(self) -> bool:
+        """The run was refused, or collected nothing, before any case ran: remove the folder this process
+        made, which holds only what the harness wrote at its start (the manifest, the fork servers'
+        logs), and point `latest` back where it was, so readers see the previous real run. A folder
+        holding a case record, or no longer the one this process made, is kept. True if removed."""
+        if self._claimed is None or any(self.path.glob(VERDICTS_GLOB)):
+            return False
+        try:
+            info = os.lstat(self.path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(info.st_mode) or (info.st_dev, info.st_ino) != self._claimed:
+            return False
+        shutil.rmtree(self.path)
+        if _latest_target(self.base) == self.run_id:
+            previous = self._previous_latest
+            if previous and is_run_folder(self.base / previous):
+                point_latest(self.base, self.base / previous)
+            else:
+                (self.base / LATEST_NAME).unlink(missing_ok=True)
+        if self._made_base:
+            try:
+                self.base.rmdir()  # only if empty: what another run put there since stays
+            except OSError:
+                pass
+        return True
 
     def _is_ours_in_progress(self) -> bool:
         """Another process of this same run made the folder a moment ago (its manifest may follow):
@@ -411,6 +444,12 @@ def point_latest(base: Path, run_path: Path) -> None:
         os.replace(temp, latest)
     except OSError:
         temp.unlink(missing_ok=True)  # a filesystem without symlinks: readers fall back to the newest run
+
+
+def _latest_target(base: Path) -> str | None:
+    """The run `base/latest` names, if it is the harness's link."""
+    latest = base / LATEST_NAME
+    return os.readlink(latest) if _points_at_a_run(latest) else None
 
 
 def _points_at_a_run(latest: Path) -> bool:

@@ -97,7 +97,7 @@ class HarnessSession:
             f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}; "
             f"{versions.describe(versions.stack())}; results {self.run.path}",
             caseuser.header_line(),
-        ] + ([compared] if compared else [])
+        ] + (compared.splitlines() if compared else [])
 
     def charge_late_fault(self, fault: LateFault) -> None:
         """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""
@@ -122,9 +122,7 @@ def _run_folder(config: pytest.Config) -> runfolder.RunFolder:
     if early is not None:
         return early
     try:
-        return runfolder.RunFolder.new(
-            Path(options.value(config, "spmd_results_dir")), options.value(config, "spmd_run_id")
-        )
+        return runfolder.RunFolder.new(options.results_dir(config), options.value(config, "spmd_run_id"))
     except HarnessError as exc:
         raise pytest.UsageError(str(exc)) from None
 

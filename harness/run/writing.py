@@ -16,13 +16,16 @@ from harness.isolation.evidence import headline
 from harness.judges import basecheck, costcheck
 from harness.judges.registrycheck import JudgedCase, evidence_of
 from harness.records import results, runfolder, versions
-from harness.registry import Judgement
+from harness.registry import Judgement, JudgementKind
+from harness.run.findings import first_item
 from harness.run.session import PYTEST_SESSION_KEY, SESSION_KEY, HarnessSession
 
 CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
 # A write into the results folder that fails with one of these cannot succeed for the next case
 # either: the run stops with a message instead of an INTERNALERROR.
 RESULTS_WRITE_FATAL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+# Registry judgements that do not fail a case: a failure then is another judge's, with its own reason.
+ACQUITTALS = (JudgementKind.PASSED, JudgementKind.UNJUDGED)
 
 
 def write_case_record(
@@ -172,11 +175,13 @@ def _stack_versions() -> StackVersions:
 
 
 def _reason(report: pytest.TestReport, judgement: Judgement | None) -> str:
-    if judgement is not None:
+    # The registry's word is the reason unless it passed the case and a baseline failed it: then
+    # "outside the carried_by of ..." would stand for a sharding drift or a cost change.
+    if judgement is not None and not (report.failed and judgement.kind in ACQUITTALS):
         return judgement.message
     if report.skipped and isinstance(report.longrepr, tuple):
         return str(report.longrepr[2]).removeprefix("Skipped: ")
     if report.failed and report.longrepr is not None:
         crash = getattr(report.longrepr, "reprcrash", None)
-        return headline(crash.message if crash else str(report.longrepr), 500)
+        return headline(crash.message if crash else first_item(str(report.longrepr)), 500)
     return ""

@@ -1,0 +1,93 @@
+"""What harness.stepcosts' meter costs per step, in CPU. Prints numbers; asserts nothing.
+
+    .venv/bin/python benchmarks/meter_overhead.py [--steps 5] [--repeat 5]
+
+In one torch_xla process (CPU backend, 4 devices) the two-layer FSDPv2 loop of cases/test_costs.py
+runs `--steps` steps bare and `--steps` steps under the meter, `--repeat` times alternately, each
+in a fresh process (the meter freezes the collector for the rest of a process), after the imports:
+what a case's child does. Printed: the process CPU (user + system) of the body (compilations
+included: the meter's dumps and their reading happen there), median over the repeats, and what the
+meter adds per step; then the native figures' own cost (harness.nativememory.now(), timed 10,000 times). The
+machine is shared: the numbers are noisy, medians of a few repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CHILD = """
+import json, os, resource, sys, time
+sys.path.insert(0, {repo!r})
+from types import SimpleNamespace
+from harness import xla
+xla.enable_spmd()
+xla.enable_step_dumps()
+from cases.test_costs import body_two_layer_fsdpv2
+import harness.stepcosts as stepcosts
+metered = {metered!r}
+if not metered:
+    class Bare:
+        def __init__(self, *a, **k): pass
+        def step(self):
+            import contextlib
+            return contextlib.nullcontext()
+    stepcosts.StepMeter = Bare
+ctx = SimpleNamespace(values={{}}, devices=None, bodies_before=0, record=lambda *a, **k: None,
+                      record_sharding=lambda *a, **k: None)
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+import torch, torch_xla.distributed.spmd, torch_xla.experimental.spmd_fully_sharded_data_parallel  # not measured
+from harness import recording
+started = cpu()
+body_two_layer_fsdpv2(ctx, steps={steps})
+print(json.dumps({{"cpu_s": cpu() - started}}))
+"""
+
+
+def run(metered: bool, steps: int) -> float:
+    env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4", XLA_USE_SPMD="1")
+    code = CHILD.format(repo=str(REPO), metered=metered, steps=steps)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"child failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return float(json.loads(lines[-1])["cpu_s"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    bare, metered = [], []
+    for _ in range(args.repeat):
+        bare.append(run(False, args.steps))
+        metered.append(run(True, args.steps))
+    b, m = statistics.median(bare), statistics.median(metered)
+    print(
+        f"loop of {args.steps} steps, CPU s: bare {[round(x, 2) for x in bare]}, metered {[round(x, 2) for x in metered]}"
+    )
+    print(
+        f"median: bare {b:.2f} s, metered {m:.2f} s; the meter adds {1000 * (m - b) / args.steps:.1f} ms CPU per step"
+    )
+    from harness import nativememory
+
+    started = time.perf_counter()
+    for _ in range(10_000):
+        nativememory.now()
+    print(f"harness.nativememory.now(): {1e6 * (time.perf_counter() - started) / 10_000:.1f} us a call")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The end of an SPMD run: one finding per change, not one per failed case.
+
+One change in torch_xla (an extra mark_step in every training step) fails every case that trains,
+each with the same lines: 18 failures, read one by one, bury the one thing that changed. This
+section, the last before pytest's short summary, groups the failed cases by what failed them (the
+items that differ from the base run, else the failure's first line), the largest group first:
+
+    18 case(s): step0: compiles 1 -> 4, executions 1 -> 4
+      cases/test_functionalization.py::test_fsdpv2_vit_train_steps_match_cpu[func-on, func-off], ...
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from harness.judges import basecheck, basecompare, checked
+from harness.run.session import SESSION_KEY
+
+MAX_ITEMS_SHOWN = 6  # lines of one finding; the rest is in each failure and in comparison.json
+# `step0:parameter(3)` and `parameter(7)`: the numbers XLA gives a step graph's parameters move
+# when a graph gains or loses one, so the same change reads alike whatever the numbering.
+PARAMETER_NUMBER = re.compile(r"parameter\(\d+\)")
+
+
+def first_item(text: str) -> str:
+    """A failure's first line; where that line announces a list ("sharding drift: 1 tensor(s) differ
+    ...:"), with its first item, so one line says what changed."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else ""
+
+
+def finding_of(report: pytest.TestReport) -> tuple[str, ...]:
+    """What failed this case: the items that differ from the base run (without the build names,
+    which every such line shares), else the failure's first line."""
+    properties = dict(report.user_properties)
+    compared = json.loads(str(properties.get(basecheck.PROPERTY, "{}")))
+    if compared.get("differences"):
+        return tuple(PARAMETER_NUMBER.sub("parameter(N)", item) for item in compared["differences"])
+    longrepr = report.longrepr
+    crash = getattr(longrepr, "reprcrash", None)
+    return (first_item(crash.message if crash is not None else str(longrepr)),)
+
+
+def case_names(nodeids: Iterable[str]) -> list[str]:
+    """`file::test[a]`, `file::test[b]` as `file::test[a, b]`."""
+    params: dict[str, list[str]] = collections.defaultdict(list)
+    for nodeid in nodeids:
+        base, _, param = nodeid.partition("[")
+        params[base].append(param.rstrip("]"))
+    return [base + (f"[{', '.join(p for p in ps)}]" if any(ps) else "") for base, ps in params.items()]
+
+
+def lines(failed: Iterable[pytest.TestReport]) -> list[str]:
+    """Cases grouped by their finding's first item (the counts, when a step compiles more: what
+    changed), the items every case of the group shares after it, then the cases."""
+    groups: dict[str, list[tuple[str, tuple[str, ...]]]] = collections.defaultdict(list)
+    for report in failed:
+        case = dict(report.user_properties).get("spmd_case_id", report.nodeid)
+        finding = finding_of(report)
+        groups[finding[0]].append((str(case), finding[1:]))
+    out = []
+    for headline, members in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
+        out.append(f"{len(members)} case(s): {headline}")
+        shared = [item for item in members[0][1] if all(item in rest for _, rest in members[1:])]
+        out += [f"  and: {item}" for item in shared[:MAX_ITEMS_SHOWN]]
+        varying = max(len(rest) for _, rest in members) - len(shared[:MAX_ITEMS_SHOWN])
+        if varying > 0:
+            out.append(f"  and up to {varying} more item(s), by case (in each failure above)")
+        names = case_names(case for case, _ in members)
+        out.append("  " + ", ".join(names[:4]) + (f", and {len(names) - 4} more test(s)" if len(names) > 4 else ""))
+    return [basecompare.printable(line) for line in out]
+
+
+def checked_line(reports: Iterable[pytest.TestReport]) -> str:
+    """What the run held its cases to: the registry entries judged, the references compared."""
+    calls = [r for r in reports if getattr(r, "when", "") == "call"]
+    entries = {str(v) for r in calls for name, v in r.user_properties if name == "known_bug"}
+    verdicts = collections.Counter(str(v) for r in calls for name, v in r.user_properties if name == "registry_verdict")
+    held = collections.Counter(what for r in calls for what in checked.of(r))
+    parts = [f"{len(calls)} case(s) ran"]
+    parts.append(
+        f"{len(entries)} known-bug registry entr{'y' if len(entries) == 1 else 'ies'} judged"
+        + (f" ({', '.join(f'{n} {v}' for v, n in sorted(verdicts.items()))})" if verdicts else "")
+    )
+    for what in (checked.SHARDING_BASELINE, checked.COST_BASELINE, checked.BASE_RUN):
+        parts.append(f"{held[what]} held to the {what}")
+    return "spmd checked: " + "; ".join(parts)
+
+
+class Findings:
+    """Registered by the plugin for the controlling process: the section at the end of the run."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        harness = config.stash.get(SESSION_KEY, None)
+        if harness is None or not (harness.active or harness.run.exists()):
+            return
+        failed = [r for r in terminalreporter.stats.get("failed", []) if getattr(r, "when", "") == "call"]
+        if len(failed) > 1:  # one failure is its own finding
+            shown = lines(failed)
+            changes = sum(1 for line in shown if not line.startswith(" "))
+            terminalreporter.section(f"spmd findings: {len(failed)} failed case(s), {changes} change(s)", red=True)
+            for line in shown:
+                terminalreporter.line(line, red=not line.startswith(" "))
+        reports = [r for key in ("passed", "failed", "xfailed", "xpassed") for r in terminalreporter.stats.get(key, [])]
+        terminalreporter.write_line(checked_line(reports))

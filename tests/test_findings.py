@@ -1,0 +1,104 @@
+"""One change, one finding (black-box runs on the fake backend, the fixtures of
+tests/test_basecompare.py): the failed cases are grouped by what failed them at the end of the run,
+a step graph's renumbered parameters are matched by their shardings rather than failed or listed
+one by one, and what failed comes before what is only listed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests import test_basecompare
+from tests.test_basecompare import BASE_BUILD, TILED
+from tests.test_baseline import lit
+from tests.test_costs import signature
+
+pytestmark = pytest.mark.selftest
+
+suite = test_basecompare.suite  # the fixture: a case file run as the base build, then as the PR's
+
+REPLICATED = "{replicated}"
+COLUMNS = "{devices=[1,4]0,1,2,3}"
+
+
+def test_one_change_in_two_cases_is_one_finding_at_the_end(suite, monkeypatch):
+    suite(version=BASE_BUILD, results="base")
+    monkeypatch.setenv("STEADY_SIGNATURE", json.dumps(signature(all_gather=5)))
+    result = suite("--spmd-compare=base", costs=signature(all_gather=5))
+    result.assert_outcomes(failed=2, xfailed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*spmd findings: 2 failed case(s), 1 change(s)*",
+            lit("2 case(s): step0: all-gather 3 -> 5 (+64 KiB per device)"),
+            "  test_cases.py::test_block, test_cases.py::test_steady",
+            "*short test summary info*",
+        ]
+    )
+
+
+def test_renumbered_graph_parameters_are_matched_by_their_shardings(suite):
+    base = {"step0:parameter(0)": TILED, "step0:parameter(1)": REPLICATED, "step0:parameter(2)": TILED}
+    suite(version=BASE_BUILD, results="base", shardings=base)
+    # The graph takes one parameter more, first: every number moves by one.
+    renumbered = {"step0:parameter(0)": COLUMNS, "step0:parameter(1)": TILED}
+    renumbered |= {"step0:parameter(2)": REPLICATED, "step0:parameter(3)": TILED}
+    result = suite("--spmd-compare=base", shardings=renumbered)
+    result.assert_outcomes(passed=2, xfailed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*new in this build (listed, not failed): test_cases.py::test_block: "
+            + lit(f"step0: graph parameters 3 -> 4 (matched by sharding, whatever their numbers): +1 x {COLUMNS}")
+        ]
+    )
+    # A sharding the base's graph had that is gone fails the case, in one line.
+    changed = {"step0:parameter(0)": COLUMNS, "step0:parameter(1)": REPLICATED, "step0:parameter(2)": TILED}
+    failed = suite("--spmd-compare=base", shardings=changed)
+    failed.assert_outcomes(failed=1, passed=1, xfailed=1)
+    failed.stdout.fnmatch_lines(["*step0: graph parameters 3 -> 3 (*): -1 x " + lit(TILED) + ", +1 x " + lit(COLUMNS)])
+
+
+def test_what_failed_comes_before_what_is_only_listed_and_many_new_items_are_counted(suite):
+    suite(version=BASE_BUILD, results="base")
+    many = {"blocks.0:output": TILED} | {f"extra.{i}": TILED for i in range(12)}
+    result = suite("--spmd-compare=base", shardings=many, costs=signature(all_gather=5))
+    result.assert_outcomes(failed=1, passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*2 case(s) compared, 1 differ",
+            "differs: test_cases.py::test_block: *",
+            "new in this build (listed, not failed): 12 item(s) the base run lacks, in 1 case(s)*",
+        ]
+    )
+    assert "extra.3: new" not in result.stdout.str().split("compared with the base run", 2)[-1]
+
+
+def test_the_run_closes_with_what_it_checked(suite):
+    suite(version=BASE_BUILD, results="base")
+    result = suite("--spmd-compare=base")
+    result.assert_outcomes(passed=2, xfailed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "spmd checked: 3 case(s) ran; 1 known-bug registry entry judged (1 reproduced); "
+            "0 held to the sharding baseline; 0 held to the cost baseline; 2 held to the base run",
+            "*short test summary info*",
+        ]
+    )
+
+
+def test_a_moved_multi_axis_sharding_fails_with_both_device_grids(suite):
+    hsdp = "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}"
+    suite(version=BASE_BUILD, results="base", shardings={"blocks.0.weight": hsdp})
+    moved = "{devices=[2,1,2]0,2,1,3 last_tile_dim_replicate}"
+    result = suite("--spmd-compare=base", shardings={"blocks.0.weight": moved})
+    result.assert_outcomes(failed=1, passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*this build 2.10.0+git2222222: blocks.0.weight: *",
+            "which device holds which tile:",
+            "blocks.0.weight:",
+            "    base * this build",
+            "    dim 1 ->  [[]0[]]  [[]1[]] * dim 0 ->  [[]0[]]  [[]1[]]",
+            "              0,2  1,3 *0,2  1,3",
+        ]
+    )
