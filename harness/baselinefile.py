@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import json
 import os
 import shlex
 import tempfile
@@ -38,9 +37,11 @@ from packaging.version import InvalidVersion, Version
 
 from harness.config import options
 from harness.errors import BaselineError, HarnessError
+from harness.isolation import files
 from harness.isolation.backend import Backend
-from harness.schema import shown, unknown_keys
+from harness.schema import load_json, shown, unknown_keys
 
+LOCK_ATTEMPTS = 5  # a lock file that keeps vanishing under the update: refused after this many tries
 LOCK_TIMEOUT_S = 60.0  # a concurrent writer holds the lock for a read and a write: far less than this
 
 
@@ -104,7 +105,7 @@ class BaselineFile(Generic[E]):
             return None
         where = f"{cls.KIND} baseline {path}"
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = load_json(files.read_text(path))
         except OSError as exc:
             raise cls.ERROR(f"{where} cannot be read ({exc.strerror or exc})") from None
         except ValueError as exc:
@@ -232,17 +233,26 @@ def rewrite(
     case. BaselineUpdateRefused (nothing written) where that cannot be done safely."""
     where = f"{kind} baseline {path}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path, where):
-        try:
-            base = load() or empty()
-        except BaselineError as exc:
-            raise BaselineUpdateRefused(
-                f"{where} is not written: the file on disk cannot be merged with: {exc}"
-            ) from None
-        _refuse_mixed_release_lines(base, entries, where, flag)
-        changes = {case: base.update(case, observed, version) for case, (observed, version) in sorted(entries.items())}
-        _replace(path, base.render())
-    return changes
+    first: dict[str, list[Any]] | None = None
+    for _ in range(LOCK_ATTEMPTS):
+        with _locked(path, where) as still_ours:
+            try:
+                base = load() or empty()
+            except BaselineError as exc:
+                raise BaselineUpdateRefused(
+                    f"{where} is not written: the file on disk cannot be merged with: {exc}"
+                ) from None
+            _refuse_mixed_release_lines(base, entries, where, flag)
+            changes = {
+                case: base.update(case, observed, version) for case, (observed, version) in sorted(entries.items())
+            }
+            first = changes if first is None else first  # what this run changes, as it first found the file
+            if _replace(path, base.render(), still_ours):
+                return first
+    raise BaselineUpdateRefused(
+        f"{where} is not written: its lock file was removed or replaced {LOCK_ATTEMPTS} times while this run "
+        "held it (by a case?); run the update again"
+    )
 
 
 def _refuse_mixed_release_lines(
@@ -277,37 +287,65 @@ def _line(version: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: Path, where: str) -> Iterator[None]:
+def _locked(path: Path, where: str) -> Iterator[Callable[[], bool]]:
     """An exclusive flock on `<file>.lock` beside the file, held while the file is read and replaced.
-    Never follows a link planted there; waits LOCK_TIMEOUT_S at most."""
+    Never follows a link planted there; waits LOCK_TIMEOUT_S at most.
+
+    A lock file deleted or replaced while another process holds it (a case body can: it runs as
+    the same user) would let a second writer lock a new file and merge with what the first is
+    about to overwrite. So the lock is the file at the lock's path: after acquiring it, the
+    descriptor must still be what the path names (else it is opened again), and the callable
+    yielded says whether it still is, which _replace asks right before it renames."""
     lock = path.with_name(path.name + ".lock")
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        raise BaselineUpdateRefused(
-            f"{where} is not written: its lock file {lock} cannot be opened ({exc.strerror or exc}"
-            f"{'; it is a link' if exc.errno == errno.ELOOP else ''}); remove it and run the update again"
-        ) from None
-    try:
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    while True:
+        try:
+            fd = files.open_file(lock, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            raise BaselineUpdateRefused(
+                f"{where} is not written: its lock file {lock} cannot be opened ({exc.strerror or exc}"
+                f"{'; it is a link' if exc.errno == errno.ELOOP else ''}); remove it and run the update again"
+            ) from None
+        try:
+            _acquire(fd, lock, where, deadline)
+            if _names(lock, fd):
                 break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise BaselineUpdateRefused(
-                        f"{where} is not written: another process has held its lock {lock} for "
-                        f"{LOCK_TIMEOUT_S:.0f} s (another update run?); run the update again when it has finished"
-                    ) from None
-                time.sleep(0.05)
-        yield
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # a lock file that was removed or replaced while we waited: lock the one there now
+    try:
+        yield lambda: _names(lock, fd)
     finally:
         os.close(fd)  # releases the lock
 
 
-def _replace(path: Path, text: str) -> None:
-    """Write `text` to a new file beside `path`, then rename it over `path` (atomic on POSIX)."""
+def _acquire(fd: int, lock: Path, where: str, deadline: float) -> None:
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise BaselineUpdateRefused(
+                    f"{where} is not written: another process has held its lock {lock} for "
+                    f"{LOCK_TIMEOUT_S:.0f} s (another update run?); run the update again when it has finished"
+                ) from None
+            time.sleep(0.05)
+
+
+def _names(path: Path, fd: int) -> bool:
+    """The entry at path is the file open at fd (not a new file made after it was deleted)."""
+    try:
+        there, held = os.lstat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _replace(path: Path, text: str, still_ours: Callable[[], bool] = lambda: True) -> bool:
+    """Write `text` to a new file beside `path`, then rename it over `path` (atomic on POSIX),
+    if the lock is still ours once the text is written; False (nothing replaced) when it is not."""
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
@@ -315,7 +353,11 @@ def _replace(path: Path, text: str) -> None:
             out.flush()
             os.fchmod(out.fileno(), 0o644)
             os.fsync(out.fileno())
+        if not still_ours():
+            os.unlink(temporary)
+            return False
         os.replace(temporary, path)
+        return True
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)

@@ -30,6 +30,7 @@ tests/test_errors.py keeps the drawing true:
     ├── LateFault                         harness.isolation.child_process; charged to the child's last case
     ├── ProtocolError                     harness.isolation.protocol: a bad message on the result pipe
     │   └── ForkWireError                 harness.isolation.forkwire: a bad fork-server message
+    ├── NotThisRunsClient                 harness.isolation.forkserver: a spawn request without the run's token
     ├── MatrixError                       harness.matrix.errors
     │   ├── NotEnoughDiskError
     │   ├── EnvBuildError

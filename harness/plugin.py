@@ -11,6 +11,7 @@ never imports torch or torch_xla.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Generator, Iterator
@@ -24,14 +25,14 @@ from harness.config import activation, options
 from harness.config.backends import make_backend
 from harness.config.requirements import unmet_needs
 from harness.errors import HarnessError, RegistryError
-from harness.isolation import runservers
+from harness.isolation import files, runservers
 from harness.isolation.case import SpmdRunner
 from harness.isolation.evidence import headline
 from harness.judges import basecheck, costcheck, registrycheck, shardingcheck
 from harness.judges.registrycheck import ENTRIES_KEY, RUNNER_KEY, JudgedCase
 from harness.records import results, runfolder
 from harness.registry import get_entry
-from harness.run import writing
+from harness.run import caseuser, writing
 from harness.run.dumproot import remove_dump_root
 from harness.run.failedlines import WholeFailedLines
 from harness.run.findings import Findings
@@ -139,6 +140,9 @@ def pytest_configure_node(node: Any) -> None:
     harness = node.config.stash[SESSION_KEY]
     node.workerinput[WORKERINPUT_RUN_KEY] = harness.run.to_workerinput()
     node.workerinput[WORKERINPUT_ACTIVE_KEY] = harness.active
+    base = basecheck.to_workerinput(node.config)
+    if base is not None:
+        node.workerinput[basecheck.WORKERINPUT_KEY] = base
     servers = node.config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         node.workerinput[runservers.WORKERINPUT_KEY] = runservers.addresses_to_workerinput(servers.addresses())
@@ -163,6 +167,8 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _register_markers(config)
+    caseuser.configure(config)  # before any child starts
+    config.pluginmanager.register(_JunitGuard(), "spmd_junit_guard")
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
     shardingcheck.configure(config, session.backend)
@@ -170,12 +176,23 @@ def pytest_configure(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if config.stash.get(EARLY_KEY, False) or (workerinput or {}).get(WORKERINPUT_ACTIVE_KEY):
         session.activate(config)
-    elif _names_input_files(config) and not getattr(config.option, "help", False):
-        load_inputs(session, config)  # a file the user named is checked now, in the xdist controller too
+    elif (_names_input_files(config) or _distributes(config, workerinput)) and not getattr(
+        config.option, "help", False
+    ):
+        # A file the user named is checked now, in the xdist controller too; so is a default file
+        # the workers would read: a worker's usage error ends the run as "no tests ran", naming nothing.
+        load_inputs(session, config)
+        if _distributes(config, workerinput):
+            config.stash[costcheck.SESSION_KEY].read_unless_probed()
     basecheck.configure(config, session.backend, session.run.path)  # only with --spmd-compare
     if workerinput is None:
         config.pluginmanager.register(WholeFailedLines(), "spmd_whole_failed_lines")
         config.pluginmanager.register(Findings(), "spmd_findings")
+
+
+def _distributes(config: pytest.Config, workerinput: Any) -> bool:
+    """This process is the controller of xdist workers."""
+    return workerinput is None and options.xdist_distributes(config.option)
 
 
 def _names_input_files(config: pytest.Config) -> bool:
@@ -268,6 +285,19 @@ def _select_bug(config: pytest.Config, items: list[pytest.Item], bug: str, regis
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+
+
+class _JunitGuard:
+    """pytest's junitxml opens its file with a plain open() at the session's end: a named pipe a
+    case put there (results/junit.xml is the case's to write) would hang the run. Runs first."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        harness = session.config.stash.get(SESSION_KEY, None)
+        xmlpath = getattr(session.config.option, "xmlpath", None)
+        if harness is not None and xmlpath and (harness.active or harness.run.exists()):
+            with contextlib.suppress(OSError):
+                files.clear_for_writer(xmlpath)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

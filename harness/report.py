@@ -287,7 +287,7 @@ def run_description(records: Sequence[CaseRecord]) -> str:
 
     def values(field: str) -> str:
         seen = sorted({str(getattr(r, field)) for r in records if getattr(r, field) not in (None, "")})
-        return "/".join(seen) or "?"
+        return markdown_cell("/".join(seen), 200) or "?"  # a record's text: a case could have written it
 
     return f"torch_xla {values('torch_xla')} · backend {values('backend')} · {values('devices')} devices"
 
@@ -506,15 +506,8 @@ def write_summary(text: str, summary: Path, step_summary: Path | None) -> None:
             fh.write(text)
 
 
-def inert(text: str) -> str:
-    """A line of plain output that cannot command the GitHub runner, whatever a record held: one
-    line, and no `##[` (a command wherever it sits in a line; harness.report's own workflow
-    commands are escaped by workflow_command)."""
-    return " ".join(text.splitlines()).replace("##[", "#%23[")
-
-
 def say(text: str, error: bool = False) -> None:
-    print(inert(text), file=sys.stderr if error else sys.stdout)
+    print(cli.inert(text), file=sys.stderr if error else sys.stdout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ of the words these build, so a message reads "FILE: entry X: field: what is wron
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,6 +25,15 @@ def unknown_keys(keys: Iterable[str], known: Iterable[str]) -> str | None:
     close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
     return f"unknown key {unknown[0]!r}; {hint}"
+
+
+def load_json(text: str | bytes) -> Any:
+    """json.loads, where JSON nested deeper than the interpreter can recurse (a file a case
+    wrote) is a ValueError like any other bad JSON, not a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("its JSON is nested too deeply to be read") from None
 
 
 def shown(value: Any) -> str:

@@ -23,6 +23,7 @@ try:
 except ImportError:  # the bare runner's system Python: the copy pip vendors
     from pip._vendor.packaging.utils import InvalidWheelFilename, parse_wheel_filename  # type: ignore[no-redef]  # pip's copy of the same API
 
+from harness.cli import inert
 from harness.errors import HarnessUsageError
 
 _CPYTHON = re.compile(r"^cp(\d)(\d+)$")
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"version={python_of_wheels(Path(folders[0]))}")
     except HarnessUsageError as exc:
-        print(f"harness.wheeltags: {exc}", file=sys.stderr)
+        print(inert(f"harness.wheeltags: {exc}"), file=sys.stderr)  # a wheel's name is the PR's text
         return 2
     return 0
 

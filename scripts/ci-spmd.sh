@@ -103,8 +103,10 @@ parse_args() {
 single_wheel() {
   local pattern=$1 matches
   mapfile -t matches < <(compgen -G "$wheels_dir/$pattern" || true)
+  # The names are the PR's text, printed outside the stop-commands window: no `##[` in them.
+  local shown=${matches[*]:-none}
   [[ ${#matches[@]} -eq 1 ]] ||
-    die "expected one $pattern in $wheels_dir, found ${#matches[@]}: ${matches[*]:-none}"
+    die "expected one $pattern in $wheels_dir, found ${#matches[@]}: ${shown//'##['/'#%23['}"
   echo "${matches[0]}"
 }
 
@@ -144,8 +146,9 @@ install() {
     # As pytorch/xla's CI does: the PR's torch and torch_xla (their dependencies from PyPI), then
     # the nightly jax/jaxlib their pallas extra pins, from JAX's index only; then the harness,
     # whose own dependencies name no torch and want no pre-releases.
-    "${pip[@]}" "$torch_wheel" "$xla_wheel"
-    "${pip[@]}" --pre --index-url "$JAX_NIGHTLY_INDEX" "${xla_wheel}[pallas]"
+    # pip prints the wheels' names and metadata, the PR's text: inside the stop-commands window.
+    untrusted_output "${pip[@]}" "$torch_wheel" "$xla_wheel" || exit
+    untrusted_output "${pip[@]}" --pre --index-url "$JAX_NIGHTLY_INDEX" "${xla_wheel}[pallas]" || exit
     "${pip[@]}" -e .
   else
     "${pip[@]}" -e '.[xla]'

@@ -116,7 +116,7 @@ def test_a_tail_starts_at_since_and_folds_only_when_asked(tmp_path):
     since = len("the previous case\n")
     assert tail_file(log, since) == dump + "this case's last line"
     assert log_tail(log, since) == "[faulthandler: stack of thread 0x01 (1 frames) folded]\nthis case's last line"
-    assert tail_file(tmp_path / "missing.log") == f"(no log at {tmp_path / 'missing.log'})"
+    assert tail_file(tmp_path / "missing.log") == f"(no log at {tmp_path / 'missing.log'}: No such file or directory)"
 
 
 def test_folding_keeps_the_current_thread_top_frames():

@@ -125,6 +125,14 @@ OPTIONS = (
         "(harness/judges/basecompare.py). Default: no comparison.",
     ),
     Option(
+        "spmd_case_user",
+        None,
+        metavar="USER",
+        help="a run with root runs every case child as USER (a name or uid, e.g. nobody): it can then "
+        "write nothing the run reads (checkout, venv, results, baselines) and signal none of the run's "
+        "processes. The checkout and venv must be readable by USER. Default: children run as pytest's user.",
+    ),
+    Option(
         "spmd_bug",
         None,
         metavar="ID",

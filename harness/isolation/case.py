@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import CaseError, CaseFailed, HarnessUsageError
-from harness.isolation import evidence
+from harness.isolation import evidence, files, protocol
 from harness.isolation.backend import Backend
 from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
 from harness.isolation.evidence import headline
@@ -121,6 +122,8 @@ def child_spec(
 ) -> ChildSpec:
     """The one place a child's spec is built from a backend and a case's wishes."""
     child_env = {**backend.child_env(functionalization), **(env or {})}
+    if os.environ.get(protocol.CASE_USER_ENV):  # set by the plugin from --spmd-case-user
+        child_env[protocol.CASE_USER_ENV] = os.environ[protocol.CASE_USER_ENV]
     return ChildSpec.build(child_env, backend.preload() if preload else (), fork_imports=backend.fork_imports(preload))
 
 
@@ -190,8 +193,7 @@ class SpmdRunner:
             return
         self.journal.parent.mkdir(parents=True, exist_ok=True)
         entry = {"spec": dataclasses.asdict(spec), "fresh": fresh, "request": request}
-        with self.journal.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(entry) + "\n")
+        files.append_line(self.journal, json.dumps(entry))
 
     def _run_in(
         self, child: ChildProcess, spec: ChildSpec, ref: dict[str, str], kwargs: dict[str, Any], timeout: float

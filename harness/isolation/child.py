@@ -20,18 +20,22 @@ cannot be charged to an innocent case.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import gc
 import importlib
 import importlib.metadata
+import itertools
 import json
 import os
 import resource
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -109,14 +113,24 @@ def describe_exception(exc: BaseException) -> dict[str, str]:
 
 
 class ProcessState:
-    """What a body may change that the next case in this process must not inherit."""
+    """What a body may change that the next case in this process must not inherit: a verdict must
+    never depend on which case ran before in the same child. What can be put back is (the
+    working directory, umask, environment, sys.path, signal handlers and mask, resource limits,
+    the collector); what cannot (a replaced function of a watched module, a lowered hard limit,
+    a closed stdio descriptor) makes the child unfit, and it is not reused."""
 
     def __init__(self) -> None:
         self.cwd = os.getcwd()
+        self.umask = _umask()
+        self.environ = dict(os.environ)
+        self.c_environ = _c_environ()
+        self.path = list(sys.path)
         self.limits = {name: resource.getrlimit(getattr(resource, name)) for name in _LIMIT_NAMES}
         self.handlers = _signal_handlers()
+        self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
         self.threads = set(threading.enumerate())
         self.collector = (gc.isenabled(), gc.get_threshold())
+        self.modules = _watched_modules()
 
     def unquiet(self) -> list[str]:
         """What the body left running: a thread or a process could act (crash, answer) during the
@@ -137,6 +151,9 @@ class ProcessState:
             os.chdir(self.cwd)
         except OSError as exc:
             problems.append(f"cannot return to {self.cwd}: {exc}")
+        os.umask(self.umask)
+        self._restore_environment()
+        sys.path[:] = self.path
         for name, (soft, hard) in self.limits.items():
             now = resource.getrlimit(getattr(resource, name))
             if now == (soft, hard):
@@ -153,6 +170,13 @@ class ProcessState:
             gc.enable()
         else:
             gc.disable()
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
+        for sig, handler in self.handlers.items():
+            if handler is not None and signal.getsignal(sig) != handler:
+                try:
+                    signal.signal(sig, handler)
+                except (ValueError, OSError, TypeError):
+                    pass  # checked below
         if _signal_handlers() != self.handlers:
             problems.append("signal handlers changed")
         for fd in (0, 1, 2):
@@ -160,7 +184,102 @@ class ProcessState:
                 os.fstat(fd)
             except OSError:
                 problems.append(f"file descriptor {fd} was closed")
+        problems += _replaced(self.modules, _watched_modules())
         return problems
+
+    def _restore_environment(self) -> None:
+        """os.environ as it was, and the C library's environment (what native code reads with
+        getenv, which a native setenv changes behind os.environ's back)."""
+        for name in set(os.environ) - set(self.environ):
+            del os.environ[name]
+        for name, value in self.environ.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+        now = _c_environ()
+        if self.c_environ is None or now is None:
+            return
+        for key in set(now) - set(self.c_environ):
+            os.unsetenv(key)
+        for key, data in self.c_environ.items():
+            if now.get(key) != data:
+                os.putenv(key, data)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _c_environ() -> dict[bytes, bytes] | None:
+    """The C library's environment (`environ`), None where it cannot be read."""
+    try:
+        import ctypes
+
+        entries = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    except (OSError, ValueError, AttributeError):
+        return None
+    found = {}
+    for index in itertools.count():
+        entry = entries[index]
+        if entry is None:
+            break
+        name, _, value = entry.partition(b"=")
+        found[name] = value
+    return found
+
+
+# Modules whose functions and classes a body could replace (monkeypatch) to change a later case's
+# verdict: the harness's own, torch_xla's API the cases use, and what the child itself relies on.
+# Not every module: with torch_xla loaded that is 3000 modules and ~0.7 s per case.
+WATCHED_MODULES = frozenset(
+    {
+        "torch",
+        "torch_xla",
+        "torch_xla.core.xla_model",
+        "torch_xla.runtime",
+        "torch_xla.debug.metrics",
+        "jax",
+        "builtins",
+        "os",
+        "sys",
+        "signal",
+        "time",
+        "random",
+        "json",
+        "threading",
+        "subprocess",
+    }
+)
+
+
+def _watched_modules() -> dict[str, tuple[int, dict[str, int]]]:
+    """Each watched module loaded now: its identity, and that of each function, class and module it holds."""
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if not (name in WATCHED_MODULES or name.startswith(("harness.", "torch_xla.distributed.spmd"))):
+            continue
+        names = getattr(module, "__dict__", None)
+        if isinstance(names, dict):
+            found[name] = (id(module), {k: id(v) for k, v in list(names.items()) if isinstance(v, _WATCHED_KINDS)})
+    return found
+
+
+_WATCHED_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
+
+
+def _replaced(before: dict[str, tuple[int, dict[str, int]]], after: dict[str, tuple[int, dict[str, int]]]) -> list[str]:
+    """What the body replaced or removed in watched modules (monkeypatching): it cannot be put back."""
+    changed = []
+    for name, (module, names) in before.items():
+        now = after.get(name)
+        if now is None or now[0] != module:
+            changed.append(f"module {name} was removed or replaced")
+            continue
+        changed += [f"{name}.{attr}" for attr, value in names.items() if now[1].get(attr) != value]
+    if not changed:
+        return []
+    return [f"the body replaced what later cases would use (monkeypatched?): {', '.join(changed[:5])}"]
 
 
 _LIMIT_NAMES = tuple(
@@ -234,6 +353,10 @@ def run_request(request: protocol.Request) -> protocol.ChildAnswer:
         ctx.poison(f"waiting for the body's device work raised {type(exc).__name__}")
     unquiet = state.unquiet()
     problems = state.restore() + unquiet + ctx.poisoned
+    if problems:  # in the child's log: why the next case gets a new child (when the body left stderr open)
+        with contextlib.suppress(OSError, ValueError):
+            print(f"[harness] case {request.case}: this child is not reused: {'; '.join(problems)}", file=sys.stderr)
+            sys.stderr.flush()
     return protocol.ChildAnswer(
         id=request.id,
         case=request.case,
@@ -342,10 +465,28 @@ def linger() -> None:
         pass  # the body closed stdin: nothing to wait on
 
 
+def drop_to_case_user() -> None:
+    """Become the case user the run names (--spmd-case-user), before anything of the case runs:
+    it can write nothing the run reads and signal none of the run's processes. The descriptors
+    the child needs (stdio, its log, the result pipe, the lifeline) are open already. HOME
+    becomes a folder of its own: root's is not the case user's to write (caches, jax's config)."""
+    user = os.environ.get(protocol.CASE_USER_ENV, "")
+    if not user:
+        return
+    uid, gid = (int(part) for part in user.split(":"))
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    home = tempfile.mkdtemp(prefix="spmd-case-home-")
+    os.environ["HOME"] = home
+    os.environ.pop("XDG_CACHE_HOME", None)
+
+
 def main() -> int:
     global KEEPER_PID
     keeper = os.environ.pop(protocol.KEEPER_PID_ENV, "")
     KEEPER_PID = int(keeper) if keeper.isdigit() else None
+    drop_to_case_user()
     start_watchdog()
     # A crash or a SIGTERM on timeout writes every thread's Python stack into the log.
     faulthandler.enable(all_threads=True)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError, HarnessError
-from harness.isolation import evidence, observations, processes, protocol
+from harness.isolation import evidence, files, observations, processes, protocol
 from harness.isolation.forkclient import KEEPER_REPORT_S, ForkServerClient
 from harness.isolation.processes import ProcessHandle
 
@@ -102,7 +102,7 @@ class ChildProcess:
         env[protocol.PRELOAD_ENV] = ",".join(spec.preload)
         self.log_path = log_dir / f"child-{time.time_ns()}.log"
         try:
-            with self.log_path.open("wb") as log:
+            with os.fdopen(files.open_file(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as log:
                 argv = [spec.python, "-u", "-m", "harness.isolation.child"] if fresh else None
                 self.proc: ProcessHandle = server.spawn(env, log.fileno(), (result_write, lifeline_read), argv)
         except BaseException:

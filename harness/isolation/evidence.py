@@ -10,10 +10,12 @@ frames). Registry signatures are matched against all of it.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from harness.isolation import files
 from harness.isolation.logtail import TAIL_BYTES, TAIL_LINES, tail_file
 
 # (rank, pattern): the lowest rank found first in the log is the cause. A glog FATAL, a failed
@@ -54,7 +56,7 @@ def first_fatal_line(lines: Iterable[str]) -> str | None:
 
 def _log_lines(path: Path, since: int) -> Iterator[str]:
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(files.open_file(path, os.O_RDONLY), "rb") as fh:
             fh.seek(since)
             read = 0
             for raw in fh:

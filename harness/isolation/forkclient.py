@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ChildStartError
-from harness.isolation import forkwire, logtail, processes
+from harness.isolation import files, forkwire, logtail, processes
 from harness.isolation.forkwire import (
     CONTROL_FD_ENV,
     GO_FD_ENV,
@@ -134,7 +134,7 @@ class ForkServer:
             }
             passed = (self._listener.fileno(), self._control_theirs.fileno(), token_read)
             try:
-                with self.log_path.open("ab") as log:
+                with os.fdopen(files.open_file(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as log:
                     self.proc = processes.start_in_session(
                         [self.python, "-u", "-m", "harness.isolation.forkserver"],
                         env=env,

@@ -35,6 +35,7 @@ all of its descendants, then its group.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import hmac
@@ -46,10 +47,12 @@ import selectors
 import shutil
 import signal
 import socket
+import struct
 import sys
 import time
 
 import harness
+from harness.errors import HarnessError
 from harness.isolation import forkwire, processes
 from harness.isolation.forkwire import (
     CONTROL_FD_ENV,
@@ -105,7 +108,7 @@ class Kept:
     status_fd: int
 
 
-class NotThisRunsClient(Exception):
+class NotThisRunsClient(HarnessError):
     """A spawn request without this run's token (a process of another run found the socket)."""
 
 
@@ -134,9 +137,16 @@ class Server:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.set_wakeup_fd(self._wake_write)
         self.selector.register(self._wake_read, selectors.EVENT_READ, "sigchld")
+        # The run's pytest processes: the owner, and each client that showed the run's token. A
+        # body that stops one (SIGSTOP) while it waits for the verdict would stop the run for good;
+        # seen stopped twice, a second apart, it is continued (see _continue_the_run).
+        self.run_pids = {os.getppid()}
+        self._stopped_seen: set[int] = set()
+        self._next_stop_check = 0.0
 
     def serve(self) -> None:
         while True:
+            self._continue_the_run()
             for key, _ in self.selector.select(timeout=1.0):
                 if key.data == "control":
                     self._check_owner()
@@ -149,6 +159,22 @@ class Server:
             self._reap()
             if self.adopting:
                 self._end_strays()
+
+    def _continue_the_run(self) -> None:
+        """SIGCONT a process of the run that stayed stopped outside job control for a second (a
+        case body's SIGSTOP). Ctrl-Z in a terminal is left alone. This holds against a body that
+        stops pytest only: one that stops every server of the run first stops this check too
+        (only a case child running as another user, or in another pid namespace, cannot)."""
+        now = time.monotonic()
+        if now < self._next_stop_check:
+            return
+        self._next_stop_check = now + 1.0
+        stopped = {pid for pid in self.run_pids if processes.stopped_outside_job_control(pid)}
+        for pid in stopped & self._stopped_seen:
+            print(f"fork server: the run's process {pid} was stopped by a signal; continued", flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self._stopped_seen = stopped
 
     def _reap(self) -> None:
         """Collect ended keepers, orphans and strays; hand an orphan's status to its client."""
@@ -248,6 +274,7 @@ class Server:
                 raise NotThisRunsClient(
                     "this fork server serves only the run that started it, and the request lacks that run's token"
                 )
+            self.run_pids.add(_peer_pid(conn))
             keeper, child = self._fork_keeper(request, fds)
             reply = forkwire.Spawned(pid=child, keeper=keeper)
         except Exception as exc:  # the client must hear why; the server goes on
@@ -301,6 +328,12 @@ class Server:
                 os.close(kept.status_fd)
         os.close(self._wake_read)
         os.close(self._wake_write)
+
+
+def _peer_pid(conn: socket.socket) -> int:
+    """The pid of the process at the other end of a Unix socket (the kernel's word, SO_PEERCRED)."""
+    pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return int(pid)
 
 
 def keep_child(request: forkwire.SpawnRequest, fds: list[int], pid_write: int) -> int:

@@ -55,6 +55,7 @@ POST_FORK_VARIABLES = frozenset(
         "MASTER_PORT",
         protocol.BACKEND_ENV,
         protocol.DEVICES_ENV,
+        protocol.CASE_USER_ENV,
         protocol.PRELOAD_ENV,
         protocol.RESULT_FD_ENV,
         protocol.LIFELINE_FD_ENV,

@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.isolation import files
+
 TAIL_LINES = 40
 TAIL_BYTES = 8_000
 # How much of the end of a log file is read to find its tail: enough for TAIL_LINES normal lines.
@@ -53,13 +55,13 @@ def tail_file(
     """tail_text of the part of a log file after byte `since`, `fold` applied first; reads only
     the last TAIL_READ_BYTES of a big file."""
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(files.open_file(path, os.O_RDONLY), "rb") as fh:
             end = fh.seek(0, os.SEEK_END)
             start = max(since, end - TAIL_READ_BYTES)
             fh.seek(start)
             text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return f"(no log at {path})"
+    except OSError as exc:  # missing, or a pipe or link a case put in its place (never waited on)
+        return f"(no log at {path}: {exc.strerror or exc})"
     if start > since and "\n" in text:  # the window starts mid-line: drop that partial line
         text = "[... earlier part of the log cut ...]\n" + text.split("\n", 1)[1]
     return tail_text(fold(text) if fold else text, lines, max_bytes)

@@ -196,6 +196,17 @@ def _stat_fields(pid: int | str) -> list[str] | None:
     return rest.decode("ascii", "replace").split() if closing else None
 
 
+def stopped_outside_job_control(pid: int) -> bool:
+    """pid is stopped (SIGSTOP, SIGTSTP) and not by its terminal's job control: it has no terminal,
+    or its group is still the terminal's foreground group (a shell that stopped a job with Ctrl-Z
+    takes the foreground back). A case body can stop the run's processes this way."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] != "T":
+        return False
+    _state, _ppid, pgrp, _session, tty_nr, tpgid = fields[:6]
+    return tty_nr == "0" or pgrp == tpgid
+
+
 def parents() -> dict[int, int]:
     """pid -> parent pid of every process this one can see (empty without /proc)."""
     found: dict[int, int] = {}

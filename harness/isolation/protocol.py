@@ -36,6 +36,8 @@ KEEPER_PID_ENV = "HARNESS_KEEPER_PID"  # the child's keeper: what it adopts are 
 PRELOAD_ENV = "HARNESS_PRELOAD"  # comma-separated "module:function" set-up hooks run at start
 BACKEND_ENV = "HARNESS_BACKEND"
 DEVICES_ENV = "HARNESS_DEVICES"
+# "<uid>:<gid>" a child drops to before it runs anything (--spmd-case-user; the run has root)
+CASE_USER_ENV = "HARNESS_CASE_USER"
 FAKE_VERSION_ENV = "HARNESS_FAKE_TORCH_XLA"  # the torch_xla version a fake-backend child claims
 # Where a child's XLA dumps go (harness.xla.enable_step_dumps): a folder in the run's folder that
 # the controlling pytest process removes at the end of the run. A forked child leaves through
@@ -166,7 +168,10 @@ def decode(line: bytes) -> Any:
 
 def strict_loads(data: bytes) -> Any:
     """UTF-8 JSON without NaN or Infinity; UnicodeDecodeError or ValueError otherwise."""
-    return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError("its JSON is nested too deeply to be read") from None
 
 
 def _reject_constant(name: str) -> Any:

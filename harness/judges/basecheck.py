@@ -5,8 +5,9 @@ Called by harness.plugin after the registry and the committed baselines: a case 
 passed and that is not an xfail is compared with its record in the base run, and fails (or, when
 a committed baseline failed it already, gets a section) with one line per item that differs.
 
-Under xdist every process loads the base run once, at configure time (the controller too, so a
-bad base is a usage error before any worker starts). Each worker's finding travels to the
+Under xdist the controller loads the base run once, at configure time (a bad base is a usage
+error before any worker starts), and hands it to each worker it starts, a restarted one too: no
+worker reads the base's files, which a case may have edited meanwhile. Each worker's finding travels to the
 controller on the test's report (a user property), as pytest's own reports do, so the controller
 prints the end-of-run listing and writes `comparison.json` whatever worker judged a case, and a
 crashed worker loses only its own case.
@@ -14,6 +15,7 @@ crashed worker loses only its own case.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -28,8 +30,10 @@ from harness.isolation import protocol
 from harness.judges import basecompare, checked, costcheck
 from harness.judges.basecompare import BaseRun, Comparison
 from harness.records import runfolder, versions
+from harness.records.results import CaseRecord
 
 SESSION_KEY = pytest.StashKey["CompareSession"]()
+WORKERINPUT_KEY = "spmd_base_run"  # the base run the controller read, handed to each xdist worker
 PROPERTY = "spmd_base_compare"  # a report's user property: this case against the base (JSON)
 
 
@@ -59,12 +63,43 @@ def configure(config: pytest.Config, backend: Any, own_run: Path) -> None:
     path = options.value(config, "spmd_compare")
     if not path or getattr(config.option, "help", False):
         return
-    try:
-        base = BaseRun.load(Path(path), backend.name, backend.capabilities().devices, own_run)
-    except HarnessError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    handed = (getattr(config, "workerinput", None) or {}).get(WORKERINPUT_KEY)
+    if handed is not None:  # an xdist worker: the base as the controller read it, never the files again
+        base = from_workerinput(handed)
+    else:
+        try:
+            base = BaseRun.load(Path(path), backend.name, backend.capabilities().devices, own_run)
+        except HarnessError as exc:
+            raise pytest.UsageError(str(exc)) from None
     session = config.stash[SESSION_KEY] = CompareSession(config, base, own_run, backend.name)
     config.pluginmanager.register(session, "spmd_base_compare")
+
+
+def to_workerinput(config: pytest.Config) -> dict[str, Any] | None:
+    """The base run as the controller read and checked it, for each worker it starts (a worker
+    xdist restarts too): the base's files are writable by the code under test, so a case that
+    edits them must not change what a later worker holds its cases to."""
+    session: CompareSession | None = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return None
+    base = session.base
+    return {
+        "path": str(base.path),
+        "torch_xla": base.torch_xla,
+        "backend": base.backend,
+        "devices": base.devices,
+        "records": {case: dataclasses.asdict(record) for case, record in base.records.items()},
+    }
+
+
+def from_workerinput(data: dict[str, Any]) -> BaseRun:
+    return BaseRun(
+        path=Path(data["path"]),
+        torch_xla=data["torch_xla"],
+        backend=data["backend"],
+        devices=data["devices"],
+        records={case: CaseRecord.from_dict(record) for case, record in data["records"].items()},
+    )
 
 
 def report_header(config: pytest.Config) -> str | None:

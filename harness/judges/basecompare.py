@@ -40,12 +40,13 @@ from packaging.version import InvalidVersion, Version
 from harness import costs
 from harness.costbaseline import CostBaseline
 from harness.errors import DamagedRecord, HarnessUsageError
+from harness.isolation import files
 from harness.isolation.evidence import headline
 from harness.judges.baseline import Baseline
 from harness.records import runfolder
 from harness.records.results import CaseRecord, read_records, suite_exit_problem
 from harness.registry import JudgementKind
-from harness.schema import shown
+from harness.schema import load_json, shown
 from harness.sharding import canonical_text
 from harness.tiles import grids_side_by_side, is_multi_axis
 
@@ -421,7 +422,7 @@ class Comparison:
     @classmethod
     def from_json(cls, text: str) -> Comparison:
         """Strict: a file of the wrong shape is a ValueError naming the field."""
-        data = json.loads(text)
+        data = load_json(text)
         if not isinstance(data, dict) or data.get("schema") != COMPARISON_SCHEMA:
             raise ValueError(f"not a comparison of schema {COMPARISON_SCHEMA}")
         checks: dict[str, Any] = {
@@ -487,7 +488,7 @@ def read_comparison(run: Path) -> Comparison | None:
     path = run / runfolder.COMPARISON_NAME
     if not path.is_file():
         return None
-    return Comparison.from_json(path.read_text(encoding="utf-8"))
+    return Comparison.from_json(files.read_text(path))
 
 
 def sorted_unique(values: Iterable[str]) -> list[str]:

@@ -10,7 +10,6 @@ verdict. The run folder's whole layout: harness.records.runfolder.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import os
 import re
@@ -21,9 +20,10 @@ from typing import Any
 import pytest
 
 from harness.errors import DamagedRecord
+from harness.isolation import files
 from harness.isolation.processes import describe_exit
 from harness.records import runfolder
-from harness.schema import shown
+from harness.schema import load_json, shown
 
 # The shape of a CaseRecord line; readers can refuse what they do not know.
 RECORD_SCHEMA = 2
@@ -194,20 +194,7 @@ def write_record(results_dir: Path, record: CaseRecord, worker: str = "main") ->
 
 def _append(path: Path, line: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-    try:
-        fd = os.open(path, flags, 0o644)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        # A link put in the file's place (by a case: the run folder is writable by the code under
-        # test) is removed, never written through; records it hid are missing, not forged.
-        os.unlink(path)
-        fd = os.open(path, flags | os.O_EXCL, 0o644)
-    with os.fdopen(fd, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())  # a later crash of this process must not lose the verdict
+    files.append_line(path, line, durable=True)  # a later crash of this process must not lose the verdict
 
 
 def write_amendment(results_dir: Path, nodeid: str, late_fault: str, worker: str = "main") -> None:
@@ -230,12 +217,19 @@ def read_records(
     runs = runfolder.find_runs(root) if recursive else [runfolder.resolve(root) or root]
     for path in sorted(p for run in runs for p in run.glob(runfolder.VERDICTS_GLOB)):
         records: dict[str, CaseRecord] = {}
-        with path.open(encoding="utf-8") as fh:
+        try:
+            fd = files.open_file(path, os.O_RDONLY)
+        except OSError as exc:  # a pipe or a link a case put in its place: unread, never waited on
+            if unreadable is None:
+                raise DamagedRecord(f"{path}: cannot be read ({exc.strerror or exc})") from None
+            unreadable.append(f"{_shown(path, root)} ({exc.strerror or exc})")
+            continue
+        with os.fdopen(fd, encoding="utf-8") as fh:
             for number, line in enumerate(fh, start=1):
                 if not line.strip():
                     continue
                 try:
-                    data = json.loads(line)
+                    data = load_json(line)
                     if isinstance(data, dict) and "amends" in data:
                         apply_amendment(records, data)
                     else:
@@ -247,7 +241,7 @@ def read_records(
                             exc
                             if isinstance(exc, DamagedRecord)
                             else f"not JSON ({exc})"
-                            if isinstance(exc, json.JSONDecodeError)
+                            if isinstance(exc, ValueError)
                             else f"not a case record ({exc!r})"
                         )
                         raise DamagedRecord(f"{path}:{number}: {why}") from None
@@ -286,7 +280,9 @@ def keep_texts(folder: Path, case_id: str, texts: dict[str, str], suffix: str) -
         return
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in texts.items():
-        (folder / f"{safe_filename(case_id)}__{safe_filename(name)}{suffix}").write_text(text, encoding="utf-8")
+        # Written beside and renamed into place: a link or a pipe a case planted under the name is
+        # replaced, never written through (the run folder is writable by the code under test).
+        files.replace_file(folder / f"{safe_filename(case_id)}__{safe_filename(name)}{suffix}", text)
 
 
 def suite_exit_problem(code: int | None) -> str | None:

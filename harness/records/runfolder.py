@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessUsageError
+from harness.isolation import files
+from harness.schema import load_json
 
 MANIFEST_NAME = "run.json"
 LATEST_NAME = "latest"
@@ -146,7 +148,7 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> Manifest:
         """Strict: a manifest of the wrong shape is a ValueError naming the field."""
-        data = json.loads(text)
+        data = load_json(text)
         if not isinstance(data, dict):
             raise ValueError("the manifest is not a JSON object")
         fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -234,7 +236,9 @@ class RunFolder:
         )
 
     def exists(self) -> bool:
-        return _is_real_folder(self.path) and _is_real_file(self.manifest_path)
+        """The run made its folder (a process of this run claimed it). Not the manifest's word: a
+        case can delete it or put a pipe in its place, and the run must still be closed and fail."""
+        return _is_real_folder(self.path)
 
     def opening_manifest(self) -> Manifest:
         """The manifest as claim() writes it: the same in every process of the run."""
@@ -266,7 +270,7 @@ class RunFolder:
         info = os.lstat(self.path)
         self._claimed = (info.st_dev, info.st_ino)
         try:
-            _create_new(self.manifest_path, self.opening_manifest().to_json())
+            files.create_new(self.manifest_path, self.opening_manifest().to_json())
         except FileExistsError:
             return self.path  # another process of this run wrote it a moment ago
         self._previous_latest = _latest_target(self.base)
@@ -336,7 +340,7 @@ class RunFolder:
         if not _is_real_folder(self.path):
             return [f"{self.path} is no longer the folder this run made (replaced by a link or a file, by a case?)"]
         try:
-            found: str | None = _read_no_follow(self.manifest_path)
+            found: str | None = files.read_text(self.manifest_path)
         except FileNotFoundError:
             found = None
         except OSError as exc:
@@ -383,7 +387,7 @@ class RunFolder:
         if self._closed_text is None or not _is_real_folder(self.path):
             return None
         try:
-            if _read_no_follow(self.manifest_path) == self._closed_text:
+            if files.read_text(self.manifest_path) == self._closed_text:
                 return None
         except OSError:
             pass
@@ -397,32 +401,12 @@ class RunFolder:
 
 def read_manifest(run_path: Path) -> Manifest:
     """The run's manifest; a link in its place is not followed (OSError)."""
-    return Manifest.from_json(_read_no_follow(run_path / MANIFEST_NAME))
+    return Manifest.from_json(files.read_text(run_path / MANIFEST_NAME))
 
 
 def replace_file(path: Path, text: str) -> None:
-    """Write text to path atomically: a reader sees the old or the new file, never half of one.
-    The temporary file is made exclusively, so a link planted under its name is not written through."""
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temp.unlink()
-    except FileNotFoundError:
-        pass
-    _create_new(temp, text)
-    os.replace(temp, path)
-
-
-def _create_new(path: Path, text: str) -> None:
-    """Create path with text; FileExistsError if any entry (a link too) has that name."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-
-
-def _read_no_follow(path: Path) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, encoding="utf-8") as fh:
-        return fh.read()
+    """Write text to path atomically, never through anything planted there (harness.isolation.files)."""
+    files.replace_file(path, text)
 
 
 def _is_real_folder(path: Path) -> bool:

@@ -18,8 +18,10 @@ import shutil
 import stat
 from pathlib import Path
 
+from harness.isolation import files
 from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 from harness.records import runfolder
+from harness.run import caseuser
 
 MEMORY_FOLDER = Path("/dev/shm")
 OWNER_FILE = ".owner"  # in each memory root: "<pid> <start time>" of the process that made it
@@ -33,6 +35,7 @@ def share_dump_root(run_path: Path, in_memory: bool = True) -> None:
     if not (in_memory and share_memory_dump_root(run_path)) and not os.environ.get(XLA_DUMP_ROOT_ENV):
         root = run_path / runfolder.XLA_DUMPS_DIR
         root.mkdir(exist_ok=True)
+        caseuser.give_dump_root(root)
         os.environ[XLA_DUMP_ROOT_ENV] = str(root)
 
 
@@ -49,7 +52,8 @@ def share_memory_dump_root(run_path: Path) -> bool:
     _remove_stale_roots()
     try:
         root.mkdir(mode=0o700)  # never one that exists: a folder of that name is not this run's
-        (root / OWNER_FILE).write_text(_owner_stamp(os.getpid()) or "")
+        caseuser.give_dump_root(root)
+        files.create_new(root / OWNER_FILE, _owner_stamp(os.getpid()) or "")
     except OSError:
         return False
     # A run that ends before pytest_configure (a conftest that fails to import, after the
@@ -91,7 +95,7 @@ def _memory_dump_root(run_path: Path) -> Path:
     the controller's pid) and the user, so no two runs share one."""
     if not _is_tmpfs(MEMORY_FOLDER) or not os.access(MEMORY_FOLDER, os.W_OK):
         return run_path / runfolder.XLA_DUMPS_DIR
-    return MEMORY_FOLDER / f"spmd-xla-dumps-{os.getuid()}-{run_path.name}"
+    return MEMORY_FOLDER / f"{caseuser.MEMORY_ROOT_PREFIX}{os.getuid()}-{run_path.name}"
 
 
 def _is_tmpfs(folder: Path) -> bool:
@@ -116,12 +120,12 @@ def _remove_stale_roots() -> None:
     """The memory roots of this user's runs that ended without removing theirs (SIGKILL, the
     OOM killer): a folder of this user, not a link, whose owner stamp names a process that is
     gone. A folder without a stamp, or of another user, or whose owner lives, is left alone."""
-    for path in MEMORY_FOLDER.glob(f"spmd-xla-dumps-{os.getuid()}-*"):
+    for path in MEMORY_FOLDER.glob(f"{caseuser.MEMORY_ROOT_PREFIX}{os.getuid()}-*"):
         try:
             info = path.lstat()
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
                 continue
-            stamp = (path / OWNER_FILE).read_text().split()
+            stamp = files.read_text(path / OWNER_FILE).split()  # a pipe planted there is refused, not waited on
             pid = int(stamp[0])
         except (OSError, ValueError, IndexError):
             continue

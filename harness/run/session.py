@@ -22,6 +22,7 @@ from harness.isolation.processes import signal_name
 from harness.judges import basecheck, costcheck, shardingcheck
 from harness.records import results, runfolder, versions
 from harness.registry import REGISTRY_PATH, load_registry
+from harness.run import caseuser
 from harness.run.dumproot import share_dump_root
 
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
@@ -94,7 +95,8 @@ class HarnessSession:
         compared = basecheck.report_header(config)
         return [
             f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}; "
-            f"{versions.describe(versions.stack())}; results {self.run.path}"
+            f"{versions.describe(versions.stack())}; results {self.run.path}",
+            caseuser.header_line(),
         ] + (compared.splitlines() if compared else [])
 
     def charge_late_fault(self, fault: LateFault) -> None:

@@ -1,0 +1,105 @@
+"""Opening a file a case body can reach: never through a link, never blocking on what is not a file.
+
+A case body runs as the same user as pytest, so it can put a named pipe, a device node or a
+symlink where the harness expects its own file (run.json, a child log, the verdicts file, an HLO
+text, a dump root's owner stamp). Opening a pipe blocks until someone opens its other end, so a
+plain `open()` would hang the run. Every such open goes through `open_file`: O_NOFOLLOW (a link is
+an error, never followed) and O_NONBLOCK (a pipe opens at once, or fails), then fstat on the
+descriptor itself, so what was opened is what is checked: anything but a regular file is refused
+with NotARegularFile (an OSError, so callers that handle a missing or unreadable file handle it).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+from pathlib import Path
+
+
+class NotARegularFile(OSError):
+    """What is at the path is a pipe, a device, a socket or a folder (placed there by a case?)."""
+
+
+def open_file(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int:
+    """os.open(path, flags) for a regular file only: a link, pipe, device or folder is an OSError.
+    The descriptor returned blocks as usual (O_NONBLOCK served only the open)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        kind = stat.S_IFMT(os.fstat(fd).st_mode)
+        if kind != stat.S_IFREG:
+            raise NotARegularFile(
+                errno.EINVAL,
+                f"not a regular file ({_KINDS.get(kind, 'of another kind')}; put there by a case?)",
+                str(path),
+            )
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_KINDS = {
+    stat.S_IFIFO: "a named pipe",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+}
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """The file's text (UTF-8), read only if it is a regular file and not a link."""
+    with os.fdopen(open_file(path, os.O_RDONLY), encoding="utf-8") as fh:
+        return fh.read()
+
+
+def create_new(path: str | os.PathLike[str], text: str) -> None:
+    """Create path with text; FileExistsError if any entry (a link, a pipe) has that name."""
+    with os.fdopen(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def append_line(path: Path, line: str, durable: bool = False) -> None:
+    """Append one line to a log of records (a run's verdicts, its journal), creating it. A link,
+    pipe or device a case put in the file's place is removed, never written through nor waited
+    on: what it hid is missing, not forged. durable: fsync, so a crash after this keeps the line."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    try:
+        fd = open_file(path, flags)
+    except OSError as exc:
+        if not (isinstance(exc, NotARegularFile) or exc.errno in (errno.ELOOP, errno.ENXIO)):
+            raise
+        os.unlink(path)
+        fd = open_file(path, flags | os.O_EXCL)
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+        if durable:
+            os.fsync(fh.fileno())
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write text to path atomically: a reader sees the old or the new file, never half of one.
+    The temporary file is made exclusively, so nothing planted under its name is written through;
+    the rename replaces whatever entry is at path (a link, a pipe) rather than opening it."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temp.unlink()
+    except FileNotFoundError:
+        pass
+    create_new(temp, text)
+    os.replace(temp, path)
+
+
+def clear_for_writer(path: str | os.PathLike[str]) -> None:
+    """Remove what a case put where another program will open a file for writing (a pipe it
+    would block on, a link it would write through); a regular file, or nothing, is left as is."""
+    try:
+        kind = stat.S_IFMT(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return
+    if kind not in (stat.S_IFREG, stat.S_IFDIR):
+        os.unlink(path)
