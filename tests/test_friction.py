@@ -125,3 +125,28 @@ def test_piped_failed_lines_carry_their_whole_reason(pytester: pytest.Pytester, 
     result = run(pytester, "-m", "spmd")  # pytester's output is a pipe, as `pytest | tee` is
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["FAILED test_long.py::test_long - *step0: compiles 1 -> 4*END-OF-REASON*"])
+
+
+CONTROL_REASON = """
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body(ctx):
+    raise AssertionError("boom \\x1b[2J\\x1b[31m cleared END-OF-REASON")
+
+def test_control(spmd):
+    spmd.run(body)
+"""
+
+
+def test_piped_failed_lines_escape_the_control_characters_of_the_reason(pytester: pytest.Pytester, monkeypatch):
+    """The whole reason is the code under test's text: it cannot clear the screen or colour the log."""
+    pytester.makepyfile(test_control=CONTROL_REASON)
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("BUILD_NUMBER", raising=False)
+    result = run(pytester, "-m", "spmd")
+    result.assert_outcomes(failed=1)
+    failed = [line for line in result.stdout.lines if line.startswith("FAILED test_control.py")]
+    assert failed and "\x1b" not in failed[0], failed
+    assert "\\x1b[2J" in failed[0] and "END-OF-REASON" in failed[0], failed

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from harness.judges.basecompare import printable
 from harness.run.findings import first_item
 from harness.run.session import SESSION_KEY
 
@@ -44,10 +45,12 @@ class WholeFailedLines:
             longrepr = report.longrepr
             crash = getattr(longrepr, "reprcrash", None)
             self.saved.append((report, longrepr, crash.message if crash is not None else None))
+            # The message is the code under test's text: escaped as the findings are, so it cannot
+            # clear the screen or colour the log that now shows all of it.
             if isinstance(longrepr, str):
-                report.longrepr = first_item(longrepr)
+                report.longrepr = printable(first_item(longrepr))
             elif crash is not None:
-                crash.message = first_item(crash.message)
+                crash.message = printable(first_item(crash.message))
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
