@@ -171,6 +171,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_JunitGuard(), "spmd_junit_guard")
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
+    _check_bug_option(config, session.registry_path)  # before xdist's workers would each refuse it
     shardingcheck.configure(config, session.backend)
     costcheck.configure(config, session.backend, load=False)
     workerinput = getattr(config, "workerinput", None)
@@ -274,12 +275,21 @@ def _cases_named(nodeids: list[str]) -> str:
     return shown + (f" and {len(nodeids) - 3} more case(s)" if len(nodeids) > 3 else "")
 
 
-def _select_bug(config: pytest.Config, items: list[pytest.Item], bug: str, registry_path: Path) -> None:
-    """--spmd-bug=ID: the SPMD cases whose known_bug markers name registry entry ID, and nothing else."""
+def _check_bug_option(config: pytest.Config, registry_path: Path) -> None:
+    """--spmd-bug=ID names an entry of the registry, or the run is refused (exit 4). At configure
+    time: under xdist a worker's refusal at collection ended the run as an INTERNALERROR."""
+    bug = options.value(config, "spmd_bug")
+    if not bug or getattr(config.option, "help", False):
+        return
     try:
         get_entry(bug, registry_path)
     except RegistryError as exc:
         raise pytest.UsageError(f"--spmd-bug={bug}: {exc}") from None
+
+
+def _select_bug(config: pytest.Config, items: list[pytest.Item], bug: str, registry_path: Path) -> None:
+    """--spmd-bug=ID: the SPMD cases whose known_bug markers name registry entry ID, and nothing else."""
+    _check_bug_option(config, registry_path)
     keep = [item for item in items if activation.is_spmd(item) and bug in {e.id for e in item.stash[ENTRIES_KEY]}]
     dropped = [item for item in items if item not in keep]
     if dropped:

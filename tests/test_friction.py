@@ -56,6 +56,15 @@ def test_spmd_bug_selects_the_cases_of_one_registry_entry(pytester: pytest.Pytes
     assert result.ret == pytest.ExitCode.OK
 
 
+def test_spmd_bug_with_an_id_the_registry_lacks_is_refused_under_xdist_too(pytester: pytest.Pytester):
+    """Checked before xdist's workers start: a worker's refusal at collection was an INTERNALERROR (exit 3)."""
+    pytester.makepyfile(test_bugs=BUGS)
+    result = run(pytester, "-n", "2", "--spmd-bug=../../etc")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:]
+    assert "--spmd-bug=../../etc: no known-bug entry" in result.stderr.str()
+    assert not (pytester.path / "results").exists()
+
+
 def test_spmd_bug_with_an_id_the_registry_lacks_is_refused_with_the_closest(pytester: pytest.Pytester):
     pytester.makepyfile(test_bugs=BUGS)
     result = run(pytester, "--spmd-bug=mark-sharding-lst-spec")
