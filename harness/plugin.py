@@ -12,30 +12,25 @@ never imports torch or torch_xla.
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.baselinefile import BaselineSession
 from harness.config import activation, options
 from harness.config.backends import make_backend
 from harness.config.requirements import unmet_needs
 from harness.errors import HarnessError, RegistryError
 from harness.isolation import files, runservers
 from harness.isolation.case import SpmdRunner
-from harness.isolation.evidence import headline
-from harness.judges import basecheck, costcheck, registrycheck, shardingcheck
-from harness.judges.registrycheck import ENTRIES_KEY, RUNNER_KEY, JudgedCase
+from harness.judges import registrycheck
+from harness.judges.judging import ENTRIES_KEY, RUNNER_KEY, JudgedCase, judge_case
 from harness.records import results, runfolder
 from harness.registry import get_entry
-from harness.run import caseuser, writing
+from harness.run import caseuser, controller, writing
 from harness.run.dumproot import remove_dump_root
-from harness.run.failedlines import WholeFailedLines
-from harness.run.findings import Findings
+from harness.run.role import Role, looks_like_worker_early, role_of
 from harness.run.session import (
     EARLY_KEY,
     PYTEST_SESSION_KEY,
@@ -43,7 +38,6 @@ from harness.run.session import (
     RUN_SERVERS_KEY,
     SESSION_KEY,
     WORKERINPUT_ACTIVE_KEY,
-    WORKERINPUT_RUN_KEY,
     HarnessSession,
     fork_server_wanted,
     load_inputs,
@@ -65,14 +59,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
 
-def _looks_like_xdist_worker() -> bool:
-    """Before config.workerinput exists (it is set after the early hooks), a worker shows as an
-    execnet process (`python -c ...`) with xdist's variable set. The variable alone is not enough:
-    a pytest started from inside a worker (pytester, a subprocess) inherits it. A wrong guess
-    costs the early start only; identity proper comes from config.workerinput (harness.run.session)."""
-    return bool(os.environ.get("PYTEST_XDIST_WORKER")) and sys.argv[:1] == ["-c"]
-
-
 def _information_only(options: Any) -> bool:
     return any(getattr(options, name, False) for name in INFORMATION_ONLY_OPTIONS)
 
@@ -82,7 +68,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     """Before conftests and test modules load: start the run's fork servers (harness.isolation.runservers),
     so torch_xla's import overlaps pytest's own start-up. Only for a run that may hold SPMD cases
     and will run them: `--help` or `--collect-only` write and start nothing."""
-    if _looks_like_xdist_worker():
+    if looks_like_worker_early():
         return  # only the controlling process starts servers; workers get their addresses
     namespace = early_config.known_args_namespace
     if activation.project_owns_spmd_marker(early_config):
@@ -115,56 +101,6 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     servers.start(now, run.path / runfolder.LOGS_DIR / "main", after_collection=after_collection)
 
 
-def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    """One line that says what the run uses: which backend and devices, which torch_xla stack,
-    where its results go (the run folder is made when the first SPMD case has something to write)."""
-    harness = config.stash.get(SESSION_KEY, None)
-    if harness is None or harness.worker != "main" or not harness.active:
-        return None  # a run that selects SPMD cases only after collection: pytest_report_collectionfinish
-    harness.header_shown = True
-    return harness.header_lines(config)
-
-
-def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
-    """The header of a run that turned out to select SPMD cases at collection."""
-    harness = config.stash.get(SESSION_KEY, None)
-    if harness is None or harness.worker != "main" or not harness.active or harness.header_shown:
-        return None
-    harness.header_shown = True
-    return harness.header_lines(config)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    """xdist controller, for each worker it starts: the run's folder and its fork servers' addresses."""
-    harness = node.config.stash[SESSION_KEY]
-    node.workerinput[WORKERINPUT_RUN_KEY] = harness.run.to_workerinput()
-    node.workerinput[WORKERINPUT_ACTIVE_KEY] = harness.active
-    base = basecheck.to_workerinput(node.config)
-    if base is not None:
-        node.workerinput[basecheck.WORKERINPUT_KEY] = base
-    servers = node.config.stash.get(RUN_SERVERS_KEY, None)
-    if servers is not None:
-        node.workerinput[runservers.WORKERINPUT_KEY] = runservers.addresses_to_workerinput(servers.addresses())
-        servers.worker_started()
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
-    """xdist controller: once every worker has collected, the servers waiting for it start."""
-    servers = node.config.stash.get(RUN_SERVERS_KEY, None)
-    if servers is not None:
-        servers.worker_collected()
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: Any) -> None:
-    """A worker that went down collects nothing more: nothing may wait for it."""
-    servers = node.config.stash.get(RUN_SERVERS_KEY, None)
-    if servers is not None:
-        servers.start_waiting_imports()
-
-
 def pytest_configure(config: pytest.Config) -> None:
     _register_markers(config)
     caseuser.configure(config)  # before any child starts
@@ -172,28 +108,19 @@ def pytest_configure(config: pytest.Config) -> None:
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
     _check_bug_option(config, session.registry_path)  # before xdist's workers would each refuse it
-    shardingcheck.configure(config, session.backend)
-    costcheck.configure(config, session.backend, load=False)
     workerinput = getattr(config, "workerinput", None)
+    controls_workers = session.role is Role.CONTROLLER
     if config.stash.get(EARLY_KEY, False) or (workerinput or {}).get(WORKERINPUT_ACTIVE_KEY):
         session.activate(config)
-    elif (_names_input_files(config) or _distributes(config, workerinput)) and not getattr(
-        config.option, "help", False
-    ):
+    elif (_names_input_files(config) or controls_workers) and not getattr(config.option, "help", False):
         # A file the user named is checked now, in the xdist controller too; so is a default file
         # the workers would read: a worker's usage error ends the run as "no tests ran", naming nothing.
         load_inputs(session, config)
-        if _distributes(config, workerinput):
-            config.stash[costcheck.SESSION_KEY].read_unless_probed()
-    basecheck.configure(config, session.backend, session.run.path)  # only with --spmd-compare
-    if workerinput is None:
-        config.pluginmanager.register(WholeFailedLines(), "spmd_whole_failed_lines")
-        config.pluginmanager.register(Findings(), "spmd_findings")
-
-
-def _distributes(config: pytest.Config, workerinput: Any) -> bool:
-    """This process is the controller of xdist workers."""
-    return workerinput is None and options.xdist_distributes(config.option)
+        if controls_workers:
+            session.costs.read_unless_probed()
+    session.configure_compare(config)  # only with --spmd-compare
+    if session.role.owns_run:
+        controller.register(config)
 
 
 def _names_input_files(config: pytest.Config) -> bool:
@@ -219,10 +146,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     servers = config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         servers.close()  # after the pool: its children are ended first
-    if session is not None and session.worker == "main":
+    if session is not None and session.role.owns_run:
         writing.recheck_run(config, session)
         remove_dump_root(session.run.path)
-    if getattr(config, "workerinput", None) is None and _refused(config):
+    if role_of(config).owns_run and _refused(config):
         run = session.run if session is not None else config.stash.get(RUN_FOLDER_KEY, None)
         if run is not None:
             run.retire()  # a run refused before any case leaves no folder, and `latest` keeps the last real run
@@ -233,18 +160,6 @@ def _refused(config: pytest.Config) -> bool:
     stopped before its session began: it ran no case, and leaves nothing behind."""
     session = config.stash.get(PYTEST_SESSION_KEY, None)
     return session is None or session.exitstatus in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.NO_TESTS_COLLECTED)
-
-
-def _no_case_hint(config: pytest.Config) -> str | None:
-    """A run that asked for SPMD cases and collected none: say where they are looked for."""
-    if not (
-        config.stash.get(EARLY_KEY, False) or activation.marker_expression_selects_spmd(config.option.markexpr or "")
-    ):
-        return None
-    return (
-        f"spmd harness: no SPMD case was collected under {config.rootpath}; the cases live in the harness "
-        "checkout's cases/ folder: run pytest there (pytest -m spmd), or name it (pytest <checkout>/cases -m spmd)"
-    )
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -311,34 +226,18 @@ class _JunitGuard:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The judges' end of the run; the run manifest's end is the run owner's (harness.run.controller)."""
     harness = session.config.stash.get(SESSION_KEY, None)
     if harness is None:
         return
+    for judge in harness.judges:  # the xdist controller's too, which ran no case: the base run's comparison
+        judge.finish(session)
     if not harness.active:
-        if harness.worker == "main" and harness.run.exists():
-            writing.close_run(session, harness)  # an xdist controller whose workers found SPMD cases
         return
     for fault in harness.pool.idle_deaths():
         harness.charge_late_fault(fault)
-    for check in _baseline_checks(session.config):
-        check.finish(session)
     if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    if harness.worker == "main":
-        writing.close_run(session, harness)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:
-    """xdist controller: a worker died while running `crashitem`. The worker could not write that
-    case's record, so the controller does: a started case always leaves a failed record."""
-    worker_node = getattr(report, "node", None)  # xdist's WorkerController for the dead worker
-    harness = worker_node.config.stash.get(SESSION_KEY, None) if worker_node is not None else None
-    if harness is None or worker_node is None or not (harness.active or harness.run.exists()):
-        return  # a foreign project's crash: not the harness's to record
-    worker = getattr(getattr(worker_node, "gateway", None), "id", "?")
-    reason = f"xdist worker {worker} crashed while running this case (the worker process died; see the pytest output)"
-    writing.write_crash_record(harness, worker_node.config, crashitem, reason, str(report.longrepr))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -348,31 +247,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         # The command line asked for workers, but xdist started none (-n auto with --pdb or on
         # one core, --dist no): nobody will collect, so the servers waiting for that import now.
         servers.start_waiting_imports()
-
-
-# tryfirst: a run that found its SPMD cases only in xdist workers prints its header here, and the
-# header comes before what other parts of the harness summarise (the base comparison's section).
-@pytest.hookimpl(tryfirst=True)
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    harness = config.stash.get(SESSION_KEY, None)
-    if harness is None:
-        return
-    hint = _no_case_hint(config) if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED else None
-    if hint:
-        terminalreporter.write_line(hint, yellow=True)
-    if not harness.active:
-        if harness.worker == "main" and harness.run.exists():  # xdist workers found SPMD cases
-            for line in harness.header_lines(config):
-                terminalreporter.write_line(line)
-        return
-    for check in _baseline_checks(config):
-        check.summarise(terminalreporter)
-    if not harness.late_faults:
-        return
-    terminalreporter.section("faults after a case's verdict (charged to that case)", red=True)
-    for fault in harness.late_faults:
-        terminalreporter.line(f"FAULT {fault.case}: {headline(fault.evidence)}", red=True)
-        terminalreporter.line(fault.log_tail)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -404,15 +278,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     harness.activate(session.config)
     if not harness.backend.capabilities().has_xla:
         return
-    shardingcheck.session_of(
-        session.config
-    ).baseline()  # read at configure time, except a TPU's (see session.load_inputs)
+    harness.sharding.baseline()  # read at configure time, except a TPU's (see session.load_inputs)
     runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
     # Cases parametrized over `functionalization` say which modes this selection needs. Only one
     # child is prewarmed where the cores are already busy (xdist) or the device is exclusive (TPU):
     # there a second import would only delay the first verdict.
     modes = [m for m in (True, False) if any(_functionalization_of(item) == m for item in spmd_items)]
-    if harness.worker != "main" or harness.backend.exclusive_device:
+    if not harness.role.owns_run or harness.backend.exclusive_device:
         modes = modes[:1]
     if modes:
         harness.claim_run_folder()
@@ -465,19 +337,13 @@ def pytest_runtest_makereport(
     report: pytest.TestReport = yield
     spmd = activation.is_spmd(item)
     if call.when == "call":
-        case = JudgedCase.of(item)
-        registrycheck.judge(item, call, report, case)
-        case.sharding_changes = shardingcheck.judge(
-            item, report, case.case_id, case.shardings, case.torch_xla, case.runner
-        )
-        costcheck.judge(item, report, case.runner, case.torch_xla, call.excinfo is None)
-        basecheck.judge(item, report, case.case_id, case.shardings, case.torch_xla, call.excinfo is None)
+        case = judge_case(item.config.stash[SESSION_KEY].judges, item, call, report)
         if spmd:
-            writing.write_case_record(item, call, report, case)
+            writing.write_case_record(case, report)
         if not report.passed:
             _settle_updates(item, passed=False)
     elif call.when == "setup" and not report.passed and spmd:
-        writing.write_case_record(item, call, report, JudgedCase.of(item))
+        writing.write_case_record(JudgedCase.of(item, call), report)
     elif call.when == "teardown":
         _settle_updates(item, passed=report.passed)
     return report
@@ -485,11 +351,7 @@ def pytest_runtest_makereport(
 
 def _settle_updates(item: pytest.Item, passed: bool) -> None:
     """An update run writes a case only once pytest reported it passed in set-up, call and teardown."""
-    for check in _baseline_checks(item.config):
-        check.updates.settle(item.nodeid, passed)
-
-
-def _baseline_checks(config: pytest.Config) -> list[BaselineSession[Any]]:
-    """The sharding and the cost check, in the order they judge (either is missing before configure)."""
-    sessions = (config.stash.get(shardingcheck.SESSION_KEY, None), config.stash.get(costcheck.SESSION_KEY, None))
-    return [s for s in sessions if s is not None]
+    harness = item.config.stash.get(SESSION_KEY, None)
+    if harness is not None:
+        for check in (harness.sharding, harness.costs):
+            check.updates.settle(item.nodeid, passed)

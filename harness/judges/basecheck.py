@@ -1,7 +1,7 @@
 """The plugin's side of --spmd-compare (harness.judges.basecompare): load the base run, judge each
 case, list what changed at the end of the run and leave it in the run's folder.
 
-Called by harness.plugin after the registry and the committed baselines: a case whose body
+The last judge (harness.judges.judging), after the registry and the committed baselines: a case whose body
 passed and that is not an xfail is compared with its record in the base run, and fails (or, when
 a committed baseline failed it already, gets a section) with one line per item that differs.
 
@@ -29,40 +29,45 @@ from harness.errors import HarnessError
 from harness.isolation import protocol
 from harness.judges import basecompare, checked, costcheck
 from harness.judges.basecompare import BaseRun, Comparison
+from harness.judges.judging import Judge, JudgedCase, is_xfail
 from harness.records import runfolder, versions
 from harness.records.results import CaseRecord
 
-SESSION_KEY = pytest.StashKey["CompareSession"]()
 WORKERINPUT_KEY = "spmd_base_run"  # the base run the controller read, handed to each xdist worker
 PROPERTY = "spmd_base_compare"  # a report's user property: this case against the base (JSON)
 
 
-class CompareSession:
-    """The base run this process holds cases to, and (controller) what the run found; registered
-    as a plugin so its hooks see every report, the xdist workers' included."""
+class CompareSession(Judge):
+    """The base run this process holds cases to, and (the process that owns the run) what the run
+    found, from every case's report, the xdist workers' included."""
 
-    def __init__(self, config: pytest.Config, base: BaseRun, own_run: Path, backend_name: str = "") -> None:
-        self.config = config
+    def __init__(self, base: BaseRun, own_run: Path, owns_run: bool, backend_name: str = "") -> None:
         self.backend_name = backend_name
         self.base = base
         self.own_run = own_run
+        self.owns_run = owns_run
         self.comparison = Comparison(str(base.path), base.torch_xla)
 
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    def judge(self, case: JudgedCase, report: pytest.TestReport) -> None:
+        judge(self, case, report)
+
+    def collect(self, report: pytest.TestReport) -> None:
         collect(self, report)
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def summarise(self, terminalreporter: Any) -> None:
         summarise(self, terminalreporter)
 
-    def pytest_sessionfinish(self) -> None:
-        finish(self)
+    def finish(self, pytest_session: pytest.Session) -> None:
+        if self.owns_run:
+            finish(self)
 
 
-def configure(config: pytest.Config, backend: Any, own_run: Path) -> None:
-    """Load and validate the base run now (every process): a bad one is a usage error (exit 4)."""
+def configure(config: pytest.Config, backend: Any, own_run: Path, owns_run: bool) -> CompareSession | None:
+    """Load and validate the base run now (every process): a bad one is a usage error (exit 4).
+    None: the run compares with no base run."""
     path = options.value(config, "spmd_compare")
     if not path or getattr(config.option, "help", False):
-        return
+        return None
     handed = (getattr(config, "workerinput", None) or {}).get(WORKERINPUT_KEY)
     if handed is not None:  # an xdist worker: the base as the controller read it, never the files again
         base = from_workerinput(handed)
@@ -71,15 +76,13 @@ def configure(config: pytest.Config, backend: Any, own_run: Path) -> None:
             base = BaseRun.load(Path(path), backend.name, backend.capabilities().devices, own_run)
         except HarnessError as exc:
             raise pytest.UsageError(str(exc)) from None
-    session = config.stash[SESSION_KEY] = CompareSession(config, base, own_run, backend.name)
-    config.pluginmanager.register(session, "spmd_base_compare")
+    return CompareSession(base, own_run, owns_run, backend.name)
 
 
-def to_workerinput(config: pytest.Config) -> dict[str, Any] | None:
+def to_workerinput(session: CompareSession | None) -> dict[str, Any] | None:
     """The base run as the controller read and checked it, for each worker it starts (a worker
     xdist restarts too): the base's files are writable by the code under test, so a case that
     edits them must not change what a later worker holds its cases to."""
-    session: CompareSession | None = config.stash.get(SESSION_KEY, None)
     if session is None:
         return None
     base = session.base
@@ -102,8 +105,7 @@ def from_workerinput(data: dict[str, Any]) -> BaseRun:
     )
 
 
-def report_header(config: pytest.Config) -> str | None:
-    session = config.stash.get(SESSION_KEY, None)
+def report_header(session: CompareSession | None) -> str | None:
     if session is None:
         return None
     base = session.base
@@ -120,29 +122,22 @@ def _this_build(backend_name: str) -> str | None:
     return versions.installed("torch_xla")
 
 
-def judge(
-    item: pytest.Item,
-    report: pytest.TestReport,
-    case_id: str,
-    shardings: dict[str, str],
-    version: str | None,
-    body_passed: bool,
-) -> None:
-    """Hold one case to its base record; its finding goes on the report for the controller."""
-    session: CompareSession | None = item.config.stash.get(SESSION_KEY, None)
-    if session is None or not activation.is_spmd(item):
+def judge(session: CompareSession, case: JudgedCase, report: pytest.TestReport) -> None:
+    """Hold one case to its base record; its finding goes on the report for the process that owns
+    the run (collect)."""
+    if not activation.is_spmd(case.item):
         return
-    registry = dict(item.user_properties)  # the registry's judgement of this case (harness.plugin)
+    judgement = case.judgement
     finding: dict[str, Any] = {
-        "case": case_id,
-        "version": version,
-        "known_bug": registry.get("known_bug"),
-        "registry_verdict": registry.get("registry_verdict"),
+        "case": case.case_id,
+        "version": case.torch_xla,
+        "known_bug": (judgement.entry or case.entries[0].id) if judgement and case.entries else None,
+        "registry_verdict": judgement.kind.value if judgement else None,
     }
-    if body_passed and not hasattr(report, "wasxfail") and not report.skipped:
-        signatures = None if item.get_closest_marker("no_cost_check") else costcheck.record_fields(item)["costs"]
-        judged = None if item.get_closest_marker("no_sharding_baseline") else shardings
-        comparison = basecompare.compare_case(session.base, case_id, judged, signatures)
+    if case.body_passed and not is_xfail(report) and not report.skipped:
+        signatures = None if case.has_marker("no_cost_check") else costcheck.comparable_signatures(case)
+        judged = None if case.has_marker("no_sharding_baseline") else case.shardings
+        comparison = basecompare.compare_case(session.base, case.case_id, judged, signatures)
         if comparison.not_compared is None:
             checked.mark(report, checked.BASE_RUN)
         finding.update(
@@ -154,7 +149,7 @@ def judge(
         if comparison.not_compared:
             finding["not_compared"] = comparison.not_compared
         if comparison.differences:
-            finding["failure"] = _fail(report, basecompare.failure_text(session.base, version, comparison))
+            finding["failure"] = _fail(report, basecompare.failure_text(session.base, case.torch_xla, comparison))
             _drop_reported_sections(report)
         if comparison.new:
             report.sections.append(
@@ -167,7 +162,6 @@ def judge(
                     "\n".join(comparison.moved),
                 )
             )
-    # On the report itself: pytest copied the item's properties into it before this hook's end.
     report.user_properties.append((PROPERTY, json.dumps(finding, sort_keys=True)))
 
 
@@ -191,8 +185,8 @@ def _fail(report: pytest.TestReport, message: str) -> list[str]:
 
 
 def collect(session: CompareSession, report: pytest.TestReport) -> None:
-    """The controller (or a run without xdist) adds each case's finding to the run's comparison."""
-    if hasattr(session.config, "workerinput") or report.when != "call":
+    """The process that owns the run adds each case's finding to the run's comparison."""
+    if report.when != "call":
         return
     properties = dict(report.user_properties)
     if PROPERTY not in properties:
@@ -222,8 +216,6 @@ def collect(session: CompareSession, report: pytest.TestReport) -> None:
 
 
 def summarise(session: CompareSession, terminalreporter: Any) -> None:
-    if hasattr(session.config, "workerinput"):
-        return
     comparison = session.comparison
     terminalreporter.section(f"compared with the base run {session.base.path}", red=bool(comparison.differ))
     for line in comparison.lines():
@@ -231,16 +223,16 @@ def summarise(session: CompareSession, terminalreporter: Any) -> None:
 
 
 def finish(session: CompareSession) -> None:
-    """The controller leaves the comparison in the run's folder, for harness.report."""
-    if hasattr(session.config, "workerinput") or not runfolder.is_run_folder(session.own_run):
+    """The process that owns the run leaves the comparison in the run's folder, for harness.report."""
+    if not runfolder.is_run_folder(session.own_run):
         return
     runfolder.replace_file(session.own_run / runfolder.COMPARISON_NAME, session.comparison.to_json())
 
 
-def planted_comparison(config: pytest.Config, own_run: Path) -> list[str]:
+def planted_comparison(session: CompareSession | None, own_run: Path) -> list[str]:
     """A run without --spmd-compare makes no comparison.json: one in its folder was written by a
     case, a forged "none differ" the report would show as a green check, so the run fails."""
-    if config.stash.get(SESSION_KEY, None) is not None or not os.path.lexists(own_run / runfolder.COMPARISON_NAME):
+    if session is not None or not os.path.lexists(own_run / runfolder.COMPARISON_NAME):
         return []
     return [
         f"{runfolder.COMPARISON_NAME} in {own_run.name} was not made by this run (it ran without --spmd-compare; "

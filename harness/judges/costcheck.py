@@ -1,8 +1,7 @@
 """The plugin's side of cost signatures: steady state, the cost baseline, records and dumps.
 
-Called by harness.plugin next to the sharding comparison, so the order is the same: the registry
-judges first (an xfail is never compared), then shardings, then costs. For every case whose body
-recorded signatures (harness.stepcosts):
+The third judge (harness.judges.judging): the registry judges first (an xfail is never compared),
+then shardings, then costs. For every case whose body recorded signatures (harness.stepcosts):
 
 1. Steady state, whatever the baseline says: a step after the loop's warm-up that compiled a new
    graph fails the case, naming the step and what differs between the two graphs; so does one
@@ -26,120 +25,109 @@ from harness.baselinefile import BaselineSession
 from harness.config import options
 from harness.costbaseline import CostBaseline
 from harness.isolation.backend import Backend
-from harness.isolation.case import CaseResult, SpmdRunner
 from harness.judges import checked
+from harness.judges.judging import Judge, JudgedCase, is_xfail
 from harness.records import results, runfolder
 
-SESSION_KEY = pytest.StashKey["CostSession"]()
-SIGNATURES_KEY = pytest.StashKey[dict[str, dict[str, Any]]]()
-DUMPS_KEY = pytest.StashKey[dict[str, str]]()
-CHANGES_KEY = pytest.StashKey[list[str]]()
 NO_COST_CHECK_MARKER = (
     "no_cost_check(reason): neither steady state nor the cost baseline judges this case "
     "(a self-test whose bodies record a cost regression on purpose)"
 )
 
 
-class CostSession(BaselineSession[CostBaseline]):
+class CostSession(BaselineSession[CostBaseline], Judge):
     def __init__(self, config: pytest.Config, backend: Backend) -> None:
+        """At configure time (the xdist controller too)."""
+        config.addinivalue_line("markers", NO_COST_CHECK_MARKER)
         option = options.value(config, CostBaseline.OPTION)
         super().__init__(config, backend, CostBaseline, option, config.getoption(options.UPDATE_COSTS))
 
-
-def configure(config: pytest.Config, backend: Backend, load: bool) -> None:
-    """At configure time (the xdist controller too): a damaged baseline is a usage error now."""
-    config.addinivalue_line("markers", NO_COST_CHECK_MARKER)
-    session = CostSession(config, backend)
-    config.stash[SESSION_KEY] = session
-    if load:
-        session.baseline()
-
-
-def _signatures(item: pytest.Item, results_of_runs: list[CaseResult]) -> dict[str, dict[str, Any]]:
-    """Every loop's signature the case's bodies recorded; their dumps move to the item's stash."""
-    signatures: dict[str, dict[str, Any]] = {}
-    dumps: dict[str, str] = {}
-    for result in results_of_runs:
-        values = result.values
-        dumps.update(values.pop(costs.DUMPS_VALUE, None) or {})
-        for label, signature in (values.get(costs.SIGNATURES_VALUE) or {}).items():
-            signatures[label] = costs.check_signature(signature, f"cost signature {label!r} from the case's child")
-    item.stash[DUMPS_KEY] = dumps
-    item.stash[SIGNATURES_KEY] = signatures
-    return signatures
-
-
-def judge(
-    item: pytest.Item, report: pytest.TestReport, runner: SpmdRunner | None, version: str | None, body_passed: bool
-) -> None:
-    """Steady state, then the baseline, for a case whose bodies passed and that is not an xfail."""
-    session: CostSession = item.config.stash[SESSION_KEY]
-    if runner is None:
-        return
-    try:
-        signatures = _signatures(item, runner.results)  # a failing body's dumps are kept too
-    except costs.CostReadError as exc:
-        if body_passed and not hasattr(report, "wasxfail"):
-            _fail(report, f"cost signature unreadable: {exc}")
-        return
-    if not body_passed or hasattr(report, "wasxfail") or report.skipped or item.get_closest_marker("no_cost_check"):
-        return
-    if not signatures:
-        # A case that measures nothing is not judged, unless the baseline measures it: a body that
-        # stopped running its meter, or wiped the harness's key, reads as "no longer measured".
-        base = None if session.update else session.baseline()
-        if base is None or not base.compare(results.item_case_id(item), signatures):
+    def judge(self, case: JudgedCase, report: pytest.TestReport) -> None:
+        """Steady state, then the baseline, for a case whose bodies passed and that is not an
+        xfail; the signatures, the dumps and the lines found go on the case."""
+        if case.runner is None:
             return
-    problems = [line for label, sig in sorted(signatures.items()) for line in costs.steady_state_problems(sig, label)]
-    if problems:
-        item.stash[CHANGES_KEY] = [f"steady state: {p}" for p in problems]
-        _fail(
-            report,
-            "steady state: a step after the warm-up compiled a new graph (every step pays a compilation) "
-            "or left more alive than the step before (every step leaks):\n" + "\n".join(f"  {p}" for p in problems),
-        )
-    case = results.item_case_id(item)
-    if session.update:
-        if not problems and report.passed:
-            session.updates.observe(item.nodeid, case, signatures, version)  # kept if its teardown passes (settle)
-        return
-    base = session.baseline()
-    if base is None:
-        return
-    changes = base.compare(case, signatures)
-    if changes is None:
-        session.cases_without_entry.append(case)
-        return
-    checked.mark(report, checked.COST_BASELINE)
-    if not changes:
-        return
-    item.stash[CHANGES_KEY] = item.stash.get(CHANGES_KEY, []) + [str(c) for c in changes]
-    moves = costs.listed(changes)  # bytes within the band, improvements: listed, never failed
-    if moves:
-        report.sections.append(
-            (
-                f"cost byte moves within the band ({costs.band_text()}) or improvements (listed, not failed)",
-                "\n".join(f"  {c}" for c in moves),
+        try:
+            _read_signatures(case)  # a failing body's dumps are kept too
+        except costs.CostReadError as exc:
+            if case.body_passed and not is_xfail(report):
+                _fail(report, f"cost signature unreadable: {exc}")
+            return
+        if not case.body_passed or is_xfail(report) or report.skipped or case.has_marker("no_cost_check"):
+            return
+        signatures = case.costs
+        if not signatures:
+            # A case that measures nothing is not judged, unless the baseline measures it: a body that
+            # stopped running its meter, or wiped the harness's key, reads as "no longer measured".
+            base = None if self.update else self.baseline()
+            if base is None or not base.compare(case.case_id, signatures):
+                return
+        problems = [
+            line for label, sig in sorted(signatures.items()) for line in costs.steady_state_problems(sig, label)
+        ]
+        if problems:
+            case.cost_changes = [f"steady state: {p}" for p in problems]
+            _fail(
+                report,
+                "steady state: a step after the warm-up compiled a new graph (every step pays a compilation) "
+                "or left more alive than the step before (every step leaks):\n" + "\n".join(f"  {p}" for p in problems),
             )
-        )
-    lines = [str(c) for c in costs.failing(changes)]
-    if not lines:
-        return
-    listing = "\n".join(f"  {line}" for line in lines)
-    if base.on_release_line(version) and report.passed:
-        _fail(
-            report,
-            f"cost drift: {len(lines)} item(s) differ from {base.path.name} (taken on torch_xla "
-            f"{base.torch_xla}; this run: {version}):\n{listing}\nIf the change is intended, rewrite the "
-            f"entry: {session.rewrite_command(item, base.path)}",
-        )
-    else:
-        why = (
-            f"torch_xla {version} is not on {base.torch_xla}'s release line"
-            if not base.on_release_line(version)
-            else "the case failed already"
-        )
-        report.sections.append((f"cost changes (reported, not failed: {why})", listing))
+        if self.update:
+            if not problems and report.passed:
+                # kept if its teardown passes (settle)
+                self.updates.observe(case.item.nodeid, case.case_id, signatures, case.torch_xla)
+            return
+        base = self.baseline()
+        if base is None:
+            return
+        changes = base.compare(case.case_id, signatures)
+        if changes is None:
+            self.cases_without_entry.append(case.case_id)
+            return
+        checked.mark(report, checked.COST_BASELINE)
+        if changes:
+            case.cost_changes += [str(c) for c in changes]
+            self._report_changes(case, report, base, changes)
+
+    def _report_changes(
+        self, case: JudgedCase, report: pytest.TestReport, base: CostBaseline, changes: list[costs.CostChange]
+    ) -> None:
+        moves = costs.listed(changes)  # bytes within the band, improvements: listed, never failed
+        if moves:
+            report.sections.append(
+                (
+                    f"cost byte moves within the band ({costs.band_text()}) or improvements (listed, not failed)",
+                    "\n".join(f"  {c}" for c in moves),
+                )
+            )
+        lines = [str(c) for c in costs.failing(changes)]
+        if not lines:
+            return
+        listing = "\n".join(f"  {line}" for line in lines)
+        version = case.torch_xla
+        if base.on_release_line(version) and report.passed:
+            _fail(
+                report,
+                f"cost drift: {len(lines)} item(s) differ from {base.path.name} (taken on torch_xla "
+                f"{base.torch_xla}; this run: {version}):\n{listing}\nIf the change is intended, rewrite the "
+                f"entry: {self.rewrite_command(case.item, base.path)}",
+            )
+        else:
+            why = (
+                f"torch_xla {version} is not on {base.torch_xla}'s release line"
+                if not base.on_release_line(version)
+                else "the case failed already"
+            )
+            report.sections.append((f"cost changes (reported, not failed: {why})", listing))
+
+
+def _read_signatures(case: JudgedCase) -> None:
+    """Every loop's signature the case's bodies recorded, and their dumps, onto the case."""
+    for result in case.results:
+        values = result.values
+        case.cost_dumps.update(values.pop(costs.DUMPS_VALUE, None) or {})
+        for label, signature in (values.get(costs.SIGNATURES_VALUE) or {}).items():
+            case.costs[label] = costs.check_signature(signature, f"cost signature {label!r} from the case's child")
 
 
 def _fail(report: pytest.TestReport, message: str) -> None:
@@ -150,17 +138,19 @@ def _fail(report: pytest.TestReport, message: str) -> None:
         report.sections.append(("cost check", message))
 
 
-def record_fields(item: pytest.Item) -> dict[str, Any]:
+def record_fields(case: JudgedCase) -> dict[str, Any]:
     """The record's `costs` (comparable signatures) and `cost_changes` (lines, failed or reported)."""
-    signatures = item.stash.get(SIGNATURES_KEY, {})
-    changes = item.stash.get(CHANGES_KEY, [])
-    return {"costs": {label: costs.comparable(sig) for label, sig in signatures.items()}, "cost_changes": list(changes)}
+    return {
+        "costs": comparable_signatures(case),
+        "cost_changes": list(case.cost_changes),
+    }
 
 
-def keep_dumps(folder: Path, item: pytest.Item, failed: bool) -> None:
+def comparable_signatures(case: JudgedCase) -> dict[str, dict[str, Any]]:
+    return {label: costs.comparable(sig) for label, sig in case.costs.items()}
+
+
+def keep_dumps(folder: Path, case: JudgedCase, failed: bool) -> None:
     """The partitioned modules of a failing case, for reading what the partitioner did."""
     if failed:
-        dumps = item.stash.get(DUMPS_KEY, {})
-        results.keep_texts(
-            folder / runfolder.COST_DUMPS_DIR, results.item_case_id(item), dumps, ".after_optimizations.txt"
-        )
+        results.keep_texts(folder / runfolder.COST_DUMPS_DIR, case.case_id, case.cost_dumps, ".after_optimizations.txt")

@@ -1,22 +1,20 @@
-"""The known-bug registry's side in pytest: which entries a case names, its judgement put on the
-case's report, and the case as every judge reads it (JudgedCase)."""
+"""The known-bug registry's side in pytest: which entries a case names, and its judgement of the
+case (the first judge: harness.judges.judging)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
 from harness import registry
-from harness.errors import CaseError, RegistryError
-from harness.isolation.case import CaseResult, SpmdRunner
-from harness.records import results
-from harness.registry import Judgement, JudgementKind, KnownBug
+from harness.errors import RegistryError
+from harness.judges.judging import Judge, JudgedCase
+from harness.registry import JudgementKind, KnownBug
 
-RUNNER_KEY = pytest.StashKey[SpmdRunner]()  # the case's runner, set by the spmd fixture
-ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()  # the entries the case names, read at collection
+ENTRY_PROPERTY = "known_bug"  # a report's user properties: the entry that judged the case,
+VERDICT_PROPERTY = "registry_verdict"  # and its verdict
 
 
 def entries_of(item: pytest.Item, registry_path: Path) -> list[KnownBug]:
@@ -33,68 +31,25 @@ def entries_of(item: pytest.Item, registry_path: Path) -> list[KnownBug]:
     return entries
 
 
-@dataclasses.dataclass
-class JudgedCase:
-    """One case as the plugin judges it, gathered once (after its call, or at a failed set-up):
-    the registry and the baselines read it and add what they found, and its record is written
-    from it."""
-
-    case_id: str  # the stable name records and baselines use (results.case_id)
-    runner: SpmdRunner | None  # None: the case never reached the spmd fixture
-    entries: list[KnownBug]  # the known_bug entries it names
-    torch_xla: str | None  # what its children ran: the last body that reported a version
-    shardings: dict[str, str]  # what its bodies recorded (a later body's tensor wins)
-    judgement: Judgement | None = None  # the registry's, for a case that names entries
-    sharding_changes: list[str] = dataclasses.field(default_factory=list)  # against its baseline entry
-
-    @classmethod
-    def of(cls, item: pytest.Item) -> JudgedCase:
-        runner = item.stash.get(RUNNER_KEY, None)
-        ran = runner.results if runner else []
-        reported = [r.torch_xla for r in ran if r.torch_xla]
-        shardings: dict[str, str] = {}
-        for result in ran:
-            shardings.update(result.shardings)
-        return cls(
-            case_id=results.item_case_id(item),
-            runner=runner,
-            entries=item.stash.get(ENTRIES_KEY, []),
-            torch_xla=reported[-1] if reported else None,
-            shardings=shardings,
-        )
-
-    @property
-    def results(self) -> list[CaseResult]:
-        return self.runner.results if self.runner else []
-
-
-def evidence_of(call: pytest.CallInfo[None]) -> str | None:
-    """What the case's failure says: a child's evidence (cause first), else the exception line."""
-    if call.excinfo is None:
-        return None
-    exc = call.excinfo.value
-    if isinstance(exc, CaseError):
-        return exc.evidence
-    return call.excinfo.exconly()
-
-
-def judge(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: JudgedCase) -> None:
+class RegistryJudge(Judge):
     """A case that names entries: the registry's judgement becomes its outcome (a reproduced bug
     is an xfail, an unexpected pass a failure) or leads its failure."""
-    if not case.entries or report.skipped:
-        return
-    judgement = case.judgement = registry.judge(case.entries, case.torch_xla, evidence_of(call))
-    judged = [("known_bug", judgement.entry or case.entries[0].id), ("registry_verdict", judgement.kind.value)]
-    item.user_properties.extend(judged)
-    report.user_properties.extend(judged)  # copied from the item before this judgement: for the run's closing line
-    if judgement.kind is JudgementKind.REPRODUCED:
-        report.outcome = "skipped"
-        report.wasxfail = judgement.message
-    elif judgement.kind is JudgementKind.UNEXPECTED_PASS:
-        report.outcome = "failed"
-        report.longrepr = judgement.message
-    elif judgement.kind is not JudgementKind.PASSED:
-        _lead_with_judgement(report, judgement.message)
+
+    def judge(self, case: JudgedCase, report: pytest.TestReport) -> None:
+        if not case.entries or report.skipped:
+            return
+        judgement = case.judgement = registry.judge(case.entries, case.torch_xla, case.evidence)
+        judged = [(ENTRY_PROPERTY, judgement.entry or case.entries[0].id), (VERDICT_PROPERTY, judgement.kind.value)]
+        report.user_properties.extend(judged)  # for the run's closing line (harness.run.findings)
+        case.item.user_properties.extend(judged)  # for JUnit's <properties>, which come from the teardown report
+        if judgement.kind is JudgementKind.REPRODUCED:
+            report.outcome = "skipped"
+            report.wasxfail = judgement.message
+        elif judgement.kind is JudgementKind.UNEXPECTED_PASS:
+            report.outcome = "failed"
+            report.longrepr = judgement.message
+        elif judgement.kind is not JudgementKind.PASSED:
+            _lead_with_judgement(report, judgement.message)
 
 
 def _lead_with_judgement(report: pytest.TestReport, message: str) -> None:

@@ -1,6 +1,7 @@
-"""What one pytest process of a run holds (HarnessSession): its backend, its pool of warm
-children, its run folder, the known-bug registry it reads, the faults charged after a verdict,
-and whether the run is the harness's at all yet; the stash keys the plugin keeps it under."""
+"""What one pytest process of a run holds (HarnessSession): its role, its backend, its pool of
+warm children, its run folder, the known-bug registry it reads, its judges in the order they
+judge, the faults charged after a verdict, and whether the run is the harness's at all yet; the
+stash keys the plugin keeps it under."""
 
 from __future__ import annotations
 
@@ -19,11 +20,17 @@ from harness.isolation.backend import Backend
 from harness.isolation.child_process import LateFault
 from harness.isolation.pool import ChildPool
 from harness.isolation.processes import signal_name
-from harness.judges import basecheck, costcheck, shardingcheck
+from harness.judges import basecheck
+from harness.judges.basecheck import CompareSession
+from harness.judges.costcheck import CostSession
+from harness.judges.judging import Judge
+from harness.judges.registrycheck import RegistryJudge
+from harness.judges.shardingcheck import ShardingSession
 from harness.records import results, runfolder, versions
 from harness.registry import REGISTRY_PATH, load_registry
 from harness.run import caseuser
 from harness.run.dumproot import share_dump_root
+from harness.run.role import Role, process_name, role_of
 
 SESSION_KEY = pytest.StashKey["HarnessSession"]()
 RUN_SERVERS_KEY = pytest.StashKey[runservers.RunServers]()
@@ -43,7 +50,8 @@ class HarnessSession:
         )
         self.case_timeout: float = options.value(config, "spmd_case_timeout")
         workerinput = getattr(config, "workerinput", None)
-        self.worker = _worker_name(config)
+        self.role: Role = role_of(config)
+        self.worker = process_name(config)  # the name its logs and records go under
         self.run = _run_folder(config)
         self.results_dir = self.run.path  # made only when the run has something to write (claim)
         # The run's shared fork servers: this process's own (started early), or the controller's.
@@ -57,11 +65,16 @@ class HarnessSession:
             self.results_dir / runfolder.LOGS_DIR / self.worker,
             startup_timeout=self.case_timeout,
             exclusive=self.backend.exclusive_device,
-            spares=self.worker == "main",
+            spares=self.role.owns_run,
             fork=fork_server_wanted(options.value(config, "spmd_fork_server"), self.backend),
             servers=shared,
         )
         self.registry_path = Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH).resolve()
+        # The judges (harness.judges.judging); the base run's is made by configure_compare.
+        self.registry_judge = RegistryJudge()
+        self.sharding = ShardingSession(config, self.backend)
+        self.costs = CostSession(config, self.backend)
+        self.compare: CompareSession | None = None
         self.late_faults: list[LateFault] = []
         self.early_start_done = False
         # Inert until the run selects an SPMD case (harness.config.activation): no process, file, line.
@@ -75,8 +88,19 @@ class HarnessSession:
         except HarnessError as exc:
             raise pytest.UsageError(f"results folder: {exc}") from None
         # Only the controller makes a root in memory: it is the one that removes it at the end.
-        share_dump_root(folder, in_memory=self.worker == "main")
+        share_dump_root(folder, in_memory=self.role.owns_run)
         return folder
+
+    @property
+    def judges(self) -> list[Judge]:
+        """In the order they judge a case: the registry (an xfail is never compared), the sharding
+        baseline, the cost baseline, the base build's run (it reads the first and the third)."""
+        ordered: list[Judge] = [self.registry_judge, self.sharding, self.costs]
+        return ordered + ([self.compare] if self.compare is not None else [])
+
+    def configure_compare(self, config: pytest.Config) -> None:
+        """--spmd-compare: load the base run now (a bad one is a usage error before any case)."""
+        self.compare = basecheck.configure(config, self.backend, self.run.path, self.role.owns_run)
 
     def activate(self, config: pytest.Config) -> None:
         """The run selects SPMD cases: read the inputs (a bad file stops it now) and take SIGTERM."""
@@ -85,14 +109,14 @@ class HarnessSession:
         self.active = True
         if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
             load_inputs(self, config)
-            config.stash[costcheck.SESSION_KEY].read_unless_probed()
+            self.costs.read_unless_probed()
         _stop_on_sigterm(config)
 
     def header_lines(self, config: pytest.Config) -> list[str]:
         """What the run uses: backend and devices, the torch_xla stack, where results go, the base run."""
         count = getattr(self.backend, "devices", None)  # a TPU host's chips are probed at the first case
         devices = f"{count} devices" if count else "this host's chips"
-        compared = basecheck.report_header(config)
+        compared = basecheck.report_header(self.compare)
         return [
             f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}; "
             f"{versions.describe(versions.stack())}; results {self.run.path}",
@@ -104,13 +128,6 @@ class HarnessSession:
         self.late_faults.append(fault)
         self.claim_run_folder()
         results.write_amendment(self.results_dir, fault.case, results.bounded_evidence(fault.evidence), self.worker)
-
-
-def _worker_name(config: pytest.Config) -> str:
-    """xdist's own worker id (gw0, ...), else "main". Not $PYTEST_XDIST_WORKER: a pytest started
-    from inside a worker (pytester, a subprocess) inherits that variable without being a worker."""
-    workerinput = getattr(config, "workerinput", None)
-    return str(workerinput["workerid"]) if workerinput is not None else "main"
 
 
 def _run_folder(config: pytest.Config) -> runfolder.RunFolder:
@@ -143,7 +160,7 @@ def load_inputs(session: HarnessSession, config: pytest.Config) -> None:
         raise pytest.UsageError(f"known-bug registry: {exc}") from None
     # A TPU's default baseline is named by its device count, which takes a probe of the chips:
     # that one is read at the end of collection, still before any case runs.
-    shardingcheck.session_of(config).read_unless_probed()
+    session.sharding.read_unless_probed()
 
 
 def _stop_on_sigterm(config: pytest.Config) -> None:

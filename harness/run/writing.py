@@ -14,7 +14,7 @@ import pytest
 
 from harness.isolation.evidence import headline
 from harness.judges import basecheck, costcheck
-from harness.judges.registrycheck import JudgedCase, evidence_of
+from harness.judges.judging import JudgedCase
 from harness.records import results, runfolder, versions
 from harness.registry import Judgement, JudgementKind
 from harness.run.findings import first_item
@@ -28,10 +28,10 @@ RESULTS_WRITE_FATAL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 ACQUITTALS = (JudgementKind.PASSED, JudgementKind.UNJUDGED)
 
 
-def write_case_record(
-    item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport, case: JudgedCase
-) -> None:
-    """The case's record, with the HLO its bodies kept and, where it failed, its cost dumps."""
+def write_case_record(case: JudgedCase, report: pytest.TestReport) -> None:
+    """The case's record, from the judged case alone, with the HLO its bodies kept and, where it
+    failed, its cost dumps."""
+    item = case.item
     harness = item.config.stash[SESSION_KEY]
     judgement, entries = case.judgement, case.entries
     record = results.CaseRecord(
@@ -43,7 +43,7 @@ def write_case_record(
         known_bugs=[e.id for e in entries],
         registry_verdict=judgement.kind.value if judgement else None,
         signature=judgement.signature if judgement else None,
-        evidence=results.bounded_evidence(evidence_of(call) or ""),
+        evidence=results.bounded_evidence(case.evidence or ""),
         torch_xla=case.torch_xla,
         backend=harness.backend.name,
         devices=harness.backend.capabilities().devices,
@@ -51,8 +51,8 @@ def write_case_record(
         body_s=round(sum(r.duration_s for r in case.results), 3) if case.runner else 0.0,
         shardings=case.shardings,
         sharding_changes=case.sharding_changes,
-        sharding_baseline=item.get_closest_marker("no_sharding_baseline") is None,
-        **costcheck.record_fields(item),
+        sharding_baseline=not case.has_marker("no_sharding_baseline"),
+        **costcheck.record_fields(case),
         **_stack_versions(),
     )
 
@@ -60,7 +60,7 @@ def write_case_record(
         folder = harness.claim_run_folder()
         for result in case.results:
             results.keep_texts(folder / runfolder.HLO_DIR, case.case_id, result.hlo, ".txt")
-        costcheck.keep_dumps(folder, item, report.failed)
+        costcheck.keep_dumps(folder, case, report.failed)
         results.write_record(folder, record, harness.worker)
 
     _write_results(harness, item.config, write)
@@ -99,7 +99,7 @@ def close_run(session: pytest.Session, harness: HarnessSession) -> None:
         )
     )
     xmlpath = getattr(session.config.option, "xmlpath", None)
-    problems = harness.run.manifest_problems() + basecheck.planted_comparison(session.config, harness.run.path)
+    problems = harness.run.manifest_problems() + basecheck.planted_comparison(harness.compare, harness.run.path)
     for problem in problems:
         session.config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
     if problems and session.exitstatus == pytest.ExitCode.OK:
