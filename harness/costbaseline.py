@@ -57,17 +57,7 @@ class CostBaseline(BaselineFile[dict[str, dict[str, Any]]]):
     def compare(self, case: str, observed: Mapping[str, Mapping[str, Any]]) -> list[costs.CostChange] | None:
         """Per-item changes of every loop of the case; None when the baseline has no entry for it."""
         expected = self.cases.get(case)
-        if expected is None:
-            return None
-        changes = []
-        for label in sorted(set(expected) | set(observed)):
-            if label not in observed:
-                changes.append(costs.CostChange(f"{label}", "training loop no longer measured"))
-            elif label not in expected:
-                changes.append(costs.CostChange(f"{label}", "training loop not in the baseline"))
-            else:
-                changes += costs.compare(expected[label], costs.comparable(observed[label]), label)
-        return changes
+        return None if expected is None else costs.compare_loops(expected, observed)
 
     def update(
         self, case: str, observed: Mapping[str, Mapping[str, Any]], torch_xla: str | None

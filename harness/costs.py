@@ -596,6 +596,22 @@ def _signed(count: int) -> str:
     return ("+" if count > 0 else "-") + kib(abs(count))
 
 
+def compare_loops(
+    expected: Mapping[str, Mapping[str, Any]], observed: Mapping[str, Mapping[str, Any]], reference: str = "baseline"
+) -> list[CostChange]:
+    """Every training loop of a case, by label: compare() where both measured it, else a line
+    saying which side lacks it (`reference` names where `expected` was read from)."""
+    changes = []
+    for label in sorted(set(expected) | set(observed)):
+        if label not in observed:
+            changes.append(CostChange(label, "training loop no longer measured"))
+        elif label not in expected:
+            changes.append(CostChange(label, f"training loop not in the {reference}"))
+        else:
+            changes += compare(expected[label], comparable(observed[label]), label)
+    return changes
+
+
 def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str = DEFAULT_LABEL) -> list[CostChange]:
     """Per-item changes between two signatures: a step's counts, a graph's collectives, memory.
     Counts fail on any change; bytes fail beyond the band and are listed otherwise (CostChange.judgement)."""

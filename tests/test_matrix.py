@@ -799,7 +799,7 @@ def test_sharding_changes_between_consecutive_columns_list_moved_tensors_only():
         ],
     )
     (step,) = consecutive_changes([old, new])
-    assert [(m.case.split("::")[1], m.tensor, m.before, m.after) for m in step.moved] == [
+    assert [(m.case.split("::")[1], m.change.tensor, m.change.before, m.change.after) for m in step.moved] == [
         ("a", "w", "{devices=[4,1]0,1,2,3}", "{devices=[1,4]0,1,2,3}")
     ]  # b's iota form is the same sharding
     assert step.one_sided == 1
@@ -823,7 +823,7 @@ def test_cost_changes_between_consecutive_columns_list_changed_items_and_skip_co
     old = column("2.6.0", [rec_with("a", 3), rec_with("b", 3), rec_with("self", 3, family="costs"), stopped])
     new = column("2.7.0", [rec_with("a", 5), rec_with("b", 3), rec_with("self", 9, family="costs"), rec_with("c", 3)])
     (step,) = consecutive_changes([old, new])
-    assert [(m.case.split("::")[1], m.item, m.detail) for m in step.moved] == [
+    assert [(m.case.split("::")[1], m.change.item, m.change.detail) for m in step.moved] == [
         ("a", "step0", "all-gather 3 -> 5 (+64 KiB per device)")
     ]
     assert step.compared == 2

@@ -37,18 +37,15 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from harness import costs
-from harness.costbaseline import CostBaseline
+from harness import costs, shardingcompare
 from harness.errors import DamagedRecord, HarnessUsageError
 from harness.isolation import files
 from harness.isolation.evidence import headline
-from harness.judges.baseline import Baseline
 from harness.records import runfolder
 from harness.records.results import CaseRecord, read_records, suite_exit_problem
 from harness.registry import JudgementKind
 from harness.schema import load_json, shown
 from harness.sharding import canonical_text
-from harness.tiles import grids_side_by_side, is_multi_axis
 
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
 VERDICTS = tuple(kind.value for kind in JudgementKind)
@@ -299,27 +296,17 @@ def compare_case(
             for label in sorted(signatures)
             if label not in record.costs
         ]
-        judge_costs = CostBaseline(base.path, base.backend, base.devices, base.torch_xla, {case: dict(record.costs)})
-        changes = judge_costs.compare(case, measured) or []
+        changes = costs.compare_loops(record.costs, measured, reference="base run")
         result.differences += [printable(str(c)) for c in costs.failing(changes)]
         result.moved += [printable(str(c)) for c in costs.listed(changes)]
     if shardings is not None:
         expected, base_parameters = _split_parameters(record.shardings)
         observed, parameters = _split_parameters(shardings)
-        judge = Baseline(base.path, base.backend, base.devices, base.torch_xla, {case: expected})
-        for change in judge.compare(case, observed) or []:
-            (result.new if change.before is None else result.differences).append(
-                printable(str(change).replace("(not in the baseline)", "(not in the base run)"))
-            )
-            if (
-                change.before is not None
-                and change.after is not None
-                and (is_multi_axis(change.before) or is_multi_axis(change.after))
-            ):
-                result.grids += [printable(f"{change.tensor}:")] + [
-                    printable(f"    {row}")
-                    for row in grids_side_by_side(change.before, change.after, ("base", "this build"))
-                ]
+        for change in shardingcompare.compare(expected, observed, reference="base run"):
+            (result.new if change.before is None else result.differences).append(printable(str(change)))
+            grids = change.grids(("base", "this build"))
+            if grids:
+                result.grids += [printable(f"{change.tensor}:")] + [printable(f"    {row}") for row in grids]
         for graph in sorted(set(base_parameters) | set(parameters)):
             changed = _parameters_change(graph, base_parameters.get(graph), parameters.get(graph))
             if changed is not None:

@@ -24,31 +24,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from harness import shardingcompare
 from harness.baselinefile import BaselineFile
 from harness.errors import BaselineError
 from harness.schema import shown
-from harness.sharding import canonical_text
-from harness.tiles import grids_side_by_side, is_multi_axis
+from harness.shardingcompare import ShardingChange
 
 BASELINE_DIR = Path("baselines") / "shardings"  # under the repository root (pytest's rootdir)
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardingChange:
-    tensor: str
-    before: str | None  # None: the tensor is new
-    after: str | None  # None: the tensor disappeared
-
-    def __str__(self) -> str:
-        if self.before is None:
-            return f"{self.tensor}: new, {_shown(self.after)} (not in the baseline)"
-        if self.after is None:
-            return f"{self.tensor}: {_shown(self.before)} -> no longer recorded"
-        return f"{self.tensor}: {_shown(self.before)} -> {_shown(self.after)}"
-
-
-def _shown(spec: str | None) -> str:
-    return spec or "''"  # torch_xla's text for "no sharding annotation"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,16 +69,7 @@ class Baseline(BaselineFile[dict[str, str]]):
     def compare(self, case: str, observed: Mapping[str, str]) -> list[ShardingChange] | None:
         """Per-tensor changes against the case's entry; None when the baseline has no entry for it."""
         expected = self.cases.get(case)
-        if expected is None:
-            return None
-        seen = {name: canonical_text(spec) for name, spec in observed.items()}
-        changes = [
-            ShardingChange(name, expected[name], seen.get(name))
-            for name in sorted(expected)
-            if expected[name] != seen.get(name)
-        ]
-        changes += [ShardingChange(name, None, seen[name]) for name in sorted(set(seen) - set(expected))]
-        return changes
+        return None if expected is None else shardingcompare.compare(expected, observed)
 
     def check(self, case: str, observed: Mapping[str, str], version: str | None, rewrite: str) -> CaseCheck | None:
         """The policy above, for a passing case that observed these shardings on torch_xla `version`;
@@ -125,12 +98,10 @@ class Baseline(BaselineFile[dict[str, str]]):
 
     def update(self, case: str, observed: Mapping[str, str], torch_xla: str | None) -> list[ShardingChange]:
         """Set the case's entry to what it observed; return what changed."""
-        before = self.cases.get(case, {})
-        after = {name: canonical_text(spec) for name, spec in observed.items()}
-        self.cases[case] = after
+        changes = shardingcompare.compare(self.cases.get(case, {}), observed)
+        self.cases[case] = shardingcompare.canonical(observed)
         self.torch_xla = torch_xla or self.torch_xla
-        names = sorted(set(before) | set(after))
-        return [ShardingChange(n, before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)]
+        return sorted(changes, key=lambda change: change.tensor)
 
     def render(self) -> str:
         """The file's text (harness.baselinefile.rewrite writes it): sorted, one tensor per line, a
@@ -151,15 +122,7 @@ def listing(changes: list[ShardingChange], indent: str = "  ") -> str:
     lines = []
     for change in changes:
         lines.append(f"{indent}{change}")
-        if (
-            change.before is not None
-            and change.after is not None
-            and (is_multi_axis(change.before) or is_multi_axis(change.after))
-        ):
-            lines += [
-                f"{indent}    {row}"
-                for row in grids_side_by_side(change.before, change.after, ("baseline", "this run"))
-            ]
+        lines += [f"{indent}    {row}" for row in change.grids(("baseline", "this run"))]
     return "\n".join(lines)
 
 

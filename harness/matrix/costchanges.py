@@ -10,30 +10,16 @@ on one device (XLA's buffer assignment) and the XLA tensors alive after the last
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from harness import costs
+from harness.matrix import changes
+from harness.matrix.changes import ColumnStep
 from harness.matrix.table import ColumnResult
 
 # Self-test cases record cost regressions on purpose; their "changes" would be noise.
 SELFTEST_FAMILIES = ("costs",)
-
-
-@dataclasses.dataclass(frozen=True)
-class CostMove:
-    case: str
-    item: str
-    detail: str
-
-
-@dataclasses.dataclass(frozen=True)
-class CostStep:
-    before: str
-    after: str
-    moved: tuple[CostMove, ...]
-    compared: int  # loops measured in both columns
 
 
 def _signatures(column: ColumnResult) -> dict[tuple[str, str], dict[str, Any]]:
@@ -46,18 +32,13 @@ def _signatures(column: ColumnResult) -> dict[tuple[str, str], dict[str, Any]]:
     }
 
 
-def consecutive_changes(columns: Sequence[ColumnResult]) -> list[CostStep]:
-    steps = []
-    for first, second in zip(columns, columns[1:]):
-        a, b = _signatures(first), _signatures(second)
-        both = sorted(a.keys() & b.keys())
-        moved = tuple(
-            CostMove(case, change.item, change.detail)
-            for case, loop in both
-            for change in costs.compare(a[(case, loop)], b[(case, loop)], loop)
-        )
-        steps.append(CostStep(first.name, second.name, moved, len(both)))
-    return steps
+def consecutive_changes(columns: Sequence[ColumnResult]) -> list[ColumnStep[costs.CostChange]]:
+    return changes.consecutive_changes(
+        columns,
+        _signatures,
+        lambda key, before, after: costs.compare(before, after, key[1]),
+        case_of=lambda key: key[0],
+    )
 
 
 def to_markdown(columns: Sequence[ColumnResult]) -> list[str]:
@@ -78,7 +59,9 @@ def to_markdown(columns: Sequence[ColumnResult]) -> list[str]:
         ]
         if step.moved:
             lines += ["| case | item | change |", "|---|---|---|"]
-            lines += [f"| `{m.case}` | {m.item} | {m.detail.replace('|', chr(92) + '|')} |" for m in step.moved]
+            lines += [
+                f"| `{m.case}` | {m.change.item} | {m.change.detail.replace('|', chr(92) + '|')} |" for m in step.moved
+            ]
     first = _signatures(columns[0]) if columns else {}
     if first:
         lines += [
