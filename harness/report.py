@@ -51,7 +51,7 @@ from pathlib import Path
 from harness import cli
 from harness.judges.basecompare import Comparison, read_comparison
 from harness.records import runfolder
-from harness.records.results import CaseRecord, family_of, read_records, suite_exit_problem
+from harness.records.results import CaseRecord, contradicting, family_of, is_failure, read_records, suite_exit_problem
 
 # Long log tails would make the summary table unreadable; the full text is in the uploaded JSON.
 EVIDENCE_LIMIT = 400
@@ -91,11 +91,6 @@ class Results:
     pytest_exit: int | None = None
     # What each run found against its base build's run (--spmd-compare; harness.judges.basecompare).
     comparisons: list[Comparison] = dataclasses.field(default_factory=list)
-
-
-def is_failure(record: CaseRecord) -> bool:
-    # An outcome this module does not know is treated as a failure rather than silently passed.
-    return record.outcome not in ("passed", "xfailed", "skipped")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,10 +177,13 @@ def cross_check_run(run: Path, results: Results, manifest_required: bool = False
     problem = suite_exit_problem(manifest.exitstatus)
     if problem:
         results.problems.append(f"run {manifest.run_id}: {problem}; its records may not cover every case")
-    by_id = {r.nodeid: r for r in results.records}
+    recorded = {r.nodeid for r in results.records}
+    for record in contradicting(manifest.failed_ids, results.records):
+        results.problems.append(
+            f"pytest reported {record.nodeid} failed (in setup or teardown?) but its case record says {record.outcome}"
+        )
     for nodeid in manifest.failed_ids:
-        record = by_id.get(nodeid)
-        if record is None:
+        if nodeid not in recorded:
             results.records.append(
                 CaseRecord(
                     nodeid=nodeid,
@@ -194,10 +192,6 @@ def cross_check_run(run: Path, results: Results, manifest_required: bool = False
                     reason="pytest reported this test failed, and the harness holds no record of it "
                     "(not an SPMD case, or its record was lost); see the pytest output or junit.xml",
                 )
-            )
-        elif not is_failure(record):
-            results.problems.append(
-                f"pytest reported {nodeid} failed (in setup or teardown?) but its case record says {record.outcome}"
             )
     if manifest.exitstatus == 1 and not any(is_failure(r) for r in results.records) and not results.problems:
         results.problems.append(

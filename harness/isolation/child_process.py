@@ -113,7 +113,7 @@ class ChildProcess:
             os.close(result_write)
             os.close(lifeline_read)
         self.result_fd = result_read
-        self.pidfd = _pidfd_open(self.proc.pid)
+        self.pidfd = processes.pidfd_open(self.proc.pid)
         self.buffer = protocol.LineBuffer()
         self.pipe_closed = False
         self.ready: protocol.Ready | None = None
@@ -387,13 +387,6 @@ class ChildProcess:
         return self.proc.poll() is not None
 
 
-def _pidfd_open(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
 def _close_quietly(fd: int) -> None:
     try:
         os.close(fd)
@@ -413,4 +406,4 @@ def _message(cause: str, context: str) -> str:
     return f"{headline}\n({context})\n--- child log (this case) ---\n{tail}"
 
 
-__all__ = ["ChildProcess", "ChildSpec", "LateFault", "CaseError"]
+__all__ = ["ChildProcess", "ChildSpec", "LateFault"]

@@ -195,8 +195,8 @@ class ForkedProcess:
         self.status_lost = False  # True: the child is gone and nobody could say how it ended
         self._status_fd: int | None = status_fd
         self._status = b""
-        self._pidfd = _pidfd_open(pid)
-        self._keeper_pidfd = _pidfd_open(keeper) if keeper else None
+        self._pidfd = processes.pidfd_open(pid)
+        self._keeper_pidfd = processes.pidfd_open(keeper) if keeper else None
         self._gone_since: float | None = None  # when the child was first seen gone without a status
         os.set_blocking(status_fd, False)
 
@@ -235,9 +235,9 @@ class ForkedProcess:
         now = time.monotonic()
         if self._gone_since is None:
             self._gone_since = now
-            _pidfd_signal(self._keeper_pidfd, signal.SIGCONT)  # a stopped keeper cannot reap
+            processes.pidfd_signal(self._keeper_pidfd, signal.SIGCONT)  # a stopped keeper cannot reap
         elif now - self._gone_since > KEEPER_REPORT_S:
-            _pidfd_signal(self._keeper_pidfd, signal.SIGKILL)  # the server reports the child instead
+            processes.pidfd_signal(self._keeper_pidfd, signal.SIGKILL)  # the server reports the child instead
             os.close(self._keeper_pidfd)
             self._keeper_pidfd = None
 
@@ -254,20 +254,6 @@ class ForkedProcess:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
             time.sleep(0.01)
         return self.returncode  # type: ignore[return-value]  # poll() returned a code, so it is set
-
-
-def _pidfd_open(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None  # not Linux, or gone already
-
-
-def _pidfd_signal(pidfd: int, sig: int) -> None:
-    try:
-        signal.pidfd_send_signal(pidfd, sig)
-    except (AttributeError, OSError):
-        pass  # ended meanwhile
 
 
 class ForkServerClient:

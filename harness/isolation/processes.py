@@ -283,3 +283,20 @@ def _reap_zombies(keep: Collection[int]) -> None:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
+
+
+def pidfd_open(pid: int) -> int | None:
+    """A descriptor that stays readable-on-exit for this very process (immune to pid reuse); None
+    where the platform has none (not Linux) or the process is gone already."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def pidfd_signal(pidfd: int, sig: int) -> None:
+    """Signal the process behind a pidfd (never another that reused its pid); quiet if it ended."""
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except (AttributeError, OSError):
+        pass

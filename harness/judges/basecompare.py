@@ -42,7 +42,7 @@ from harness.errors import DamagedRecord, HarnessUsageError
 from harness.isolation import files
 from harness.isolation.evidence import headline
 from harness.records import runfolder
-from harness.records.results import CaseRecord, read_records, suite_exit_problem
+from harness.records.results import CaseRecord, contradicting, read_records, suite_exit_problem
 from harness.registry import JudgementKind
 from harness.schema import load_json, shown
 from harness.sharding import canonical_text
@@ -103,13 +103,11 @@ class BaseRun:
             )
         for record in records.values():
             _check_record(record, where)
-        failed = set(manifest.failed_ids)
-        for record in records.values():
-            if record.nodeid in failed and record.outcome in ("passed", "xfailed"):
-                raise BaseRunError(
-                    f"{where}: pytest reported {record.nodeid!r} failed, but its record says "
-                    f"{record.outcome}: the records contradict the run's manifest (damaged or edited); {RERUN}"
-                )
+        for record in contradicting(manifest.failed_ids, records.values()):
+            raise BaseRunError(
+                f"{where}: pytest reported {record.nodeid!r} failed, but its record says "
+                f"{record.outcome}: the records contradict the run's manifest (damaged or edited); {RERUN}"
+            )
         setups = {(r.backend, r.devices) for r in records.values()}
         if setups != {(backend, devices)}:
             taken = "; ".join(f"backend {printable(str(b))} with {d} devices" for b, d in sorted(setups, key=str))
@@ -184,13 +182,8 @@ def find_run(path: Path, own_run: Path | None = None, backend: str | None = None
         if problem:
             raise BaseRunError(f"--spmd-compare: base run {path} {problem}; point it at a run of the base build")
         return path
-    runs = sorted(
-        (p for p in path.glob(f"{runfolder.RUN_PREFIX}*") if p.is_dir() and not p.is_symlink()),
-        key=lambda p: p.name,
-        reverse=True,
-    )
     skipped = []
-    for run in runs:
+    for run in runfolder.runs_in(path):
         if own_run is not None and run.absolute() == own_run.absolute():
             continue
         if runfolder.is_run_folder(run):

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +283,20 @@ def keep_texts(folder: Path, case_id: str, texts: dict[str, str], suffix: str) -
         # Written beside and renamed into place: a link or a pipe a case planted under the name is
         # replaced, never written through (the run folder is writable by the code under test).
         files.replace_file(folder / f"{safe_filename(case_id)}__{safe_filename(name)}{suffix}", text)
+
+
+def is_failure(record: CaseRecord) -> bool:
+    # An outcome this module does not know is treated as a failure rather than silently passed.
+    return record.outcome not in ("passed", "xfailed", "skipped")
+
+
+def contradicting(failed_ids: Iterable[str], records: Iterable[CaseRecord]) -> list[CaseRecord]:
+    """The one rule for records that contradict their run's manifest: pytest reported the case
+    failed (its manifest's failed_ids), yet its record says it did not fail. A record a case body
+    edited, or a failure in set-up or teardown after the verdict was written; either way the
+    record cannot be believed where it says pass."""
+    failed = set(failed_ids)
+    return [record for record in records if record.nodeid in failed and not is_failure(record)]
 
 
 def suite_exit_problem(code: int | None) -> str | None:

@@ -473,8 +473,14 @@ def resolve(path: Path) -> Path | None:
     latest = path / LATEST_NAME
     if _points_at_a_run(latest) and latest.is_dir():
         return latest.resolve()
-    runs = sorted(p for p in path.glob(f"{RUN_PREFIX}*") if is_run_folder(p))
-    return runs[-1] if runs else None
+    return next((run for run in runs_in(path) if is_run_folder(run)), None)
+
+
+def runs_in(path: Path) -> list[Path]:
+    """The run folders a results folder holds (`run-*` folders, never a link), newest first: the
+    one order every reader picks a run from (resolve; a base run: harness.judges.basecompare)."""
+    found = (p for p in Path(path).glob(f"{RUN_PREFIX}*") if p.is_dir() and not p.is_symlink())
+    return sorted(found, key=lambda p: p.name, reverse=True)
 
 
 def find_runs(path: Path) -> list[Path]:
