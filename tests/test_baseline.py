@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.judges.baseline import Baseline, CaseCheck, ShardingChange, is_drift
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.selftest
 
@@ -260,7 +261,6 @@ def test_a_sharding_no_case_asserts_passes_without_the_baseline_and_fails_with_i
 # End to end with the real suite's ViT case and the committed baseline
 # --------------------------------------------------------------------------------------------
 
-REPO = Path(__file__).resolve().parents[1]
 VIT_CASE_ID = "cases/test_functionalization.py::test_fsdpv2_vit_train_steps_match_cpu[func-on]"
 VIT_WITH_PATCHED_OUTPUTS = """
 import os

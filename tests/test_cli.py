@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from harness import cli
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.selftest
 
-REPO = Path(__file__).resolve().parents[1]
 # console script -> the module `python -m` runs
 TOOLS = {
     "spmd-report": "harness.report",

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import importlib
 import re
-from pathlib import Path
 
 import pytest
 
 import harness.errors
 from harness.errors import CaseCrashed, CaseError, CaseFailed, CaseProtocolError, CaseTimedOut, HarnessError
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.selftest
 
-REPO = Path(__file__).resolve().parents[1]
 IN_CHILDREN_ONLY = {"harness.xla", "harness.isolation.child"}
 _BRANCH = re.compile(r"^(?P<indent>(?:│   |    )*)(?:├── |└── )?(?P<name>[A-Za-z]+)\b")
 

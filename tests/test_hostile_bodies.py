@@ -16,20 +16,14 @@ from pathlib import Path
 import pytest
 
 from harness.records import runfolder
+from tests.conftest import REPO, only_run_folder, run_fake
 
 pytestmark = pytest.mark.selftest
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(pytester: pytest.Pytester, *args: str, timeout: float = 90) -> pytest.RunResult:
     # A hang is what these tests look for: pytester's timeout turns it into a failure.
-    return pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-rA", *args, timeout=timeout)
-
-
-def only_run_folder(pytester: pytest.Pytester) -> Path:
-    (folder,) = (p for p in (pytester.path / "results").glob("run-*") if not p.is_symlink())
-    return folder
+    return run_fake(pytester, "-rA", *args, timeout=timeout)
 
 
 # --- a named pipe where the run expects its own file --------------------------------------------
@@ -156,7 +150,7 @@ def test_a_named_pipe_as_a_stale_dump_roots_owner_stamp_does_not_hang_the_next_r
     stale.mkdir()
     os.mkfifo(stale / ".owner")
     proc = subprocess.run(
-        [sys.executable, "-c", STALE_OWNER, str(tmp_path)], capture_output=True, text=True, timeout=30, cwd=REPO_ROOT
+        [sys.executable, "-c", STALE_OWNER, str(tmp_path)], capture_output=True, text=True, timeout=30, cwd=REPO
     )
     assert proc.stdout.strip() == "swept", proc.stderr
     assert stale.is_dir(), "a root whose owner cannot be read is left alone"
@@ -365,7 +359,7 @@ def test_the_report_of_a_run_whose_verdicts_hold_a_line_nested_too_deeply_still_
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=REPO_ROOT,
+        cwd=REPO,
     )
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "::error title=SPMD regression%3A test_one.py%3A%3Atest_b::" in proc.stdout, proc.stdout
@@ -441,7 +435,7 @@ def test_a_records_torch_xla_text_cannot_restyle_or_hide_the_summary(pytester, m
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=REPO_ROOT,
+        cwd=REPO,
     )
     summary = (folder / "summary.md").read_text()
     assert "<!--" not in summary and "![x](" not in summary, summary
@@ -457,13 +451,13 @@ def test_a_wheel_name_cannot_stop_the_runners_commands(tmp_path: Path):
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=REPO_ROOT,
+        cwd=REPO,
     )
     assert proc.returncode == 2 and "is not a wheel filename" in proc.stderr, proc.stderr
     assert "##[" not in proc.stdout + proc.stderr
     (tmp_path / "torch-1-cp311-cp311-linux_x86_64.whl").touch()
     script = subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts" / "ci-spmd.sh"), "--wheels", str(tmp_path), "--venv", str(tmp_path / "v")],
+        ["bash", str(REPO / "scripts" / "ci-spmd.sh"), "--wheels", str(tmp_path), "--venv", str(tmp_path / "v")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -519,7 +513,7 @@ def readable_by_others(path: Path) -> bool:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a run with root can run its cases as another user")
 @pytest.mark.skipif(
-    not readable_by_others(Path(sys.base_prefix)) or not readable_by_others(REPO_ROOT),
+    not readable_by_others(Path(sys.base_prefix)) or not readable_by_others(REPO),
     reason="this machine's Python or checkout is not readable by other users (e.g. under /root)",
 )
 def test_a_case_run_as_the_case_user_cannot_write_the_runs_files_nor_signal_it(tmp_path: Path):

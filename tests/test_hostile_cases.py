@@ -18,19 +18,13 @@ import pytest
 from harness import report
 from harness.errors import HarnessUsageError
 from harness.records import runfolder
+from tests.conftest import REPO, only_run_folder, run_fake
 
 pytestmark = pytest.mark.selftest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-rA", *args, timeout=120)
-
-
-def only_run_folder(pytester: pytest.Pytester) -> Path:
-    (folder,) = (p for p in (pytester.path / "results").glob("run-*") if not p.is_symlink())
-    return folder
+    return run_fake(pytester, "-rA", *args)
 
 
 # --- a reserved key recorded with the wrong type (#28 item 5) ------------------------------------
@@ -134,7 +128,7 @@ def test_a_case_that_deletes_or_rewrites_the_manifest_does_not_stop_the_run_and_
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=REPO_ROOT,
+        cwd=REPO,
     )
     assert proc.returncode == report.EXIT_RUN_PROBLEM, proc.stdout + proc.stderr
     assert f"RUN PROBLEM: run {folder.name}: run.json of {folder.name} was {what}" in proc.stdout
@@ -218,7 +212,7 @@ def test_a_case_pointing_latest_at_a_green_run_cannot_make_the_ci_report_green(p
         FORGE_RESULTS=str(results),
     )
     proc = subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts" / "ci-spmd.sh"), "--venv", str(venv), "--skip-install"]
+        ["bash", str(REPO / "scripts" / "ci-spmd.sh"), "--venv", str(venv), "--skip-install"]
         + ["--workers", "1", "--results-dir", str(results)],
         capture_output=True,
         text=True,

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
+
 pytestmark = pytest.mark.selftest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # --------------------------------------------------------------------------------------------
 # Item 4: a malformed registry (--spmd-known-bugs=PATH points the plugin at a registry file)
@@ -248,7 +249,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=120,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
     )
 
 

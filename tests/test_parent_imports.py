@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
+
 pytestmark = pytest.mark.selftest
 
-REPO = Path(__file__).resolve().parents[1]
 IN_CHILDREN_ONLY = {"harness.xla", "harness.isolation.child"}  # imported by child processes
 
 

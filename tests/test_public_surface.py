@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import harness
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.selftest
 
-REPO = Path(__file__).resolve().parents[1]
 
 # Changing this list changes what case authors are promised: add to it deliberately, and remove
 # from it only with the cases (and downstream case files) that use the name.

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.selftest
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.selftest
 
 
 def readme_commands() -> list[str]:

@@ -12,10 +12,9 @@ import pytest
 
 from harness import report
 from harness.records.results import CaseRecord, write_record
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.selftest
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def record(nodeid: str, outcome: str, **fields) -> CaseRecord:
@@ -233,10 +232,10 @@ def test_cli_fails_when_the_results_folder_is_missing(tmp_path: Path, capsys):
 def test_module_runs_as_a_script(mixed_run: Path):
     proc = subprocess.run(
         [sys.executable, "-m", "harness.report", str(mixed_run), "--summary", str(mixed_run / "out.md")],
-        cwd=REPO_ROOT,
+        cwd=REPO,
         capture_output=True,
         text=True,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT)},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
     )
     assert proc.returncode == 0, proc.stderr
     assert (mixed_run / "out.md").read_text().startswith("## SPMD regression results")
@@ -286,7 +285,7 @@ def test_an_annotation_carries_the_drifted_tensor_and_a_plain_message_once(pytes
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=REPO_ROOT,
+        cwd=REPO,
     )
     errors = {line.split("::", 2)[1]: line for line in proc.stdout.splitlines() if line.startswith("::error ")}
     drift = errors["error title=SPMD regression%3A test_annotated.py%3A%3Atest_block"]
@@ -321,7 +320,7 @@ def test_not_this_time(spmd):
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=REPO_ROOT,
+        cwd=REPO,
     )
     assert proc.returncode == report.EXIT_NO_RECORDS, proc.stdout + proc.stderr
     assert "FAILED test_plain.py::test_plain_fails" in proc.stdout

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from harness.gke.aggregate import HostDisagreement
 from harness.judges.baseline import Baseline, ShardingChange, listing
 from harness.tiles import device_grid, holders_from_mesh, is_multi_axis, tile_holders
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.selftest
 
@@ -97,7 +97,6 @@ def test_a_cross_host_disagreement_draws_both_layouts():
 # End to end with torch_xla: the HSDP ViT case, replication groups of its parameters moved
 # --------------------------------------------------------------------------------------------
 
-REPO = Path(__file__).resolve().parents[1]
 HSDP_CASE_ID = "cases/test_meshes.py::test_fsdpv2_vit_train_steps_match_cpu[data-fsdp]"
 HSDP_WITH_MOVED_PARAMETERS = """
 import os

@@ -29,10 +29,10 @@ from pathlib import Path
 import pytest
 
 from harness.records.results import CaseRecord
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.selftest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 KNOWN_COMMANDS = {
     "error",
     "warning",
@@ -164,7 +164,7 @@ def run_ci_script(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             "bash",
-            str(REPO_ROOT / "scripts" / "ci-spmd.sh"),
+            str(REPO / "scripts" / "ci-spmd.sh"),
             "--venv",
             str(venv),
             "--skip-install",
@@ -223,7 +223,7 @@ def test_nightly_script_launcher_output_cannot_command_the_runner(tmp_path: Path
     )
     env = hermetic_env(tmp_path, VENV=str(venv), IMAGE="img:1", OUT=str(tmp_path / "out"))
     proc = subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts" / "nightly-multislice.sh")],
+        ["bash", str(REPO / "scripts" / "nightly-multislice.sh")],
         capture_output=True,
         text=True,
         env=env,
@@ -258,7 +258,7 @@ def test_report_output_cannot_be_turned_into_commands_by_what_a_case_wrote(tmp_p
         text=True,
         env=hermetic_env(tmp_path),
         timeout=60,
-        cwd=REPO_ROOT,
+        cwd=REPO,
     )
     for runner in both_orders(proc):
         assert runner.stop_token is None, proc.stdout + proc.stderr
@@ -308,7 +308,7 @@ def test_ci_script_keeps_the_step_files_as_they_were_whatever_the_run_wrote(tmp_
         STUB_RECORDS=FAILED_CASE.to_json(),
     )
     proc = subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts" / "ci-spmd.sh"), "--venv", str(venv), "--skip-install"]
+        ["bash", str(REPO / "scripts" / "ci-spmd.sh"), "--venv", str(venv), "--skip-install"]
         + ["--results-dir", str(tmp_path / "results")],
         capture_output=True,
         text=True,

@@ -27,11 +27,11 @@ import pytest
 import yaml
 
 from harness.records.results import CaseRecord
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.selftest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-WORKFLOWS_DIR = REPO_ROOT / ".github" / "workflows"
+WORKFLOWS_DIR = REPO / ".github" / "workflows"
 WORKFLOW_FILES = sorted(WORKFLOWS_DIR.glob("*.y*ml"))
 EXPECTED_WORKFLOWS = {"harness-ci.yml", "nightly-multislice.yml", "spmd-regression.yml"}
 SHA_PIN = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
@@ -264,10 +264,10 @@ def test_scripts_the_workflows_call_exist(path: Path):
     for line in run_lines(path):
         match = ALLOWED_RUN_LINE.match(line)
         if match and match.group("script"):
-            assert (REPO_ROOT / match.group("script")).is_file(), f"{path.name} calls missing {match.group('script')}"
+            assert (REPO / match.group("script")).is_file(), f"{path.name} calls missing {match.group('script')}"
 
 
-@pytest.mark.parametrize("script", by_name(sorted((REPO_ROOT / "scripts").glob("*.sh"))))
+@pytest.mark.parametrize("script", by_name(sorted((REPO / "scripts").glob("*.sh"))))
 def test_scripts_parse(script: Path):
     proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -353,7 +353,7 @@ def hermetic_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def run_ci_script(venv: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts" / "ci-spmd.sh"), "--venv", str(venv), *args],
+        ["bash", str(REPO / "scripts" / "ci-spmd.sh"), "--venv", str(venv), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -612,7 +612,7 @@ def stub_launcher_venv(tmp_path: Path) -> Path:
 
 def run_nightly_script(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts" / "nightly-multislice.sh")],
+        ["bash", str(REPO / "scripts" / "nightly-multislice.sh")],
         capture_output=True,
         text=True,
         env=env,
@@ -788,7 +788,7 @@ def test_ci_script_with_an_image_reruns_itself_inside_it_with_the_same_paths(stu
     image_at = argv.index(DEV_IMAGE)
     options, inner = argv[:image_at], argv[image_at + 1 :]
     for mount in (
-        f"{REPO_ROOT}:{REPO_ROOT}",
+        f"{REPO}:{REPO}",
         f"{wheels}:{wheels}:ro",
         f"{results}:{results}",
         f"{summary}:{summary}",
@@ -796,7 +796,7 @@ def test_ci_script_with_an_image_reruns_itself_inside_it_with_the_same_paths(stu
     ):
         assert mount in options, f"{mount} not mounted: {options}"
     assert {"GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY", "HOME=/tmp"} <= set(options)
-    assert options[options.index("-w") + 1] == str(REPO_ROOT)
+    assert options[options.index("-w") + 1] == str(REPO)
     assert {"GITHUB_OUTPUT", f"{output}:{output}", f"{registry}:{registry}:ro"} <= set(options)
     assert inner[:2] == ["bash", "scripts/ci-spmd.sh"] and "--image" not in inner
     assert inner[inner.index("--known-bugs") + 1] == str(registry)
@@ -855,7 +855,7 @@ def calling_snippets() -> dict[str, dict[str, Any]]:
     header = "\n".join(
         line[2:] for line in (WORKFLOWS_DIR / "spmd-regression.yml").read_text().splitlines() if line.startswith("#   ")
     )
-    readme = (REPO_ROOT / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     start = readme.index("  spmd-regression:\n", readme.index("## On every torch_xla PR"))
     snippets = {"workflow header": header, "README": readme[start:].split("```")[0]}
     return {where: yaml.safe_load(text)["spmd-regression"]["with"] for where, text in snippets.items()}
@@ -897,28 +897,26 @@ def test_the_build_context_holds_what_the_dockerfile_copies_and_no_credentials(t
     way the Docker client does (docker-py's matcher): credentials never reach the build."""
     from docker.utils.build import exclude_paths  # the test extra; missing fails, never skips
 
-    tracked = subprocess.run(
-        ["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-    ).stdout.split()
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     assert tracked, "not a git checkout?"
     for relative in tracked + KEPT_OUT_OF_THE_IMAGE:
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / relative).touch()
     patterns = [
         line.strip()
-        for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
     context = exclude_paths(str(tmp_path), patterns, dockerfile="k8s/image/Dockerfile")
     assert not [p for p in context if "gha-creds" in p], "a credential file would be sent to the image build"
     for kept_out in KEPT_OUT_OF_THE_IMAGE:
         assert kept_out not in context, f"{kept_out} would be sent to the image build"
-    dockerfile = (REPO_ROOT / "k8s" / "image" / "Dockerfile").read_text()
+    dockerfile = (REPO / "k8s" / "image" / "Dockerfile").read_text()
     copied = [src for line in dockerfile.splitlines() if line.startswith("COPY ") for src in line.split()[1:-1]]
     assert copied, "the Dockerfile copies nothing?"
     for source in copied:
         assert source.rstrip("/") in context, f"{source} is COPY'd but left out of the build context"
-    assert "gha-creds-*.json" in (REPO_ROOT / ".gitignore").read_text().split()
+    assert "gha-creds-*.json" in (REPO / ".gitignore").read_text().split()
 
 
 @pytest.mark.parametrize(
@@ -954,5 +952,5 @@ def test_the_wheel_tags_are_read_without_packaging_as_on_the_bare_runner(tmp_pat
         "import sys; sys.modules['packaging'] = sys.modules['packaging.utils'] = None; "
         "from harness.wheeltags import main; sys.exit(main([sys.argv[1]]))"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=REPO_ROOT)
+    proc = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=REPO)
     assert (proc.returncode, proc.stdout) == (0, "version=3.12\n"), proc.stderr

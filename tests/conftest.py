@@ -1,0 +1,27 @@
+"""What the self-tests share: the repository's paths and the one way they run the plugin for real.
+
+The tests import these (`from tests.conftest import REPO, run_fake`): a black-box self-test runs
+pytest in a subprocess (the plugin starts processes and signal handlers, which an in-process run
+would leave behind) on the fake backend, which needs no torch_xla.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout under test
+FAKE_RUN = ("--spmd-backend=fake", "-p", "no:cacheprovider")
+
+
+def run_fake(pytester: pytest.Pytester, *args: str, timeout: float = 120) -> pytest.RunResult:
+    """A real pytest run of pytester's files on the fake backend. `timeout` turns a hang into a
+    failure (what several self-tests look for)."""
+    return pytester.runpytest_subprocess(*FAKE_RUN, *args, timeout=timeout)
+
+
+def only_run_folder(pytester: pytest.Pytester, results: str = "results") -> Path:
+    """The one run folder a run made under pytester's results folder (never the `latest` link)."""
+    (folder,) = (p for p in (pytester.path / results).glob("run-*") if not p.is_symlink())
+    return folder
