@@ -3,34 +3,30 @@
 Wiring only: each hook hands its work to the module whose job it is. It adds the options
 (harness.config), keeps one HarnessSession per pytest process (harness.run.session), resolves
 what each case needs at run time (never at import), gives tests the `spmd` fixture that runs
-bodies in child processes (harness.isolation), has each case judged (the known-bug registry, then
-the sharding and the cost baselines, then the base build's run: harness.judges) and writes one
-CaseRecord per SPMD case to the results folder (harness.run.writing). The pytest process itself
-never imports torch or torch_xla.
+bodies in child processes (harness.isolation), has each case judged by the session's judges in
+turn (harness.judges.judging) and writes one CaseRecord per SPMD case from the judged case
+(harness.run.writing). The hooks of the process that owns the run (the header, xdist's
+controller, the end-of-run sections, the manifest) are harness.run.controller's, registered
+only there (harness.run.role). The pytest process itself never imports torch or torch_xla.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Generator, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from harness.config import activation, options
-from harness.config.backends import make_backend
 from harness.config.requirements import unmet_needs
-from harness.errors import HarnessError, RegistryError
-from harness.isolation import files, runservers
+from harness.isolation import files
 from harness.isolation.case import SpmdRunner
 from harness.judges import registrycheck
-from harness.judges.judging import ENTRIES_KEY, RUNNER_KEY, JudgedCase, judge_case
+from harness.judges.judging import RUNNER_KEY, JudgedCase, judge_case
 from harness.records import results, runfolder
-from harness.registry import get_entry
-from harness.run import caseuser, controller, writing
+from harness.run import caseuser, controller, earlystart, writing
 from harness.run.dumproot import remove_dump_root
-from harness.run.role import Role, looks_like_worker_early, role_of
+from harness.run.role import Role, role_of
 from harness.run.session import (
     EARLY_KEY,
     PYTEST_SESSION_KEY,
@@ -39,13 +35,8 @@ from harness.run.session import (
     SESSION_KEY,
     WORKERINPUT_ACTIVE_KEY,
     HarnessSession,
-    fork_server_wanted,
     load_inputs,
-    share_dump_root,
 )
-
-# Options that make pytest print something and stop: the plugin then writes and starts nothing.
-INFORMATION_ONLY_OPTIONS = ("help", "version", "collectonly", "markers", "showfixtures", "show_fixtures_per_test")
 
 MARKERS = (
     activation.SPMD_MARKER_LINE,
@@ -59,46 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
 
 
-def _information_only(options: Any) -> bool:
-    return any(getattr(options, name, False) for name in INFORMATION_ONLY_OPTIONS)
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
-    """Before conftests and test modules load: start the run's fork servers (harness.isolation.runservers),
-    so torch_xla's import overlaps pytest's own start-up. Only for a run that may hold SPMD cases
-    and will run them: `--help` or `--collect-only` write and start nothing."""
-    if looks_like_worker_early():
-        return  # only the controlling process starts servers; workers get their addresses
-    namespace = early_config.known_args_namespace
-    if activation.project_owns_spmd_marker(early_config):
-        return  # its items marked spmd are its own: nothing starts early (nor late: activation.is_spmd)
-    if _information_only(namespace) or not activation.selects_spmd_early(
-        namespace, early_config.rootpath, early_config.getini("testpaths")
-    ):
-        return  # a run that may hold no SPMD case decides after collection (pytest_collection_finish)
-    early_config.stash[EARLY_KEY] = True
-    try:
-
-        def value(name: str) -> Any:
-            return options.value(early_config, name, namespace)
-
-        backend = make_backend(value("spmd_backend"), value("spmd_devices"))
-        wanted = fork_server_wanted(value("spmd_fork_server"), backend)
-        run = runfolder.RunFolder.new(options.results_dir(early_config, namespace), value("spmd_run_id"))
-    except (pytest.UsageError, HarnessError, AttributeError, ValueError, TypeError):
-        return  # pytest_configure reports a bad option as a usage error
-    early_config.stash[RUN_FOLDER_KEY] = run
-    if not (wanted and runservers.servers_can_start(backend)):
-        return
-    try:
-        share_dump_root(run.claim())
-    except (HarnessError, OSError):
-        return  # pytest_configure or the first case reports it
-    servers = runservers.RunServers()
-    early_config.stash[RUN_SERVERS_KEY] = servers
-    now, after_collection = runservers.specs_to_start(backend, options.xdist_distributes(namespace))
-    servers.start(now, run.path / runfolder.LOGS_DIR / "main", after_collection=after_collection)
+    earlystart.start_servers(early_config)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -107,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_JunitGuard(), "spmd_junit_guard")
     session = HarnessSession(config)
     config.stash[SESSION_KEY] = session
-    _check_bug_option(config, session.registry_path)  # before xdist's workers would each refuse it
+    registrycheck.check_bug_option(config, session.registry_path)  # before xdist's workers would each refuse it
     workerinput = getattr(config, "workerinput", None)
     controls_workers = session.role is Role.CONTROLLER
     if config.stash.get(EARLY_KEY, False) or (workerinput or {}).get(WORKERINPUT_ACTIVE_KEY):
@@ -163,53 +117,8 @@ def _refused(config: pytest.Config) -> bool:
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse unknown or overlapping known_bug entries before any case runs (exit 4, usage error),
-    each problem once with the cases that share it (a misspelt id on a parametrised case is one
-    mistake); then keep only the cases of --spmd-bug's entry."""
-    problems: dict[str, list[str]] = {}
-    registry_path = config.stash[SESSION_KEY].registry_path
-    for item in items:
-        if not activation.is_spmd(item):
-            continue  # a foreign test's known_bug marker is its own
-        try:
-            item.stash[ENTRIES_KEY] = registrycheck.entries_of(item, registry_path)
-        except RegistryError as exc:
-            problems.setdefault(str(exc), []).append(item.nodeid)
-    if problems:
-        raise pytest.UsageError(
-            "known-bug registry:\n  "
-            + "\n  ".join(f"{_cases_named(nodeids)}: {problem}" for problem, nodeids in problems.items())
-        )
-    bug = options.value(config, "spmd_bug")
-    if bug:
-        _select_bug(config, items, bug, registry_path)
-
-
-def _cases_named(nodeids: list[str]) -> str:
-    shown = ", ".join(nodeids[:3])
-    return shown + (f" and {len(nodeids) - 3} more case(s)" if len(nodeids) > 3 else "")
-
-
-def _check_bug_option(config: pytest.Config, registry_path: Path) -> None:
-    """--spmd-bug=ID names an entry of the registry, or the run is refused (exit 4). At configure
-    time: under xdist a worker's refusal at collection ended the run as an INTERNALERROR."""
-    bug = options.value(config, "spmd_bug")
-    if not bug or getattr(config.option, "help", False):
-        return
-    try:
-        get_entry(bug, registry_path)
-    except RegistryError as exc:
-        raise pytest.UsageError(f"--spmd-bug={bug}: {exc}") from None
-
-
-def _select_bug(config: pytest.Config, items: list[pytest.Item], bug: str, registry_path: Path) -> None:
-    """--spmd-bug=ID: the SPMD cases whose known_bug markers name registry entry ID, and nothing else."""
-    _check_bug_option(config, registry_path)
-    keep = [item for item in items if activation.is_spmd(item) and bug in {e.id for e in item.stash[ENTRIES_KEY]}]
-    dropped = [item for item in items if item not in keep]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = keep
+    """The entries each SPMD case names (a bad one refuses the run), then --spmd-bug's selection."""
+    registrycheck.read_entries(config, items, config.stash[SESSION_KEY].registry_path)
 
 
 class _JunitGuard:

@@ -1,5 +1,5 @@
-"""The known-bug registry's side in pytest: which entries a case names, and its judgement of the
-case (the first judge: harness.judges.judging)."""
+"""The known-bug registry's side in pytest: which entries each case names (read at collection,
+with --spmd-bug's selection), and its judgement of the case (the first judge: harness.judges.judging)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
 
 from harness import registry
+from harness.config import activation, options
 from harness.errors import RegistryError
-from harness.judges.judging import Judge, JudgedCase
+from harness.judges.judging import ENTRIES_KEY, Judge, JudgedCase
 from harness.registry import JudgementKind, KnownBug
 
 ENTRY_PROPERTY = "known_bug"  # a report's user properties: the entry that judged the case,
@@ -29,6 +30,56 @@ def entries_of(item: pytest.Item, registry_path: Path) -> list[KnownBug]:
     entries = [registry.get_entry(entry_id, registry_path) for entry_id in ids]
     registry.check_disjoint(entries)
     return entries
+
+
+def read_entries(config: pytest.Config, items: list[pytest.Item], registry_path: Path) -> None:
+    """At collection: the entries each SPMD case names, kept on the item. Unknown or overlapping
+    known_bug entries refuse the run before any case runs (exit 4, usage error), each problem once
+    with the cases that share it (a misspelt id on a parametrised case is one mistake); then only
+    the cases of --spmd-bug's entry are kept."""
+    problems: dict[str, list[str]] = {}
+    for item in items:
+        if not activation.is_spmd(item):
+            continue  # a foreign test's known_bug marker is its own
+        try:
+            item.stash[ENTRIES_KEY] = entries_of(item, registry_path)
+        except RegistryError as exc:
+            problems.setdefault(str(exc), []).append(item.nodeid)
+    if problems:
+        raise pytest.UsageError(
+            "known-bug registry:\n  "
+            + "\n  ".join(f"{_cases_named(nodeids)}: {problem}" for problem, nodeids in problems.items())
+        )
+    bug = options.value(config, "spmd_bug")
+    if bug:
+        _select_bug(config, items, bug, registry_path)
+
+
+def _cases_named(nodeids: list[str]) -> str:
+    shown = ", ".join(nodeids[:3])
+    return shown + (f" and {len(nodeids) - 3} more case(s)" if len(nodeids) > 3 else "")
+
+
+def check_bug_option(config: pytest.Config, registry_path: Path) -> None:
+    """--spmd-bug=ID names an entry of the registry, or the run is refused (exit 4). At configure
+    time: under xdist a worker's refusal at collection ended the run as an INTERNALERROR."""
+    bug = options.value(config, "spmd_bug")
+    if not bug or getattr(config.option, "help", False):
+        return
+    try:
+        registry.get_entry(bug, registry_path)
+    except RegistryError as exc:
+        raise pytest.UsageError(f"--spmd-bug={bug}: {exc}") from None
+
+
+def _select_bug(config: pytest.Config, items: list[pytest.Item], bug: str, registry_path: Path) -> None:
+    """--spmd-bug=ID: the SPMD cases whose known_bug markers name registry entry ID, and nothing else."""
+    check_bug_option(config, registry_path)
+    keep = [item for item in items if activation.is_spmd(item) and bug in {e.id for e in item.stash[ENTRIES_KEY]}]
+    dropped = [item for item in items if item not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 class RegistryJudge(Judge):
