@@ -244,23 +244,16 @@ def pytest_runtest_makereport(
     if call.when == "setup" and activation.is_spmd(item) and case_id != item.nodeid:
         item.user_properties.append((writing.CASE_ID_PROPERTY, case_id))  # before the report copies them
     report: pytest.TestReport = yield
+    harness = item.config.stash[SESSION_KEY]
     spmd = activation.is_spmd(item)
     if call.when == "call":
-        case = judge_case(item.config.stash[SESSION_KEY].judges, item, call, report)
+        case = judge_case(harness.judges, item, call, report)
         if spmd:
             writing.write_case_record(case, report)
         if not report.passed:
-            _settle_updates(item, passed=False)
+            harness.settle_updates(item.nodeid, passed=False)
     elif call.when == "setup" and not report.passed and spmd:
         writing.write_case_record(JudgedCase.of(item, call), report)
     elif call.when == "teardown":
-        _settle_updates(item, passed=report.passed)
+        harness.settle_updates(item.nodeid, passed=report.passed)
     return report
-
-
-def _settle_updates(item: pytest.Item, passed: bool) -> None:
-    """An update run writes a case only once pytest reported it passed in set-up, call and teardown."""
-    harness = item.config.stash.get(SESSION_KEY, None)
-    if harness is not None:
-        for check in (harness.sharding, harness.costs):
-            check.updates.settle(item.nodeid, passed)

@@ -98,6 +98,11 @@ class HarnessSession:
         ordered: list[Judge] = [self.registry_judge, self.sharding, self.costs]
         return ordered + ([self.compare] if self.compare is not None else [])
 
+    def settle_updates(self, nodeid: str, passed: bool) -> None:
+        """An update run writes a case only once pytest reported it passed in set-up, call and teardown."""
+        for check in (self.sharding, self.costs):
+            check.updates.settle(nodeid, passed)
+
     def configure_compare(self, config: pytest.Config) -> None:
         """--spmd-compare: load the base run now (a bad one is a usage error before any case)."""
         self.compare = basecheck.configure(config, self.backend, self.run.path, self.role.owns_run)
