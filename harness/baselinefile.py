@@ -1,5 +1,5 @@
 """What the two baseline checks share: the file (BaselineFile; harness.judges.baseline holds shardings,
-harness.costbaseline costs), a check's state in one pytest process (BaselineSession; made by
+harness.costbaseline costs), a check's state in one pytest process (BaselineCheck; made by
 harness.judges.shardingcheck and harness.judges.costcheck), what an update run may write, how it writes it, and
 the command a drift hint prints to rewrite one entry.
 
@@ -419,7 +419,7 @@ def write_updates(
         return None, str(exc)
 
 
-class BaselineSession(Generic[F]):
+class BaselineCheck(Generic[F]):
     """One baseline check's state in one pytest process: which file, read once, and what an
     update run may write. harness.judges.shardingcheck and harness.judges.costcheck each make one."""
 

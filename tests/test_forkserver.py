@@ -20,7 +20,7 @@ import pytest
 
 from harness.config.backends import CpuBackend, FakeBackend
 from harness.isolation.case import SpmdRunner
-from harness.isolation.forkclient import EXEC_IMPORTS, ForkServer, ForkServerClient
+from harness.isolation.forkclient import EXEC_IMPORTS, ForkServerClient, ServerHandle
 from harness.isolation.pool import ChildPool
 
 pytestmark = pytest.mark.selftest
@@ -144,7 +144,7 @@ def test_a_dead_server_is_replaced(runner_for):
 def test_a_shared_server_that_is_gone_is_replaced_by_one_of_the_pools_own(runner_for, tmp_path):
     backend = FakeBackend(4)
     spec = SpmdRunner(None, backend, 0, "x").spec()
-    shared = ForkServer(spec.python, dict(spec.env), spec.fork_imports, tmp_path / "shared")
+    shared = ServerHandle(spec.python, dict(spec.env), spec.fork_imports, tmp_path / "shared")
     runner = runner_for(backend, fork=True, servers={shared.key: shared.address})
     assert runner.run(body_identity, fresh=True).values["server_pid"] == shared.proc.pid
     assert not runner.pool.owned, "the pool started a server although the run's server serves its key"
@@ -384,7 +384,7 @@ def processes_with(marker: str) -> list[int]:
 
 def test_a_server_spawns_nothing_for_a_process_of_another_run(tmp_path):
     """#28 item 10: a server serves only its own run's clients (the token its owner handed them)."""
-    server = ForkServer(sys.executable, {"PATH": os.environ["PATH"]}, EXEC_IMPORTS, tmp_path)
+    server = ServerHandle(sys.executable, {"PATH": os.environ["PATH"]}, EXEC_IMPORTS, tmp_path)
     marker = f"spmd-intruder-{os.getpid()}-{time.time_ns()}"
     try:
         proc = subprocess.run(
@@ -411,7 +411,7 @@ def test_a_server_spawns_nothing_for_a_process_of_another_run(tmp_path):
 
 
 def test_the_token_is_not_in_the_servers_environment_or_command_line(tmp_path):
-    server = ForkServer(sys.executable, {"PATH": os.environ["PATH"]}, EXEC_IMPORTS, tmp_path)
+    server = ServerHandle(sys.executable, {"PATH": os.environ["PATH"]}, EXEC_IMPORTS, tmp_path)
     try:
         assert server.proc is not None
         token = server.address.token.encode()

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from harness.isolation import forkwire, protocol
-from harness.isolation.forkclient import EXEC_IMPORTS, ForkServer
+from harness.isolation.forkclient import EXEC_IMPORTS, ServerHandle
 from harness.isolation.forkwire import ForkWireError, ServerReady, Spawned, SpawnFailed, SpawnRequest
 
 pytestmark = pytest.mark.selftest
@@ -99,7 +99,7 @@ def test_post_fork_variables_are_the_protocols_names():
 
 
 def test_a_live_server_answers_a_malformed_request_with_spawn_failed_and_goes_on(tmp_path):
-    server = ForkServer(sys.executable, {}, EXEC_IMPORTS, tmp_path)
+    server = ServerHandle(sys.executable, {}, EXEC_IMPORTS, tmp_path)
     try:
         for _ in range(2):  # the second connection: the server still serves
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:

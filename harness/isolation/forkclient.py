@@ -1,6 +1,6 @@
 """The parent side of harness.isolation.forkserver: start a server, ask it for children, watch them.
 
-`ForkServer` is the owner's handle: it binds the listening socket, then starts the server process,
+`ServerHandle` is the owner's handle: it binds the listening socket, then starts the server process,
 which inherits it, so an address can be handed out at once (to xdist workers, which start before
 the server's imports are done): connections queue until the server serves. `ForkServerClient` is
 one pytest process's connection: the first spawn waits for the server's "ready", each spawn
@@ -79,7 +79,7 @@ class ServerAddress:
         return cls(data["key"], data["path"], data["log_path"], data["token"])
 
 
-class ForkServer:
+class ServerHandle:
     """The owner's handle on one server process (the run's controlling pytest process owns it)."""
 
     def __init__(

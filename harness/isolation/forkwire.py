@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Union
 from harness.isolation import protocol
 from harness.isolation.protocol import ProtocolError, preview
 
-# The server's own start-up environment: forkclient.ForkServer.launch sets it, the server pops
+# The server's own start-up environment: forkclient.ServerHandle.launch sets it, the server pops
 # it. The one variable the server sets in a child, protocol.KEEPER_PID_ENV, is the child's.
 IMPORTS_ENV = "HARNESS_FORKSERVER_IMPORTS"  # comma-separated modules to import before serving
 LISTEN_FD_ENV = "HARNESS_FORKSERVER_LISTEN_FD"

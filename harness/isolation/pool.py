@@ -28,9 +28,9 @@ from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
 from harness.isolation.forkclient import (
     EXEC_IMPORTS,
     KEEPER_REPORT_S,
-    ForkServer,
     ForkServerClient,
     ServerAddress,
+    ServerHandle,
     server_key,
 )
 
@@ -59,7 +59,7 @@ class ChildPool:
         # server of this pool's own.
         self.fork = fork
         self.shared = dict(servers or {})
-        self.owned: dict[str, ForkServer] = {}
+        self.owned: dict[str, ServerHandle] = {}
         self.clients: dict[str, ForkServerClient] = {}
         self.idle: dict[ChildSpec, ChildProcess] = {}
         self.spares: dict[ChildSpec, ChildProcess] = {}
@@ -118,7 +118,7 @@ class ChildPool:
         if server is None or not server.is_alive():
             if server is not None:
                 server.close()
-            server = ForkServer(spec.python, dict(spec.env), imports, self.log_dir)
+            server = ServerHandle(spec.python, dict(spec.env), imports, self.log_dir)
             self.owned[key] = server
         address = server.address
         self.clients[key] = client = ForkServerClient(address, self.startup_timeout)

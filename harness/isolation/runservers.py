@@ -21,7 +21,7 @@ from pathlib import Path
 from harness.isolation.backend import Backend
 from harness.isolation.case import child_spec
 from harness.isolation.child_process import ChildSpec
-from harness.isolation.forkclient import ForkServer, ServerAddress, server_key
+from harness.isolation.forkclient import ServerAddress, ServerHandle, server_key
 
 WORKERINPUT_KEY = "harness_fork_servers"
 
@@ -30,7 +30,7 @@ class RunServers:
     """The servers one run shares, keyed like the pools key them (forkclient.server_key)."""
 
     def __init__(self) -> None:
-        self.servers: dict[str, ForkServer] = {}
+        self.servers: dict[str, ServerHandle] = {}
         self._workers_started = 0
         self._workers_collected = 0
 
@@ -41,7 +41,7 @@ class RunServers:
         for spec, wait in [(spec, False) for spec in specs] + [(spec, True) for spec in after_collection]:
             if spec.fork_imports is None or server_key(spec.python, dict(spec.env), spec.fork_imports) in self.servers:
                 continue
-            server = ForkServer(spec.python, dict(spec.env), spec.fork_imports, log_dir, wait_to_import=wait)
+            server = ServerHandle(spec.python, dict(spec.env), spec.fork_imports, log_dir, wait_to_import=wait)
             self.servers[server.key] = server
 
     def worker_started(self) -> None:

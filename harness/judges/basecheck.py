@@ -37,7 +37,7 @@ WORKERINPUT_KEY = "spmd_base_run"  # the base run the controller read, handed to
 PROPERTY = "spmd_base_compare"  # a report's user property: this case against the base (JSON)
 
 
-class CompareSession(Judge):
+class BaseRunJudge(Judge):
     """The base run this process holds cases to, and (the process that owns the run) what the run
     found, from every case's report, the xdist workers' included."""
 
@@ -62,7 +62,7 @@ class CompareSession(Judge):
             finish(self)
 
 
-def configure(config: pytest.Config, backend: Any, own_run: Path, owns_run: bool) -> CompareSession | None:
+def configure(config: pytest.Config, backend: Any, own_run: Path, owns_run: bool) -> BaseRunJudge | None:
     """Load and validate the base run now (every process): a bad one is a usage error (exit 4).
     None: the run compares with no base run."""
     path = options.value(config, "spmd_compare")
@@ -76,10 +76,10 @@ def configure(config: pytest.Config, backend: Any, own_run: Path, owns_run: bool
             base = BaseRun.load(Path(path), backend.name, backend.capabilities().devices, own_run)
         except HarnessError as exc:
             raise pytest.UsageError(str(exc)) from None
-    return CompareSession(base, own_run, owns_run, backend.name)
+    return BaseRunJudge(base, own_run, owns_run, backend.name)
 
 
-def to_workerinput(session: CompareSession | None) -> dict[str, Any] | None:
+def to_workerinput(session: BaseRunJudge | None) -> dict[str, Any] | None:
     """The base run as the controller read and checked it, for each worker it starts (a worker
     xdist restarts too): the base's files are writable by the code under test, so a case that
     edits them must not change what a later worker holds its cases to."""
@@ -105,7 +105,7 @@ def from_workerinput(data: dict[str, Any]) -> BaseRun:
     )
 
 
-def report_header(session: CompareSession | None) -> str | None:
+def report_header(session: BaseRunJudge | None) -> str | None:
     if session is None:
         return None
     base = session.base
@@ -122,7 +122,7 @@ def _this_build(backend_name: str) -> str | None:
     return versions.installed("torch_xla")
 
 
-def judge(session: CompareSession, case: JudgedCase, report: pytest.TestReport) -> None:
+def judge(session: BaseRunJudge, case: JudgedCase, report: pytest.TestReport) -> None:
     """Hold one case to its base record; its finding goes on the report for the process that owns
     the run (collect)."""
     if not activation.is_spmd(case.item):
@@ -184,7 +184,7 @@ def _fail(report: pytest.TestReport, message: str) -> list[str]:
     return message.splitlines()[:-1]
 
 
-def collect(session: CompareSession, report: pytest.TestReport) -> None:
+def collect(session: BaseRunJudge, report: pytest.TestReport) -> None:
     """The process that owns the run adds each case's finding to the run's comparison."""
     if report.when != "call":
         return
@@ -215,21 +215,21 @@ def collect(session: CompareSession, report: pytest.TestReport) -> None:
             comparison.registry.append(basecompare.printable(line))
 
 
-def summarise(session: CompareSession, terminalreporter: Any) -> None:
+def summarise(session: BaseRunJudge, terminalreporter: Any) -> None:
     comparison = session.comparison
     terminalreporter.section(f"compared with the base run {session.base.path}", red=bool(comparison.differ))
     for line in comparison.lines():
         terminalreporter.line(line, red=line.startswith(("differs", "newly failing", "WARNING")))
 
 
-def finish(session: CompareSession) -> None:
+def finish(session: BaseRunJudge) -> None:
     """The process that owns the run leaves the comparison in the run's folder, for harness.report."""
     if not runfolder.is_run_folder(session.own_run):
         return
     runfolder.replace_file(session.own_run / runfolder.COMPARISON_NAME, session.comparison.to_json())
 
 
-def planted_comparison(session: CompareSession | None, own_run: Path) -> list[str]:
+def planted_comparison(session: BaseRunJudge | None, own_run: Path) -> list[str]:
     """A run without --spmd-compare makes no comparison.json: one in its folder was written by a
     case, a forged "none differ" the report would show as a green check, so the run fails."""
     if session is not None or not os.path.lexists(own_run / runfolder.COMPARISON_NAME):

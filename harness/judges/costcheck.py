@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from harness import costs
-from harness.baselinefile import BaselineSession
+from harness.baselinefile import BaselineCheck
 from harness.config import options
 from harness.costbaseline import CostBaseline
 from harness.isolation.backend import Backend
@@ -35,7 +35,7 @@ NO_COST_CHECK_MARKER = (
 )
 
 
-class CostSession(BaselineSession[CostBaseline], Judge):
+class CostJudge(BaselineCheck[CostBaseline], Judge):
     def __init__(self, config: pytest.Config, backend: Backend) -> None:
         """At configure time (the xdist controller too)."""
         config.addinivalue_line("markers", NO_COST_CHECK_MARKER)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.baselinefile import BaselineSession
+from harness.baselinefile import BaselineCheck
 from harness.config import options
 from harness.isolation.backend import Backend
 from harness.judges import checked
@@ -18,7 +18,7 @@ from harness.judges.baseline import Baseline
 from harness.judges.judging import Judge, JudgedCase, is_xfail
 
 
-class ShardingSession(BaselineSession[Baseline], Judge):
+class ShardingJudge(BaselineCheck[Baseline], Judge):
     def __init__(self, config: pytest.Config, backend: Backend) -> None:
         option = options.value(config, Baseline.OPTION)
         super().__init__(config, backend, Baseline, option, config.getoption(options.UPDATE_SHARDINGS))

@@ -21,11 +21,11 @@ from harness.isolation.child_process import LateFault
 from harness.isolation.pool import ChildPool
 from harness.isolation.processes import signal_name
 from harness.judges import basecheck
-from harness.judges.basecheck import CompareSession
-from harness.judges.costcheck import CostSession
+from harness.judges.basecheck import BaseRunJudge
+from harness.judges.costcheck import CostJudge
 from harness.judges.judging import Judge
 from harness.judges.registrycheck import RegistryJudge
-from harness.judges.shardingcheck import ShardingSession
+from harness.judges.shardingcheck import ShardingJudge
 from harness.records import results, runfolder, versions
 from harness.registry import REGISTRY_PATH, load_registry
 from harness.run import caseuser
@@ -72,9 +72,9 @@ class HarnessSession:
         self.registry_path = Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH).resolve()
         # The judges (harness.judges.judging); the base run's is made by configure_compare.
         self.registry_judge = RegistryJudge()
-        self.sharding = ShardingSession(config, self.backend)
-        self.costs = CostSession(config, self.backend)
-        self.compare: CompareSession | None = None
+        self.sharding = ShardingJudge(config, self.backend)
+        self.costs = CostJudge(config, self.backend)
+        self.compare: BaseRunJudge | None = None
         self.late_faults: list[LateFault] = []
         self.early_start_done = False
         # Inert until the run selects an SPMD case (harness.config.activation): no process, file, line.
