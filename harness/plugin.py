@@ -57,6 +57,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 
 def pytest_configure(config: pytest.Config) -> None:
     _register_markers(config)
+    options.check_not_taken_for_a_test_path(config)
     caseuser.configure(config)  # before any child starts
     config.pluginmanager.register(_JunitGuard(), "spmd_junit_guard")
     session = HarnessSession(config)

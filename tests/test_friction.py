@@ -159,3 +159,32 @@ def test_piped_failed_lines_escape_the_control_characters_of_the_reason(pytester
     failed = [line for line in result.stdout.lines if line.startswith("FAILED test_control.py")]
     assert failed and "\x1b" not in failed[0], failed
     assert "\\x1b[2J" in failed[0] and "END-OF-REASON" in failed[0], failed
+
+
+def test_an_option_value_pytest_takes_for_a_test_path_is_refused(pytester: pytest.Pytester, tmp_path_factory):
+    """`--spmd-results-dir /elsewhere` (two words) names an existing folder outside the project:
+    pytest chose that folder as its rootdir, without the project's ini file, before it knew the
+    option, and the baseline checks ran against a baselines/ that is not the project's (0 held).
+    The `=` form is read after rootdir selection and holds the cases to the project's baseline."""
+    pytester.makepyfile(test_bugs=BUGS)
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\nmarkers = ["selftest: x"]\n')
+    elsewhere = tmp_path_factory.mktemp("results-elsewhere")
+    refused = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--spmd-backend", "fake", "--spmd-results-dir", str(elsewhere), timeout=120
+    )
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(
+        [
+            f"*--spmd-results-dir {elsewhere}: pytest took {elsewhere} for a test path*Write --spmd-results-dir={elsewhere}"
+        ]
+    )
+    assert not list(elsewhere.iterdir()), "a refused run wrote into the folder"
+    accepted = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--spmd-backend=fake", f"--spmd-results-dir={elsewhere}", timeout=120
+    )
+    accepted.assert_outcomes(passed=4)
+    (pytester.path / "results").mkdir(exist_ok=True)
+    inside = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--spmd-backend", "fake", "--spmd-results-dir", "results", timeout=120
+    )
+    inside.assert_outcomes(passed=4)  # a folder inside the project: pytest still finds its ini file

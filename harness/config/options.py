@@ -239,3 +239,28 @@ def xdist_distributes(option: Any) -> bool:
     option: config.option, or the early known_args_namespace. --dist alone distributes nothing
     (this repository's addopts hold --dist=worksteal); xdist turns -n into --tx entries later."""
     return bool(getattr(option, "numprocesses", None)) or bool(getattr(option, "tx", None))
+
+
+def check_not_taken_for_a_test_path(config: pytest.Config) -> None:
+    """pytest chooses its rootdir and ini file before it has read this plugin's options, so the value
+    of `--spmd-results-dir /tmp/r` written as a separate word is taken for a test path there; where
+    that path exists outside the project, pytest runs without the project's ini file (its testpaths,
+    markers, addopts) and from a rootdir whose baselines/ is not the project's: every baseline check
+    is silently off. The `=` form is read after; refused (exit 4) naming it. A run that pins its
+    config (-c, --rootdir) is not affected."""
+    if config.option.rootdir or config.option.inifilename:
+        return
+    args = [str(arg) for arg in config.invocation_params.args]
+    flags = {option.flag for option in OPTIONS}
+    project = config.inipath.parent if config.inipath is not None else None
+    for flag, given in zip(args, args[1:]):
+        if flag not in flags:
+            continue
+        path = (config.invocation_params.dir / given).expanduser()
+        if not path.exists() or (project is not None and path.resolve().is_relative_to(project)):
+            continue
+        raise pytest.UsageError(
+            f"{flag} {given}: pytest took {given} for a test path when it chose its rootdir ({config.rootpath}) "
+            f"and ini file ({config.inipath or 'none'}), before it knew {flag}: the project's config and "
+            f"baselines would not be used. Write {flag}={given}"
+        )
