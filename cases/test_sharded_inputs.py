@@ -10,10 +10,11 @@ measured here on every release from 2.4.0 to 2.9.0, both still fail: open, the r
   a 1-D tensor; `Mesh.get_op_sharding` (what `mark_sharding` uses) calls the same case PARTIAL
   (the tile assignment has more dimensions than the spec) and works.
 * #8775: `xs.mark_sharding` returns an `XLAShardedTensor`; a job that keeps the returned value
-  and feeds it to the model (the report's GPT-2, #7827's pipeline) gets, from composite ops such
-  as `matmul` and `linear`, an `XLAShardedTensor` that never went through its constructor, so it
-  has no `global_tensor`: FSDPv2's `shard_output` raises
-  "AttributeError: 'XLAShardedTensor' object has no attribute 'global_tensor'".
+  and feeds it to the model (as #7827's pipeline does) gets, from composite ops such as `matmul`
+  and `linear`, an `XLAShardedTensor` that never went through its constructor, so it has no
+  `global_tensor`: FSDPv2's `shard_output` raises
+  "AttributeError: 'XLAShardedTensor' object has no attribute 'global_tensor'", the report's
+  line (its GPT-2 notebook is not reproduced here; this is the trigger that gives that line).
 
 That the cases would notice a fix: each fix is reintroduced in a child (the spec built the way
 `Mesh.get_op_sharding` builds it; `XLAShardedTensor.__torch_function__` running functions on the
