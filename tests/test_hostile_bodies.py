@@ -524,6 +524,17 @@ def test_the_run_header_says_whether_cases_are_isolated(pytester):
     refused.stderr.fnmatch_lines(["*--spmd-case-user=no-such-user-here: no such user on this machine*"])
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a run with root can run its cases as another user")
+def test_a_case_user_that_cannot_reach_python_or_the_checkout_is_refused_before_any_case(pytester):
+    # pytester's folder is under root's 0700 tmp folder (and here Python may be under /root too):
+    # a child dropped to the user would fail at its first import, far from the cause.
+    pytester.makepyfile(test_one=ONE_CASE)
+    result = run(pytester, "--spmd-case-user=nobody")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--spmd-case-user=nobody: nobody cannot reach * is mode 700. Put Python*"])
+    assert "cases run as" not in result.stdout.str()
+
+
 def readable_by_others(path: Path) -> bool:
     """Every folder down to path can be entered by any user (the case user must reach Python)."""
     return all(p.stat().st_mode & 0o001 for p in [path, *path.parents] if p.is_dir())
