@@ -31,6 +31,12 @@
 #                    results folder with scripts/ci-spmd-report.sh, running no code under test. This
 #                    job's step outputs are then only pytest-exit-status (and base-pytest-exit-status),
 #                    written after pytest ended, and its log gets the plain report  [SPMD_REPORT_LATER=true]
+#   --case-user USER run every case child as USER (--spmd-case-user), so the code under test can
+#                    write none of the run's files and signal none of its processes; needs root.
+#                    `auto`: as root, a user of its own (spmd-case, created if missing; nobody when
+#                    useradd is missing); not root, pytest's own user (the run header says
+#                    unisolated). With --image, `auto` or a USER starts the image as root, and the
+#                    files the run made are given back to the caller's uid at the end  [SPMD_CASE_USER]
 #   --skip-install   use the virtualenv as it is
 #   -- ARGS          passed on to pytest
 #
@@ -66,6 +72,8 @@ python_version=${SPMD_PYTHON_VERSION:-}
 image=${SPMD_IMAGE:-}
 skip_install=false
 report_later=${SPMD_REPORT_LATER:-false}
+case_user=${SPMD_CASE_USER:-}
+host_owner=${SPMD_HOST_OWNER:-}  # uid:gid of the caller of --image, when the image runs as root
 pytest_extra=()
 run_id=${SPMD_RUN_ID:-}
 fixed_run_id=''  # set from --run-id
@@ -94,6 +102,7 @@ parse_args() {
       --image) image=${2:?--image needs an image reference}; shift 2 ;;
       --run-id) run_id=${2:?--run-id needs a name}; shift 2 ;;
       --report-later) report_later=true; shift ;;
+      --case-user) case_user=${2:?--case-user needs a user name or auto}; shift 2 ;;
       --skip-install) skip_install=true; shift ;;
       --) shift; pytest_extra=("$@"); break ;;
       -h|--help) usage; exit 0 ;;
@@ -108,6 +117,9 @@ parse_args() {
   [[ -z $run_id || $run_id =~ ^run-[A-Za-z0-9][A-Za-z0-9._-]{0,99}$ ]] ||
     die "--run-id must be run- and a plain name (letters, digits, . _ -), got '$run_id'"
   fixed_run_id=$run_id
+  [[ -z $case_user || $case_user =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] ||
+    die "--case-user must be a user name or auto, got '$case_user'"
+  [[ -z $host_owner || $host_owner =~ ^[0-9]+:[0-9]+$ ]] || die "SPMD_HOST_OWNER must be uid:gid, got '$host_owner'"
   # Checked here, before minutes of installing: pytest would refuse it only at its start.
   [[ -z $base_wheels_dir || -d $base_wheels_dir ]] || die "--base-wheels $base_wheels_dir: no such folder"
   [[ -z $base_wheels_dir || -z $base_venv ]] || die "--base-wheels and --base-venv both name the base build: give one"
@@ -185,12 +197,41 @@ run_pytest() {
   # `--opt=value`: pytest finds its rootdir and config before plugins register their options, so
   # a separate value of a plugin option would be taken for a test path. `cases` keeps the run to
   # the SPMD cases: collecting tests/ could fail on test-only imports this venv does not have.
-  local registry=() compare=()
+  local registry=() compare=() isolation=()
   [[ -n $known_bugs ]] && registry=("--spmd-known-bugs=$known_bugs")
   [[ -n $base_run ]] && compare=("--spmd-compare=$base_run")
+  [[ -n $case_user ]] && isolation=("--spmd-case-user=$case_user")
   "$venv/bin/pytest" cases -m spmd -n "$workers" --spmd-backend=cpu --spmd-devices="$devices" \
     --spmd-results-dir="$results_dir" --spmd-run-id="$run_id" --junitxml="$results_dir/junit.xml" \
-    "${registry[@]}" "${compare[@]}" "${pytest_extra[@]}"
+    "${registry[@]}" "${compare[@]}" "${isolation[@]}" "${pytest_extra[@]}"
+}
+
+# --case-user auto: as root, a user of its own, which no other process of the machine runs as;
+# not root, nobody to drop to (the run header then says the cases are unisolated).
+resolve_case_user() {
+  [[ $case_user == auto ]] || return 0
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "ci-spmd: not root, so the cases run as this script's user (unisolated; the run header says so)" >&2
+    case_user=''
+    return 0
+  fi
+  case_user=spmd-case
+  id -u "$case_user" > /dev/null 2>&1 && return 0
+  useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$case_user" ||
+    case_user=nobody
+}
+
+# In an image started as root for --case-user: the files this run made (results, venvs) go back
+# to the caller's uid, as a run started with the caller's uid would have left them.
+give_back_to_host_owner() {
+  [[ -n $host_owner ]] || return 0
+  local path
+  for path in "$results_dir" "$venv" "${venv}-base"; do
+    if [[ -e $path ]]; then
+      chown -R --no-dereference "$host_owner" "$path" || echo "ci-spmd: could not give $path back to $host_owner" >&2
+    fi
+  done
+  return 0
 }
 
 # The report of this run's folder, held to the exit status pytest gave this script: a manifest
@@ -278,9 +319,17 @@ run_in_image() {
   [[ -n $python_version ]] && inner+=(--python-version "$python_version")
   [[ $skip_install == true ]] && inner+=(--skip-install)
   [[ $report_later == true ]] && inner+=(--report-later)
+  # Isolated cases need root in the image; the caller's uid gets the run's files back.
+  local docker_user
+  docker_user="$(id -u):$(id -g)"
+  if [[ -n $case_user ]]; then
+    inner+=(--case-user "$case_user")
+    env+=(-e "SPMD_HOST_OWNER=$docker_user")
+    docker_user=0:0
+  fi
   [[ -n $fixed_run_id ]] && inner+=(--run-id "$fixed_run_id")
   # --shm-size: what pytorch/xla's _test.yml gives its test containers.
-  exec docker run --rm --shm-size 16g --user "$(id -u):$(id -g)" "${mounts[@]}" "${env[@]}" -w "$PWD" \
+  exec docker run --rm --shm-size 16g --user "$docker_user" "${mounts[@]}" "${env[@]}" -w "$PWD" \
     "$image" "${inner[@]}" -- "${pytest_extra[@]}"
 }
 
@@ -302,6 +351,8 @@ main() {
   # A venv made in the image points at the image's Python: keep it apart from the host's .venv.
   if [[ -n $image ]]; then venv=${venv:-$PWD/.venv-image}; run_in_image; fi
   venv=${venv:-$PWD/.venv}
+  resolve_case_user
+  trap give_back_to_host_owner EXIT
   [[ -n $base_wheels_dir || -n $base_venv ]] && run_base
   [[ $skip_install == true ]] || install
   mkdir -p "$results_dir"

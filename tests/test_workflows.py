@@ -738,6 +738,100 @@ def test_the_report_job_refuses_a_huge_records_file_and_fails(stub_venv: Path, t
     assert time.monotonic() - started < 30
 
 
+# --- case children as a user of their own (--case-user, --spmd-case-user) ------------------------
+
+STUB_ID = """#!/bin/sh
+# Stands in for id: `id -u` and `id -g` say STUB_UID; any user name is unknown.
+if [ "$#" -eq 1 ] && [ "$1" = "-u" ] || [ "$1" = "-g" ]; then echo "$STUB_UID"; exit 0; fi
+exit 1
+"""
+STUB_USERADD = """#!{python}
+import json, os, sys
+open(os.environ["STUB_USERADD_ARGV"], "w").write(json.dumps(sys.argv[1:]))
+"""
+
+
+def stub_bin(tmp_path: Path, uid: int) -> dict[str, str]:
+    """id says uid; useradd records its arguments. The environment entries that put them first."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    executable(bin_dir / "id", STUB_ID)
+    executable(bin_dir / "useradd", STUB_USERADD.format(python=sys.executable))
+    return {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "STUB_UID": str(uid),
+        "STUB_USERADD_ARGV": str(tmp_path / "useradd.json"),
+    }
+
+
+def pytest_argv(tmp_path: Path) -> list[str]:
+    return json.loads((tmp_path / "argv.json").read_text())
+
+
+def test_ci_script_passes_a_named_case_user_to_pytest(stub_venv: Path, tmp_path: Path):
+    env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE), SPMD_CASE_USER="nobody")
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(tmp_path / "results"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "--spmd-case-user=nobody" in pytest_argv(tmp_path)
+
+
+def test_ci_script_as_root_runs_the_cases_as_a_user_it_creates(stub_venv: Path, tmp_path: Path):
+    env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE), **stub_bin(tmp_path, uid=0))
+    proc = run_ci_script(
+        stub_venv, env, "--skip-install", "--case-user", "auto", "--results-dir", str(tmp_path / "results")
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "--spmd-case-user=spmd-case" in pytest_argv(tmp_path)
+    useradd = json.loads((tmp_path / "useradd.json").read_text())
+    assert useradd[0] == "--system" and useradd[-1] == "spmd-case" and "/usr/sbin/nologin" in useradd
+
+
+def test_ci_script_not_root_runs_the_cases_unisolated_and_says_so(stub_venv: Path, tmp_path: Path):
+    env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE), **stub_bin(tmp_path, uid=1001))
+    proc = run_ci_script(
+        stub_venv, env, "--skip-install", "--case-user", "auto", "--results-dir", str(tmp_path / "results")
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not [a for a in pytest_argv(tmp_path) if a.startswith("--spmd-case-user")]
+    assert "ci-spmd: not root, so the cases run as this script's user (unisolated" in proc.stderr
+    assert not (tmp_path / "useradd.json").exists()
+
+
+@pytest.mark.parametrize("case_user, docker_user", [("auto", "0:0"), ("", None)], ids=["isolated", "unisolated"])
+def test_ci_script_starts_the_image_as_root_only_for_a_case_user(
+    stub_venv: Path, tmp_path: Path, case_user: str, docker_user: str | None
+):
+    bin_dir = tmp_path / "docker-bin"
+    bin_dir.mkdir()
+    executable(bin_dir / "docker", STUB_DOCKER.format(python=sys.executable))
+    env = hermetic_env(
+        tmp_path,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        STUB_DOCKER_ARGV=str(tmp_path / "docker.json"),
+        SPMD_IMAGE=DEV_IMAGE,
+        SPMD_CASE_USER=case_user,
+    )
+    proc = run_ci_script(stub_venv, env, "--results-dir", str(tmp_path / "results"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    argv = json.loads((tmp_path / "docker.json").read_text())
+    options, inner = argv[: argv.index(DEV_IMAGE)], argv[argv.index(DEV_IMAGE) + 1 :]
+    caller = f"{os.getuid()}:{os.getgid()}"
+    assert options[options.index("--user") + 1] == (docker_user or caller)
+    if case_user:
+        assert inner[inner.index("--case-user") + 1] == "auto"
+        assert f"SPMD_HOST_OWNER={caller}" in options, "the run's files are not given back to the caller"
+    else:
+        assert "--case-user" not in inner and not [o for o in options if "SPMD_HOST_OWNER" in o]
+
+
+def test_the_workflow_runs_the_cases_as_a_user_of_their_own_by_default():
+    workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
+    inputs = triggers(workflow)["workflow_call"]["inputs"]
+    assert inputs["case-user"] == {**inputs["case-user"], "type": "string", "default": "auto"}
+    run = next(s for s in workflow["jobs"]["spmd"]["steps"] if s.get("name") == "Run the SPMD cases")
+    assert run["env"]["SPMD_CASE_USER"] == "${{ inputs.case-user }}"
+
+
 # --- scripts/nightly-multislice.sh, with a stub launcher -----------------------------------------
 
 STUB_LAUNCHER_PYTHON = """#!{python}
