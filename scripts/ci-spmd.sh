@@ -221,8 +221,9 @@ resolve_case_user() {
     case_user=nobody
 }
 
-# In an image started as root for --case-user: the files this run made (results, venvs) go back
-# to the caller's uid, as a run started with the caller's uid would have left them.
+# In an image started as root for --case-user: the run's results and venvs go back to the caller's
+# uid, as a run with that uid would have left them (what pip and pytest leave in the checkout, its
+# egg-info and caches, stays root's: a fresh runner does not care, a reused one's next checkout may).
 give_back_to_host_owner() {
   [[ -n $host_owner ]] || return 0
   local path

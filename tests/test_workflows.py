@@ -824,6 +824,17 @@ def test_ci_script_starts_the_image_as_root_only_for_a_case_user(
         assert "--case-user" not in inner and not [o for o in options if "SPMD_HOST_OWNER" in o]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give files to another uid")
+def test_ci_script_in_an_image_started_as_root_gives_the_runs_files_back_to_the_caller(stub_venv: Path, tmp_path: Path):
+    results = tmp_path / "results"
+    env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE), SPMD_HOST_OWNER="12345:23456")
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(results))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in [results, *results.rglob("*")]}
+    assert owners == {(12345, 23456)}
+    assert REPO_ROOT.stat().st_uid != 12345, "the checkout is not the run's to give away"
+
+
 def test_the_workflow_runs_the_cases_as_a_user_of_their_own_by_default():
     workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
     inputs = triggers(workflow)["workflow_call"]["inputs"]
