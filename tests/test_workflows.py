@@ -698,6 +698,34 @@ def test_the_report_job_fails_when_the_suite_gave_no_exit_status(stub_venv: Path
     assert (job / "output").read_text() == "", "no counts: the workflow's outputs stay empty"
 
 
+def test_the_report_job_reports_the_base_build_first_and_counts_the_prs_run_alone(stub_venv: Path, tmp_path: Path):
+    base = tmp_path / "base-venv"
+    shutil.copytree(stub_venv, base)
+    output = tmp_path / "suite-output"
+    env = hermetic_env(
+        tmp_path,
+        STUB_RECORDS=jsonl(PASSED_CASE),
+        GITHUB_ACTIONS="true",
+        GITHUB_OUTPUT=str(output),
+        SPMD_REPORT_LATER="true",
+        SPMD_RUN_ID=WORKFLOW_RUN_ID,
+    )
+    suite = run_ci_script(
+        stub_venv, env, "--skip-install", "--base-venv", str(base), "--results-dir", str(tmp_path / "results")
+    )
+    assert suite.returncode == 0, suite.stdout + suite.stderr
+    assert output.read_text() == "pytest-exit-status=0\nbase-pytest-exit-status=0\n"
+    assert (tmp_path / "results" / "base" / WORKFLOW_RUN_ID / "run.json").is_file()
+    proc, job = report_job(
+        stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS="0", SPMD_BASE_PYTEST_EXIT_STATUS="0", SPMD_SUITE_RESULT="success"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = (job / "summary").read_text()
+    assert summary.index("SPMD regression results: base build") < summary.index("## SPMD regression results\n")
+    names = [line.split("=", 1)[0] for line in (job / "output").read_text().splitlines()]
+    assert sorted(names) == sorted(set(names)) and "failed" in names, "the base run's counts were written too"
+
+
 @pytest.mark.parametrize("value", ["0; rm -rf /", "x", "1000"])
 def test_the_report_job_refuses_an_exit_status_that_is_no_number(stub_venv: Path, tmp_path: Path, value: str):
     proc, _ = report_job(stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS=value)
