@@ -726,6 +726,22 @@ def test_the_report_job_reports_the_base_build_first_and_counts_the_prs_run_alon
     assert sorted(names) == sorted(set(names)) and "failed" in names, "the base run's counts were written too"
 
 
+def test_the_report_job_runs_nothing_from_the_results_artifact(stub_venv: Path, tmp_path: Path):
+    """Python files a case left in the results (a harness package, a sitecustomize) are data there."""
+    suite, _ = suite_job(stub_venv, tmp_path, jsonl(FAILED_CASE), stub_exit=1)
+    assert suite.returncode == 1, suite.stdout + suite.stderr
+    marker = tmp_path / "ran"
+    forged = f"open({str(marker)!r}, 'w').write(__file__)\n"
+    for folder in (tmp_path / "results", tmp_path / "results" / WORKFLOW_RUN_ID):
+        (folder / "harness").mkdir()
+        for name in ("harness/__init__.py", "harness/report.py", "sitecustomize.py", "usercustomize.py"):
+            (folder / name).write_text(forged)
+    proc, job = report_job(stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS="1", SPMD_SUITE_RESULT="failure")
+    assert not marker.exists(), f"the report job ran {marker.read_text()}"
+    assert proc.returncode == 1 and "::error title=SPMD regression%3A" in proc.stdout
+    assert "failed=1" in (job / "output").read_text().splitlines()
+
+
 @pytest.mark.parametrize("value", ["0; rm -rf /", "x", "1000"])
 def test_the_report_job_refuses_an_exit_status_that_is_no_number(stub_venv: Path, tmp_path: Path, value: str):
     proc, _ = report_job(stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS=value)
