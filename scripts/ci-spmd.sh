@@ -42,7 +42,8 @@
 #
 # Writes RESULTS/junit.xml and the run's folder RESULTS/run-*/ (verdicts-*.jsonl, child logs,
 # summary.md, also appended to $GITHUB_STEP_SUMMARY when set; RESULTS/latest points at it) and,
-# under GitHub Actions, ::error annotations for failures. Nothing earlier runs wrote is deleted.
+# under GitHub Actions, ::error annotations for failures (with --report-later neither: the report
+# job writes them). Nothing earlier runs wrote is deleted.
 # Under GitHub Actions, workflow commands are stopped while pytest runs (its stderr then joins its
 # stdout), so nothing the code under test prints can annotate, mask or silence the job, and the
 # step's files ($GITHUB_OUTPUT, $GITHUB_ENV, ...) are put back as they were before it ran. The run's
