@@ -33,7 +33,8 @@ its manifest, a manifest that names another run, says pytest exited otherwise th
 deleted or changed it). 2 no case record was read (failures pytest saw without one are listed,
 but the run executed no case), or every case skipped (a run that executed nothing must not look
 green, whatever pytest's own exit code was); also a usage error, or a RESULTS_DIR that does not
-exist.
+exist or is no folder (a pipe, a file; with --pytest-exit-status, a link too: nothing is read
+from it). A records file, manifest or comparison beyond 256 MiB is not read (harness.isolation.files).
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ import dataclasses
 import html
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from harness import cli
+from harness.isolation import files
 from harness.judges.basecompare import Comparison, read_comparison
 from harness.records import runfolder
 from harness.records.results import CaseRecord, contradicting, family_of, is_failure, read_records, suite_exit_problem
@@ -122,6 +125,14 @@ def load_results(results_dir: Path, pytest_exit: int | None = None) -> Results:
     for run in runs:
         cross_check_run(run, results, pytest_exit is not None)
         read_run_comparison(run, results)
+    if pytest_exit is not None and results.unreadable:
+        # Held to a pytest run, every record must be read: a file or line that cannot be (a pipe,
+        # a huge file, a cut line) may hide a failure.
+        results.problems.append(
+            f"{len(results.unreadable)} record file(s) or line(s) could not be read "
+            f"({', '.join(results.unreadable[:3])}{' ...' if len(results.unreadable) > 3 else ''}): "
+            "the run's records are incomplete, so it is not a pass"
+        )
     if pytest_exit not in (None, 0) and not results.problems and not any(is_failure(r) for r in results.records):
         problem = suite_exit_problem(pytest_exit) or f"pytest exited {pytest_exit} (tests failed)"
         results.problems.append(f"{problem}, but no failing test was recorded; see the pytest output")
@@ -504,14 +515,34 @@ def say(text: str, error: bool = False) -> None:
     print(cli.inert(text), file=sys.stderr if error else sys.stdout)
 
 
+def results_folder_problem(path: Path, held_to_a_run: bool) -> str | None:
+    """Why path cannot be reported, if it cannot: it is untrusted input (an uploaded results
+    artifact, a folder a case could write), so it must be a folder, and, when held to a pytest
+    run, the folder itself rather than a link a case put there. Nothing is opened to find out."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return f"results folder {path} does not exist; did pytest run with --spmd-results-dir={path}?"
+    if stat.S_ISLNK(info.st_mode):
+        if held_to_a_run:
+            return (
+                f"{path} is a link (to {os.readlink(path)!r}), not the run folder pytest made: "
+                "refused, nothing read or written through it"
+            )
+        if path.is_dir():
+            return None
+        return f"{path} is a link to no folder ({os.readlink(path)!r}): give the results folder itself"
+    if not stat.S_ISDIR(info.st_mode):
+        what = f"a file of {info.st_size} bytes" if stat.S_ISREG(info.st_mode) else files.kind_name(info.st_mode)
+        return f"{path} is {what}, not a results folder: refused, nothing read from it"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if not args.results_dir.is_dir():
-        say(
-            f"error: results folder {args.results_dir} does not exist; did pytest run with "
-            f"--spmd-results-dir={args.results_dir}?",
-            error=True,
-        )
+    problem = results_folder_problem(args.results_dir, args.pytest_exit_status is not None)
+    if problem is not None:
+        say(f"error: {problem}", error=True)
         return EXIT_NO_RECORDS
     results = load_results(args.results_dir, args.pytest_exit_status)
     if results.unreadable:

@@ -24,12 +24,26 @@
 #   --python-version X.Y  refuse to start unless python3 (or $PYTHON) is X.Y [SPMD_PYTHON_VERSION]
 #   --image IMAGE    run all of the above inside this image (docker run), as pytorch/xla tests its
 #                    wheels in its development image; venv default .venv-image  [SPMD_IMAGE]
+#   --run-id ID      name of the run folder (and of the base run's, in RESULTS/base/); default a fresh
+#                    run-<time>-ci<pid>-<random>. The reusable workflow names it from its own context,
+#                    so the job that reports knows which folder to read without asking this one  [SPMD_RUN_ID]
+#   --report-later   write no job summary, annotations or counts: a later job reports the uploaded
+#                    results folder with scripts/ci-spmd-report.sh, running no code under test. This
+#                    job's step outputs are then only pytest-exit-status (and base-pytest-exit-status),
+#                    written after pytest ended, and its log gets the plain report  [SPMD_REPORT_LATER=true]
+#   --case-user USER run every case child as USER (--spmd-case-user), so the code under test can
+#                    write none of the run's files and signal none of its processes; needs root.
+#                    `auto`: as root, a user of its own (spmd-case, created if missing; nobody when
+#                    useradd is missing); not root, pytest's own user (the run header says
+#                    unisolated). With --image, `auto` or a USER starts the image as root, and the
+#                    files the run made are given back to the caller's uid at the end  [SPMD_CASE_USER]
 #   --skip-install   use the virtualenv as it is
 #   -- ARGS          passed on to pytest
 #
 # Writes RESULTS/junit.xml and the run's folder RESULTS/run-*/ (verdicts-*.jsonl, child logs,
 # summary.md, also appended to $GITHUB_STEP_SUMMARY when set; RESULTS/latest points at it) and,
-# under GitHub Actions, ::error annotations for failures. Nothing earlier runs wrote is deleted.
+# under GitHub Actions, ::error annotations for failures (with --report-later neither: the report
+# job writes them). Nothing earlier runs wrote is deleted.
 # Under GitHub Actions, workflow commands are stopped while pytest runs (its stderr then joins its
 # stdout), so nothing the code under test prints can annotate, mask or silence the job, and the
 # step's files ($GITHUB_OUTPUT, $GITHUB_ENV, ...) are put back as they were before it ran. The run's
@@ -58,8 +72,13 @@ venv=${SPMD_VENV:-}
 python_version=${SPMD_PYTHON_VERSION:-}
 image=${SPMD_IMAGE:-}
 skip_install=false
+report_later=${SPMD_REPORT_LATER:-false}
+case_user=${SPMD_CASE_USER:-}
+host_owner=${SPMD_HOST_OWNER:-}  # uid:gid of the caller of --image, when the image runs as root
 pytest_extra=()
-run_id=
+run_id=${SPMD_RUN_ID:-}
+fixed_run_id=''  # set from --run-id
+base_rc=''  # the base build's pytest exit status, once it ran
 
 # shellcheck source=scripts/workflow-commands.sh
 source "$(dirname "$0")/workflow-commands.sh"
@@ -82,6 +101,9 @@ parse_args() {
       --venv) venv=${2:?--venv needs a folder}; shift 2 ;;
       --python-version) python_version=${2:?--python-version needs X.Y}; shift 2 ;;
       --image) image=${2:?--image needs an image reference}; shift 2 ;;
+      --run-id) run_id=${2:?--run-id needs a name}; shift 2 ;;
+      --report-later) report_later=true; shift ;;
+      --case-user) case_user=${2:?--case-user needs a user name or auto}; shift 2 ;;
       --skip-install) skip_install=true; shift ;;
       --) shift; pytest_extra=("$@"); break ;;
       -h|--help) usage; exit 0 ;;
@@ -90,6 +112,15 @@ parse_args() {
   done
   [[ $devices =~ ^[1-9][0-9]*$ ]] || die "--devices must be a positive integer, got '$devices'"
   [[ $workers =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer, got '$workers'"
+  [[ $report_later == true || $report_later == false ]] ||
+    die "SPMD_REPORT_LATER must be true or false, got '$report_later'"
+  # As the plugin's --spmd-run-id: `run-` and a plain name (harness/records/runfolder.py).
+  [[ -z $run_id || $run_id =~ ^run-[A-Za-z0-9][A-Za-z0-9._-]{0,99}$ ]] ||
+    die "--run-id must be run- and a plain name (letters, digits, . _ -), got '$run_id'"
+  fixed_run_id=$run_id
+  [[ -z $case_user || $case_user =~ ^[a-z_][a-z0-9_-]{0,31}$ ]] ||
+    die "--case-user must be a user name or auto, got '$case_user'"
+  [[ -z $host_owner || $host_owner =~ ^[0-9]+:[0-9]+$ ]] || die "SPMD_HOST_OWNER must be uid:gid, got '$host_owner'"
   # Checked here, before minutes of installing: pytest would refuse it only at its start.
   [[ -z $base_wheels_dir || -d $base_wheels_dir ]] || die "--base-wheels $base_wheels_dir: no such folder"
   [[ -z $base_wheels_dir || -z $base_venv ]] || die "--base-wheels and --base-venv both name the base build: give one"
@@ -159,6 +190,7 @@ install() {
 # nothing is deleted. This script names that folder itself (--spmd-run-id) and reports exactly
 # it: `latest`, or any other file in the results folder, can be rewritten by the code under test.
 new_run_id() {
+  [[ -n $fixed_run_id ]] && { echo "$fixed_run_id"; return; }
   echo "run-$(date -u +%Y%m%d-%H%M%S)-ci$$-$(od -vAn -N4 -tx1 /dev/urandom | tr -d ' \n')"
 }
 
@@ -166,21 +198,62 @@ run_pytest() {
   # `--opt=value`: pytest finds its rootdir and config before plugins register their options, so
   # a separate value of a plugin option would be taken for a test path. `cases` keeps the run to
   # the SPMD cases: collecting tests/ could fail on test-only imports this venv does not have.
-  local registry=() compare=()
+  local registry=() compare=() isolation=()
   [[ -n $known_bugs ]] && registry=("--spmd-known-bugs=$known_bugs")
   [[ -n $base_run ]] && compare=("--spmd-compare=$base_run")
+  [[ -n $case_user ]] && isolation=("--spmd-case-user=$case_user")
   "$venv/bin/pytest" cases -m spmd -n "$workers" --spmd-backend=cpu --spmd-devices="$devices" \
     --spmd-results-dir="$results_dir" --spmd-run-id="$run_id" --junitxml="$results_dir/junit.xml" \
-    "${registry[@]}" "${compare[@]}" "${pytest_extra[@]}"
+    "${registry[@]}" "${compare[@]}" "${isolation[@]}" "${pytest_extra[@]}"
+}
+
+# --case-user auto: as root, a user of its own, which no other process of the machine runs as;
+# not root, nobody to drop to (the run header then says the cases are unisolated).
+resolve_case_user() {
+  [[ $case_user == auto ]] || return 0
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "ci-spmd: not root, so the cases run as this script's user (unisolated; the run header says so)" >&2
+    case_user=''
+    return 0
+  fi
+  case_user=spmd-case
+  id -u "$case_user" > /dev/null 2>&1 && return 0
+  useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$case_user" ||
+    case_user=nobody
+}
+
+# In an image started as root for --case-user: the run's results and venvs go back to the caller's
+# uid, as a run with that uid would have left them (what pip and pytest leave in the checkout, its
+# egg-info and caches, stays root's: a fresh runner does not care, a reused one's next checkout may).
+give_back_to_host_owner() {
+  [[ -n $host_owner ]] || return 0
+  local path
+  for path in "$results_dir" "$venv" "${venv}-base"; do
+    if [[ -e $path ]]; then
+      chown -R --no-dereference "$host_owner" "$path" || echo "ci-spmd: could not give $path back to $host_owner" >&2
+    fi
+  done
+  return 0
 }
 
 # The report of this run's folder, held to the exit status pytest gave this script: a manifest
 # that disagrees, or a missing one, is a failure; a non-zero status is never reported green.
+# With --report-later it runs like the code under test (it is this job's checkout, which a case
+# could have rewritten): its output is inert and it writes none of the step's files; the job
+# summary, annotations and counts come from the report job.
 report() {
+  if [[ $report_later == true ]]; then
+    untrusted_output report_here "$@"
+  else
+    report_here "$@"
+  fi
+}
+
+report_here() {
   local pytest_rc=$1 label=${2:-} annotate=()
   local title=(--title "SPMD regression results${label:+: $label}")
   # The base build's failures are not the PR's: only the PR's run annotates the job.
-  [[ ${GITHUB_ACTIONS:-} == true && -z $label ]] && annotate=(--annotate)
+  [[ ${GITHUB_ACTIONS:-} == true && -z $label && $report_later == false ]] && annotate=(--annotate)
   # python -m puts the working directory (the repo root) on sys.path, so harness imports even
   # when the venv was set up by someone else.
   "$venv/bin/python" -m harness.report "$results_dir/$run_id" --pytest-exit-status "$pytest_rc" \
@@ -202,8 +275,20 @@ run_base() {
   # 0 and 1 are a suite that ran as a whole; anything else leaves records the comparison refuses.
   [[ $rc -le 1 ]] || die "the base build's suite ended with pytest exit $rc: nothing to compare with"
   base_run=$results_dir/$run_id
+  base_rc=$rc
   report "$rc" "base build" || true  # its summary goes first in the job summary; its failures are its own
   wheels_dir=$pr_wheels venv=$pr_venv results_dir=$pr_results
+}
+
+# What the report job needs from this one, written after pytest ended (the untrusted window has
+# put the step's files back): the exit status of each pytest, which the report holds the run's
+# manifest to. Nothing else: the counts come from the report job.
+exit_statuses_for_the_report_job() {
+  [[ -n ${GITHUB_OUTPUT:-} ]] || return 0
+  {
+    echo "pytest-exit-status=$1"
+    if [[ -n $base_rc ]]; then echo "base-pytest-exit-status=$base_rc"; fi
+  } >> "$GITHUB_OUTPUT"
 }
 
 # This same script, inside `image`: the repository, the wheels, the results folder and the job
@@ -235,8 +320,18 @@ run_in_image() {
   [[ -n $base_venv ]] && inner+=(--base-venv "$base_venv")
   [[ -n $python_version ]] && inner+=(--python-version "$python_version")
   [[ $skip_install == true ]] && inner+=(--skip-install)
+  [[ $report_later == true ]] && inner+=(--report-later)
+  # Isolated cases need root in the image; the caller's uid gets the run's files back.
+  local docker_user
+  docker_user="$(id -u):$(id -g)"
+  if [[ -n $case_user ]]; then
+    inner+=(--case-user "$case_user")
+    env+=(-e "SPMD_HOST_OWNER=$docker_user")
+    docker_user=0:0
+  fi
+  [[ -n $fixed_run_id ]] && inner+=(--run-id "$fixed_run_id")
   # --shm-size: what pytorch/xla's _test.yml gives its test containers.
-  exec docker run --rm --shm-size 16g --user "$(id -u):$(id -g)" "${mounts[@]}" "${env[@]}" -w "$PWD" \
+  exec docker run --rm --shm-size 16g --user "$docker_user" "${mounts[@]}" "${env[@]}" -w "$PWD" \
     "$image" "${inner[@]}" -- "${pytest_extra[@]}"
 }
 
@@ -258,6 +353,8 @@ main() {
   # A venv made in the image points at the image's Python: keep it apart from the host's .venv.
   if [[ -n $image ]]; then venv=${venv:-$PWD/.venv-image}; run_in_image; fi
   venv=${venv:-$PWD/.venv}
+  resolve_case_user
+  trap give_back_to_host_owner EXIT
   [[ -n $base_wheels_dir || -n $base_venv ]] && run_base
   [[ $skip_install == true ]] || install
   mkdir -p "$results_dir"
@@ -266,6 +363,7 @@ main() {
   run_id=$(new_run_id)
   # Nothing pytest or a case prints may command the runner; the report's ::error lines must work.
   untrusted_output run_pytest || pytest_rc=$?
+  [[ $report_later == false ]] || exit_statuses_for_the_report_job "$pytest_rc"
   if [[ ! -d $results_dir/$run_id || -L $results_dir/$run_id ]]; then
     echo "ci-spmd: pytest (exit $pytest_rc) wrote no run folder under $results_dir: no case ran." >&2
     [[ $pytest_rc -ne 0 ]] && exit "$pytest_rc"

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -470,29 +474,37 @@ def test_a_wheel_name_cannot_stop_the_runners_commands(tmp_path: Path):
 # --- case children as a user of their own (--spmd-case-user, a run with root) --------------------
 
 AS_USER = """
-import os, signal
+import errno, json, os, signal, sys
 import pytest
 
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
 
-def body(ctx, pid, manifest):
+def body(ctx, pid, targets):
     tried = {}
-    for what, attempt in (
-        ("manifest", lambda: open(manifest, "a")),
-        ("checkout", lambda: open(__file__, "a")),
-        ("signal", lambda: os.kill(pid, signal.SIGSTOP)),
-    ):
+    attempts = {name: (lambda path=path: open(path, "a")) for name, path in targets.items()}
+    attempts["new file in results"] = lambda: open(os.path.join(os.path.dirname(targets["results"]), "forged.jsonl"), "x")
+    attempts["SIGSTOP pytest"] = lambda: os.kill(pid, signal.SIGSTOP)
+    attempts["SIGKILL pytest"] = lambda: os.kill(pid, signal.SIGKILL)
+    for what, attempt in attempts.items():
         try:
             attempt()
             tried[what] = "done"
         except OSError as exc:
-            tried[what] = type(exc).__name__
+            tried[what] = errno.errorcode.get(exc.errno, str(exc))
     ctx.record("seen", {"uid": os.geteuid(), "tried": tried})
 
 def test_u(spmd):
     (folder,) = [p for p in os.scandir("results") if p.name.startswith("run-") and not p.is_symlink()]
-    seen = spmd.run(body, pid=os.getpid(), manifest=os.path.abspath(os.path.join(folder.path, "run.json"))).values["seen"]
-    assert seen["uid"] != 0 and set(seen["tried"].values()) == {"PermissionError"}, seen
+    targets = {
+        "results": os.path.abspath(os.path.join(folder.path, "run.json")),
+        "checkout": os.path.abspath(__file__),
+        "baselines": os.environ["SPMD_TEST_BASELINE"],
+        "venv": os.path.join(sys.prefix, "pyvenv.cfg"),
+    }
+    seen = spmd.run(body, pid=os.getpid(), targets=targets).values["seen"]
+    with open("seen.json", "w") as fh:  # written by pytest (root), read by the test below
+        json.dump(seen, fh)
+    assert seen["uid"] != 0, seen
 """
 
 
@@ -506,25 +518,75 @@ def test_the_run_header_says_whether_cases_are_isolated(pytester):
     refused.stderr.fnmatch_lines(["*--spmd-case-user=no-such-user-here: no such user on this machine*"])
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a run with root can run its cases as another user")
+def test_a_case_user_that_cannot_reach_python_or_the_checkout_is_refused_before_any_case(pytester):
+    # pytester's folder is under root's 0700 tmp folder (and here Python may be under /root too):
+    # a child dropped to the user would fail at its first import, far from the cause.
+    pytester.makepyfile(test_one=ONE_CASE)
+    result = run(pytester, "--spmd-case-user=nobody")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--spmd-case-user=nobody: nobody cannot reach * is mode 700. Put Python*"])
+    assert "cases run as" not in result.stdout.str()
+
+
 def readable_by_others(path: Path) -> bool:
     """Every folder down to path can be entered by any user (the case user must reach Python)."""
     return all(p.stat().st_mode & 0o001 for p in [path, *path.parents] if p.is_dir())
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="only a run with root can run its cases as another user")
-@pytest.mark.skipif(
-    not readable_by_others(Path(sys.base_prefix)) or not readable_by_others(REPO),
-    reason="this machine's Python or checkout is not readable by other users (e.g. under /root)",
-)
-def test_a_case_run_as_the_case_user_cannot_write_the_runs_files_nor_signal_it(tmp_path: Path):
-    tmp_path.chmod(0o755)
-    (tmp_path / "test_u.py").write_text(AS_USER)
+def case_user_unusable() -> str | None:
+    """Why this machine cannot run a case as another user, if it cannot."""
+    if os.geteuid() != 0:
+        return "only a run with root can run its cases as another user"
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        return "no user `nobody` on this machine"
+    for what, path in (("Python", Path(sys.base_prefix)), ("venv", Path(sys.prefix)), ("checkout", REPO)):
+        if not readable_by_others(path):
+            return (
+                f"this machine's {what} ({path}) is not readable by other users (e.g. under /root, mode 0700); "
+                "run from a venv made with a world-readable Python, as the CI image has"
+            )
+    return None
+
+
+@pytest.fixture
+def world_readable_folder() -> Iterator[Path]:
+    """A folder the case user can enter (pytest's own tmp_path is root's, mode 0700)."""
+    folder = Path(tempfile.mkdtemp(prefix="spmd-case-user-"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder)
+
+
+@pytest.mark.skipif(case_user_unusable() is not None, reason=str(case_user_unusable()))
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_a_case_run_as_the_case_user_cannot_write_the_runs_files_nor_signal_it(
+    world_readable_folder: Path, workers: list[str]
+):
+    (world_readable_folder / "test_u.py").write_text(AS_USER)
+    baseline = sorted((REPO / "baselines" / "shardings").glob("*.json"))[0]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--spmd-backend=fake", "-p", "no:cacheprovider", "--spmd-case-user=nobody"],
+        [sys.executable, "-m", "pytest", "--spmd-backend=fake", "-p", "no:cacheprovider"]
+        + ["--spmd-case-user=nobody", *workers],
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=tmp_path,
+        cwd=world_readable_folder,
+        env={**os.environ, "SPMD_TEST_BASELINE": str(baseline)},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "cases run as user nobody" in proc.stdout
+    assert "cases run as user nobody (uid 65534): isolated" in proc.stdout
+    seen = json.loads((world_readable_folder / "seen.json").read_text())
+    assert seen["tried"] == {
+        "results": "EACCES",
+        "checkout": "EACCES",
+        "baselines": "EACCES",
+        "venv": "EACCES",
+        "new file in results": "EACCES",
+        "SIGSTOP pytest": "EPERM",
+        "SIGKILL pytest": "EPERM",
+    }, seen

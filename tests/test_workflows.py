@@ -287,11 +287,13 @@ def test_reusable_workflow_keeps_the_inputs_torch_xla_passes():
         assert spec.get("required") or "default" in spec, f"{name} needs a default or required: true"
 
 
-def test_reusable_workflow_only_runs_the_ci_script():
-    # Besides the script, one line asks the harness which Python the wheels need.
+def test_reusable_workflow_only_runs_the_ci_scripts():
+    # Besides the suite's script, one line asks the harness which Python the wheels need; the
+    # report job runs its own script alone.
     assert list(run_lines(WORKFLOWS_DIR / "spmd-regression.yml")) == [
         'python3 -m harness.wheeltags "$WHEELS_DIR" >> "$GITHUB_OUTPUT"',
         "bash scripts/ci-spmd.sh",
+        "bash scripts/ci-spmd-report.sh",
     ]
 
 
@@ -586,6 +588,305 @@ def test_ci_script_writes_the_counts_to_the_steps_outputs(stub_venv: Path, tmp_p
     }
 
 
+# --- the two jobs of the reusable workflow: the suite (--report-later), then the report ---------
+
+WORKFLOW_RUN_ID = "run-gh123-1"
+
+
+def run_report_script(venv: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / "ci-spmd-report.sh"), "--venv", str(venv), "--skip-install", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def suite_job(
+    stub_venv: Path, tmp_path: Path, records: str, stub_exit: int
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """ci-spmd.sh as the suite job runs it; returns its result and the job's files' folder."""
+    job = tmp_path / "suite-job"
+    job.mkdir()
+    for name in ("summary", "output"):
+        (job / name).touch()
+    env = hermetic_env(
+        tmp_path,
+        STUB_EXIT=str(stub_exit),
+        STUB_RECORDS=records,
+        GITHUB_ACTIONS="true",
+        GITHUB_STEP_SUMMARY=str(job / "summary"),
+        GITHUB_OUTPUT=str(job / "output"),
+        SPMD_REPORT_LATER="true",
+        SPMD_RUN_ID=WORKFLOW_RUN_ID,
+    )
+    return run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(tmp_path / "results")), job
+
+
+def report_job(
+    stub_venv: Path, tmp_path: Path, *args: str, attempt: int = 1, **env: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """ci-spmd-report.sh as the report job runs it on tmp_path/results; returns its result and the job's files' folder."""
+    job = tmp_path / f"report-job-{attempt}"
+    job.mkdir()
+    for name in ("summary", "output"):
+        (job / name).touch()
+    full_env = hermetic_env(
+        tmp_path,
+        GITHUB_ACTIONS="true",
+        GITHUB_STEP_SUMMARY=str(job / "summary"),
+        GITHUB_OUTPUT=str(job / "output"),
+        SPMD_RESULTS_DIR=str(tmp_path / "results"),
+        SPMD_RUN_ID=WORKFLOW_RUN_ID,
+        **env,
+    )
+    return run_report_script(stub_venv, full_env, *args), job
+
+
+def sparse_file(path: Path, size: int) -> None:
+    with path.open("wb") as fh:
+        fh.truncate(size)
+
+
+def outside_the_stop_commands_window(stdout: str) -> str:
+    """The lines the runner would execute: everything but what lies between a stop and its resume."""
+    return re.sub(r"::stop-commands::(\w+)\n.*?::\1::\n", "", stdout, flags=re.S)
+
+
+def test_the_suite_job_hands_on_pytests_exit_status_and_nothing_else(stub_venv: Path, tmp_path: Path):
+    proc, job = suite_job(stub_venv, tmp_path, jsonl(FAILED_CASE, PASSED_CASE), stub_exit=1)
+    assert proc.returncode == 1, "the suite job still fails with pytest's status"
+    assert (job / "output").read_text() == "pytest-exit-status=1\n"
+    assert (job / "summary").read_text() == ""
+    assert "::error" not in outside_the_stop_commands_window(proc.stdout)
+    # Its log still says what failed (inert, inside the window).
+    assert "spec lost" in proc.stdout
+    assert (tmp_path / "results" / WORKFLOW_RUN_ID / "run.json").is_file()
+
+
+def test_the_report_job_writes_summary_annotations_and_counts_from_the_results(stub_venv: Path, tmp_path: Path):
+    suite, _ = suite_job(stub_venv, tmp_path, jsonl(FAILED_CASE, PASSED_CASE), stub_exit=1)
+    assert suite.returncode == 1, suite.stdout + suite.stderr
+    proc, job = report_job(stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS="1", SPMD_SUITE_RESULT="failure")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "::error title=SPMD regression%3A cases/test_scalar_specs.py%3A%3Atest_wrap[off]::spec lost" in proc.stdout
+    assert "### `scalar_specs`" in (job / "summary").read_text()
+    counts = dict(line.split("=", 1) for line in (job / "output").read_text().splitlines())
+    assert (counts["failed"], counts["passed"], counts["cases"]) == ("1", "1", "2")
+
+
+def test_the_report_job_never_passes_a_run_the_suite_job_did_not_pass(stub_venv: Path, tmp_path: Path):
+    # Records and manifest say green (pytest exited 0), but the suite job failed afterwards.
+    suite, _ = suite_job(stub_venv, tmp_path, jsonl(PASSED_CASE), stub_exit=0)
+    assert suite.returncode == 0, suite.stdout + suite.stderr
+    proc, _ = report_job(stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS="0", SPMD_SUITE_RESULT="cancelled")
+    assert proc.returncode == 1 and "the suite job's result is cancelled: not a pass" in proc.stderr
+    # A green manifest held to a failing exit status is not green either.
+    proc, job = report_job(stub_venv, tmp_path, attempt=2, SPMD_PYTEST_EXIT_STATUS="1", SPMD_SUITE_RESULT="failure")
+    assert proc.returncode == 1
+    assert "its manifest says pytest exited 0, but the pytest that made it exited 1" in proc.stdout
+    assert "failed=1" in (job / "output").read_text().splitlines()
+
+
+def test_the_report_job_fails_when_the_suite_gave_no_exit_status(stub_venv: Path, tmp_path: Path):
+    proc, job = report_job(stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS="", SPMD_SUITE_RESULT="failure")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = "::error title=SPMD regression::the suite job (result: failure) gave no pytest exit status"
+    assert proc.stdout.startswith(line)
+    assert "gave no pytest exit status" in (job / "summary").read_text()
+    assert (job / "output").read_text() == "", "no counts: the workflow's outputs stay empty"
+
+
+def test_the_report_job_reports_the_base_build_first_and_counts_the_prs_run_alone(stub_venv: Path, tmp_path: Path):
+    base = tmp_path / "base-venv"
+    shutil.copytree(stub_venv, base)
+    output = tmp_path / "suite-output"
+    env = hermetic_env(
+        tmp_path,
+        STUB_RECORDS=jsonl(PASSED_CASE),
+        GITHUB_ACTIONS="true",
+        GITHUB_OUTPUT=str(output),
+        SPMD_REPORT_LATER="true",
+        SPMD_RUN_ID=WORKFLOW_RUN_ID,
+    )
+    suite = run_ci_script(
+        stub_venv, env, "--skip-install", "--base-venv", str(base), "--results-dir", str(tmp_path / "results")
+    )
+    assert suite.returncode == 0, suite.stdout + suite.stderr
+    assert output.read_text() == "pytest-exit-status=0\nbase-pytest-exit-status=0\n"
+    assert (tmp_path / "results" / "base" / WORKFLOW_RUN_ID / "run.json").is_file()
+    proc, job = report_job(
+        stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS="0", SPMD_BASE_PYTEST_EXIT_STATUS="0", SPMD_SUITE_RESULT="success"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = (job / "summary").read_text()
+    assert summary.index("SPMD regression results: base build") < summary.index("## SPMD regression results\n")
+    names = [line.split("=", 1)[0] for line in (job / "output").read_text().splitlines()]
+    assert sorted(names) == sorted(set(names)) and "failed" in names, "the base run's counts were written too"
+
+
+def test_the_report_job_runs_nothing_from_the_results_artifact(stub_venv: Path, tmp_path: Path):
+    """Python files a case left in the results (a harness package, a sitecustomize) are data there."""
+    suite, _ = suite_job(stub_venv, tmp_path, jsonl(FAILED_CASE), stub_exit=1)
+    assert suite.returncode == 1, suite.stdout + suite.stderr
+    marker = tmp_path / "ran"
+    forged = f"open({str(marker)!r}, 'w').write(__file__)\n"
+    for folder in (tmp_path / "results", tmp_path / "results" / WORKFLOW_RUN_ID):
+        (folder / "harness").mkdir()
+        for name in ("harness/__init__.py", "harness/report.py", "sitecustomize.py", "usercustomize.py"):
+            (folder / name).write_text(forged)
+    proc, job = report_job(stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS="1", SPMD_SUITE_RESULT="failure")
+    assert not marker.exists(), f"the report job ran {marker.read_text()}"
+    assert proc.returncode == 1 and "::error title=SPMD regression%3A" in proc.stdout
+    assert "failed=1" in (job / "output").read_text().splitlines()
+
+
+@pytest.mark.parametrize("value", ["0; rm -rf /", "x", "1000"])
+def test_the_report_job_refuses_an_exit_status_that_is_no_number(stub_venv: Path, tmp_path: Path, value: str):
+    proc, _ = report_job(stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS=value)
+    assert proc.returncode == 2 and "--pytest-exit-status must be a number" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "plant, message",
+    [
+        (lambda p: p.symlink_to(p.parent / "elsewhere", target_is_directory=True), "is a link (to "),
+        (lambda p: os.mkfifo(p), "is a named pipe, not a results folder"),
+        (lambda p: sparse_file(p, 3 * 2**30), "is a file of 3221225472 bytes, not a results folder"),
+    ],
+    ids=["link", "pipe", "huge-file"],
+)
+def test_the_report_job_refuses_a_run_folder_that_is_no_folder(stub_venv: Path, tmp_path: Path, plant, message):
+    run = tmp_path / "results" / WORKFLOW_RUN_ID
+    run.parent.mkdir()
+    (tmp_path / "results" / "elsewhere").mkdir()
+    plant(run)
+    proc, job = report_job(stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS="0")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"error: {run} {message}" in proc.stderr
+    assert list((tmp_path / "results" / "elsewhere").iterdir()) == [], "written through the link"
+
+
+def test_the_report_job_refuses_a_huge_records_file_and_fails(stub_venv: Path, tmp_path: Path):
+    suite, _ = suite_job(stub_venv, tmp_path, jsonl(PASSED_CASE), stub_exit=0)
+    assert suite.returncode == 0, suite.stdout + suite.stderr
+    # One line of 3 GiB: read whole, it would take the report job's memory.
+    sparse_file(tmp_path / "results" / WORKFLOW_RUN_ID / "verdicts-gw1.jsonl", 3 * 2**30)
+    started = time.monotonic()
+    proc, job = report_job(stub_venv, tmp_path, SPMD_PYTEST_EXIT_STATUS="0")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "verdicts-gw1.jsonl (3072 MiB, more than any file the harness writes (256 MiB); not read)" in proc.stderr
+    assert "the run's records are incomplete, so it is not a pass" in proc.stdout
+    assert "failed=1" in (job / "output").read_text().splitlines()
+    assert time.monotonic() - started < 30
+
+
+# --- case children as a user of their own (--case-user, --spmd-case-user) ------------------------
+
+STUB_ID = """#!/bin/sh
+# Stands in for id: `id -u` and `id -g` say STUB_UID; any user name is unknown.
+if [ "$#" -eq 1 ] && [ "$1" = "-u" ] || [ "$1" = "-g" ]; then echo "$STUB_UID"; exit 0; fi
+exit 1
+"""
+STUB_USERADD = """#!{python}
+import json, os, sys
+open(os.environ["STUB_USERADD_ARGV"], "w").write(json.dumps(sys.argv[1:]))
+"""
+
+
+def stub_bin(tmp_path: Path, uid: int) -> dict[str, str]:
+    """id says uid; useradd records its arguments. The environment entries that put them first."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    executable(bin_dir / "id", STUB_ID)
+    executable(bin_dir / "useradd", STUB_USERADD.format(python=sys.executable))
+    return {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "STUB_UID": str(uid),
+        "STUB_USERADD_ARGV": str(tmp_path / "useradd.json"),
+    }
+
+
+def pytest_argv(tmp_path: Path) -> list[str]:
+    return json.loads((tmp_path / "argv.json").read_text())
+
+
+def test_ci_script_passes_a_named_case_user_to_pytest(stub_venv: Path, tmp_path: Path):
+    env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE), SPMD_CASE_USER="nobody")
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(tmp_path / "results"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "--spmd-case-user=nobody" in pytest_argv(tmp_path)
+
+
+def test_ci_script_as_root_runs_the_cases_as_a_user_it_creates(stub_venv: Path, tmp_path: Path):
+    env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE), **stub_bin(tmp_path, uid=0))
+    proc = run_ci_script(
+        stub_venv, env, "--skip-install", "--case-user", "auto", "--results-dir", str(tmp_path / "results")
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "--spmd-case-user=spmd-case" in pytest_argv(tmp_path)
+    useradd = json.loads((tmp_path / "useradd.json").read_text())
+    assert useradd[0] == "--system" and useradd[-1] == "spmd-case" and "/usr/sbin/nologin" in useradd
+
+
+def test_ci_script_not_root_runs_the_cases_unisolated_and_says_so(stub_venv: Path, tmp_path: Path):
+    env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE), **stub_bin(tmp_path, uid=1001))
+    proc = run_ci_script(
+        stub_venv, env, "--skip-install", "--case-user", "auto", "--results-dir", str(tmp_path / "results")
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not [a for a in pytest_argv(tmp_path) if a.startswith("--spmd-case-user")]
+    assert "ci-spmd: not root, so the cases run as this script's user (unisolated" in proc.stderr
+    assert not (tmp_path / "useradd.json").exists()
+
+
+@pytest.mark.parametrize("case_user, docker_user", [("auto", "0:0"), ("", None)], ids=["isolated", "unisolated"])
+def test_ci_script_starts_the_image_as_root_only_for_a_case_user(
+    stub_venv: Path, tmp_path: Path, case_user: str, docker_user: str | None
+):
+    bin_dir = tmp_path / "docker-bin"
+    bin_dir.mkdir()
+    executable(bin_dir / "docker", STUB_DOCKER.format(python=sys.executable))
+    env = hermetic_env(
+        tmp_path,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        STUB_DOCKER_ARGV=str(tmp_path / "docker.json"),
+        SPMD_IMAGE=DEV_IMAGE,
+        SPMD_CASE_USER=case_user,
+    )
+    proc = run_ci_script(stub_venv, env, "--results-dir", str(tmp_path / "results"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    argv = json.loads((tmp_path / "docker.json").read_text())
+    options, inner = argv[: argv.index(DEV_IMAGE)], argv[argv.index(DEV_IMAGE) + 1 :]
+    caller = f"{os.getuid()}:{os.getgid()}"
+    assert options[options.index("--user") + 1] == (docker_user or caller)
+    if case_user:
+        assert inner[inner.index("--case-user") + 1] == "auto"
+        assert f"SPMD_HOST_OWNER={caller}" in options, "the run's files are not given back to the caller"
+    else:
+        assert "--case-user" not in inner and not [o for o in options if "SPMD_HOST_OWNER" in o]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give files to another uid")
+def test_ci_script_in_an_image_started_as_root_gives_the_runs_files_back_to_the_caller(stub_venv: Path, tmp_path: Path):
+    results = tmp_path / "results"
+    env = hermetic_env(tmp_path, STUB_RECORDS=jsonl(PASSED_CASE), SPMD_HOST_OWNER="12345:23456")
+    proc = run_ci_script(stub_venv, env, "--skip-install", "--results-dir", str(results))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    owners = {(p.lstat().st_uid, p.lstat().st_gid) for p in [results, *results.rglob("*")]}
+    assert owners == {(12345, 23456)}
+    assert REPO.stat().st_uid != 12345, "the checkout is not the run's to give away"
+
+
+def test_the_workflow_runs_the_cases_as_a_user_of_their_own_by_default():
+    workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
+    inputs = triggers(workflow)["workflow_call"]["inputs"]
+    assert inputs["case-user"] == {**inputs["case-user"], "type": "string", "default": "auto"}
+    run = next(s for s in workflow["jobs"]["spmd"]["steps"] if s.get("name") == "Run the SPMD cases")
+    assert run["env"]["SPMD_CASE_USER"] == "${{ inputs.case-user }}"
+
+
 # --- scripts/nightly-multislice.sh, with a stub launcher -----------------------------------------
 
 STUB_LAUNCHER_PYTHON = """#!{python}
@@ -832,22 +1133,90 @@ def test_the_callers_registry_reaches_the_script_from_the_callers_own_checkout()
     assert "format('caller/{0}', inputs.known-bugs)" in steps["Run the SPMD cases"]["env"]["SPMD_KNOWN_BUGS"]
 
 
-def test_the_workflows_outputs_are_the_counts_the_report_writes():
+def test_the_workflows_outputs_are_the_counts_the_report_job_writes():
     from harness.report import Results, counts
 
     workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
     outputs = triggers(workflow)["workflow_call"]["outputs"]
-    job = workflow["jobs"]["spmd"]
-    suite = next(s for s in job["steps"] if s.get("name") == "Run the SPMD cases")
+    job = workflow["jobs"]["report"]
+    report = next(s for s in job["steps"] if s.get("name") == "Report the results")
     written = set(counts(Results(records=[])))
     for name, spec in outputs.items():
-        assert spec["value"] == f"${{{{ jobs.spmd.outputs.{name} }}}}", name
+        assert spec["value"] == f"${{{{ jobs.report.outputs.{name} }}}}", name
         if name == "results-artifact":
             assert job["outputs"][name] == "${{ inputs.results-artifact }}"
         else:
-            assert job["outputs"][name] == f"${{{{ steps.{suite['id']}.outputs.{name} }}}}", name
+            assert job["outputs"][name] == f"${{{{ steps.{report['id']}.outputs.{name} }}}}", name
             assert name in written, f"harness.report does not write {name}"
     assert {"failed", "regressed", "xfailed", "results-artifact"} <= set(outputs)
+
+
+# --- the report job: summary, annotations and outputs from a job that runs no code under test ----
+
+HARNESS_CHECKOUT = {
+    "repository": "${{ inputs.harness-repository || github.repository }}",
+    "ref": "${{ inputs.harness-ref }}",
+    "persist-credentials": False,
+}
+# The run folder's name, from the calling run's own context: no job's output decides what is read.
+TRUSTED_RUN_ID = "run-gh${{ github.run_id }}-${{ github.run_attempt }}"
+
+
+def test_the_suite_job_writes_no_summary_annotations_or_counts():
+    """The job that runs the PR's build hands on pytest's exit status alone; the rest is the report job's."""
+    workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
+    suite = workflow["jobs"]["spmd"]
+    assert set(suite["outputs"]) == {"pytest-exit-status", "base-pytest-exit-status"}
+    for name, spec in triggers(workflow)["workflow_call"]["outputs"].items():
+        assert "jobs.spmd." not in spec["value"], f"the workflow's output {name} comes from the suite job"
+    run = next(s for s in suite["steps"] if s.get("name") == "Run the SPMD cases")
+    assert run["env"]["SPMD_REPORT_LATER"] == "true"
+    assert run["env"]["SPMD_RUN_ID"] == TRUSTED_RUN_ID
+    upload = next(s for s in suite["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert upload["with"]["name"] == "${{ inputs.results-artifact }}" and upload["if"] == "always()"
+
+
+def test_the_report_job_runs_no_code_under_test():
+    """Fresh runner, no container, no wheels, nothing of the PR's tree: the harness's checkout and
+    the results artifact, reported by the harness's own script."""
+    workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
+    job = workflow["jobs"]["report"]
+    assert job["needs"] == "spmd" and job["if"] == "always()"
+    assert "container" not in job and "services" not in job
+    uses = [s["uses"].split("@")[0] for s in job["steps"] if "uses" in s]
+    assert uses == ["actions/checkout", "actions/setup-python", "actions/download-artifact"]
+    download = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
+    assert download["with"]["name"] == "${{ inputs.results-artifact }}", "only the results are downloaded"
+    # Outside the workspace, where the checkout is: nothing in the artifact can shadow a harness file.
+    assert download["with"]["path"].startswith("${{ runner.temp }}/")
+    text = yaml.safe_dump({key: value for key, value in job.items() if key != "name"})  # the name may say which build
+    for untrusted in ("wheels-artifact", "known-bugs", "caller", "inputs.container"):
+        assert untrusted not in text, f"the report job reaches {untrusted}"
+    report = next(s for s in job["steps"] if s.get("name") == "Report the results")
+    assert report["run"] == "bash scripts/ci-spmd-report.sh" and report["if"] == "always()"
+    assert report["env"]["SPMD_RESULTS_DIR"] == download["with"]["path"]
+
+
+def test_the_report_jobs_checkout_is_the_harness_pinned_ref_not_the_prs_head():
+    workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
+    for job_id in ("spmd", "report"):
+        checkouts = [s for s in workflow["jobs"][job_id]["steps"] if s.get("uses", "").startswith("actions/checkout@")]
+        harness = [s for s in checkouts if s.get("name") == "Check out the harness"]
+        assert len(harness) == 1 and harness[0]["with"] == HARNESS_CHECKOUT, job_id
+    report_checkouts = [
+        s for s in workflow["jobs"]["report"]["steps"] if s.get("uses", "").startswith("actions/checkout@")
+    ]
+    # A checkout without repository and ref is the caller's event ref: the PR's head.
+    assert len(report_checkouts) == 1
+
+
+def test_both_jobs_name_the_run_folder_from_the_runs_own_context():
+    workflow = load(WORKFLOWS_DIR / "spmd-regression.yml")
+    report = next(s for s in workflow["jobs"]["report"]["steps"] if s.get("name") == "Report the results")
+    assert report["env"]["SPMD_RUN_ID"] == TRUSTED_RUN_ID
+    assert report["env"]["SPMD_PYTEST_EXIT_STATUS"] == "${{ needs.spmd.outputs.pytest-exit-status }}"
+    assert report["env"]["SPMD_BASE_PYTEST_EXIT_STATUS"] == "${{ needs.spmd.outputs.base-pytest-exit-status }}"
+    assert report["env"]["SPMD_SUITE_RESULT"] == "${{ needs.spmd.result }}"
 
 
 def calling_snippets() -> dict[str, dict[str, Any]]:

@@ -50,9 +50,41 @@ _KINDS = {
 }
 
 
+# What the harness reads back (a run's records, manifest and comparison, a baseline) is a few MiB
+# at most. A file beyond this was made to exhaust the reader's memory (or is no harness file): it
+# is refused, not read, so a results folder cannot take down the job that reports it.
+READ_LIMIT = 256 * 2**20
+
+
+class FileTooLarge(OSError):
+    """A file the harness reads back is larger than any it writes (READ_LIMIT)."""
+
+
+def check_size(fd: int, path: str | os.PathLike[str], limit: int = READ_LIMIT) -> None:
+    """FileTooLarge unless the open file fd holds at most limit bytes."""
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise FileTooLarge(
+            errno.EFBIG,
+            f"{size / 2**20:.0f} MiB, more than any file the harness writes ({limit // 2**20} MiB); not read",
+            str(path),
+        )
+
+
+def kind_name(mode: int) -> str:
+    """What an entry that is not a regular file is, for a message ("a named pipe")."""
+    return _KINDS.get(stat.S_IFMT(mode), "of another kind")
+
+
 def read_text(path: str | os.PathLike[str]) -> str:
-    """The file's text (UTF-8), read only if it is a regular file and not a link."""
-    with os.fdopen(open_file(path, os.O_RDONLY), encoding="utf-8") as fh:
+    """The file's text (UTF-8), read only if it is a regular file, not a link, and not beyond READ_LIMIT."""
+    fd = open_file(path, os.O_RDONLY)
+    try:
+        check_size(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, encoding="utf-8") as fh:
         return fh.read()
 
 

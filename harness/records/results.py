@@ -219,7 +219,12 @@ def read_records(
         records: dict[str, CaseRecord] = {}
         try:
             fd = files.open_file(path, os.O_RDONLY)
-        except OSError as exc:  # a pipe or a link a case put in its place: unread, never waited on
+            try:
+                files.check_size(fd, path)
+            except OSError:
+                os.close(fd)
+                raise
+        except OSError as exc:  # a pipe, a link or a huge file a case put in its place: unread, never waited on
             if unreadable is None:
                 raise DamagedRecord(f"{path}: cannot be read ({exc.strerror or exc})") from None
             unreadable.append(f"{_shown(path, root)} ({exc.strerror or exc})")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,10 +39,41 @@ def configure(config: pytest.Config) -> None:
         )
     if entry.pw_uid == 0:
         raise pytest.UsageError(f"--spmd-case-user={name} is root: name an unprivileged user (e.g. nobody)")
+    for what, path in (
+        ("this Python", Path(sys.base_prefix)),
+        ("this venv", Path(sys.prefix)),
+        ("the harness", Path(__file__).resolve().parents[1]),
+        ("the rootdir", config.rootpath),
+    ):
+        closed = closed_to(path, entry.pw_uid, entry.pw_gid)
+        if closed is not None:
+            raise pytest.UsageError(
+                f"--spmd-case-user={name}: {entry.pw_name} cannot reach {what} ({path}): {closed} is mode "
+                f"{stat.S_IMODE(closed.stat().st_mode):o}. Put Python, the venv and the checkout where other "
+                "users can read them (e.g. a venv made from the system's /usr/bin/python3, or a Python installed under /opt), "
+                "or drop the option"
+            )
     os.environ[CASE_USER_ENV] = f"{entry.pw_uid}:{entry.pw_gid}"
     made_early = os.environ.get(XLA_DUMP_ROOT_ENV, "")
     if Path(made_early).name.startswith(MEMORY_ROOT_PREFIX):  # this run's, made before options were read
         give_dump_root(Path(made_early))
+
+
+def closed_to(path: Path, uid: int, gid: int) -> Path | None:
+    """The first folder from / down to path that the user (uid, gid) cannot enter and read, if any:
+    a child that drops to that user would fail at its first import from there."""
+    for folder in [*reversed(path.resolve().parents), path.resolve()]:
+        try:
+            info = folder.stat()
+        except OSError:
+            return folder
+        if not stat.S_ISDIR(info.st_mode):
+            continue
+        shift = 6 if info.st_uid == uid else 3 if info.st_gid == gid else 0
+        needed = (stat.S_IROTH | stat.S_IXOTH) << shift
+        if info.st_mode & needed != needed:
+            return folder
+    return None
 
 
 def give_dump_root(root: Path) -> None:
