@@ -151,11 +151,12 @@ def fill_typing_caches() -> None:
     are full (flat after about 60 steps here), far more steps than a metered loop runs
     (docs/costs.md, leaks and windows). Filled here with the same subscripts, the loop is judged
     on what it keeps beyond that window."""
-    from typing import List, Sequence, Tuple, TypeVar
+    # typing's own aliases, as torch_xla's annotations use them: their subscripts are the caches.
+    from typing import List, Sequence, Tuple, TypeVar  # noqa: UP035
 
     for _ in range(128):
         fresh = TypeVar("fresh")
-        _ = (Sequence[fresh], List[fresh], Tuple[fresh, ...])
+        _ = (Sequence[fresh], List[fresh], Tuple[fresh, ...])  # noqa: UP006
 
 
 def _run(spmd, **kwargs):
