@@ -79,7 +79,6 @@ def body_scan_backward_and_shard_as(ctx, stand_in_for_flax: bool = False) -> Non
     """One scan forward and backward, and one xs.shard_as, on a 1-D mesh; nothing else."""
     import torch
     import torch_xla.distributed.spmd as xs
-    from torch_xla.experimental.scan import scan
 
     from cases import jaxneeds
     from harness import xla
@@ -88,6 +87,8 @@ def body_scan_backward_and_shard_as(ctx, stand_in_for_flax: bool = False) -> Non
         ctx.record("stood_in_for_flax", jaxneeds.stand_in_for_flax())
     if not _jax_or_skip(ctx):
         return
+    from torch_xla.experimental.scan import scan  # 2.5.1+
+
     mesh = xla.mesh((xla.num_devices(), 1), ("fsdp", "model"))
     weights = torch.randn(LAYERS, 8, 8).to(xla.device()).requires_grad_()
     init = torch.randn(2 * xla.num_devices(), 8).to(xla.device())
@@ -139,7 +140,6 @@ def body_shard_as_scan_train(
     import torch
     import torch.nn as nn
     import torch_xla.distributed.spmd as xs
-    from torch_xla.experimental.scan import scan
 
     from cases import jaxneeds
     from cases.test_scan_layers_fsdpv2 import fill_typing_caches
@@ -149,6 +149,7 @@ def body_shard_as_scan_train(
         ctx.record("stood_in_for_flax", jaxneeds.stand_in_for_flax())
     if not _jax_or_skip(ctx):
         return
+    from torch_xla.experimental.scan import scan  # 2.5.1+
 
     class DifferentiableShardAs(torch.autograd.Function):
         @staticmethod
