@@ -218,3 +218,27 @@ def test_scan_layers_with_pure_layers_keeps_nothing(spmd) -> None:
     result = _run(spmd, stand_in_for_flax=True, pure_layers=True)
     _check_sharded(result, spmd.backend.capabilities().devices)
     check_steady(result, "scan_layers(is_layer_pure=True) + FSDPv2")
+
+
+@pytest.mark.no_cost_check("records a graph per step on purpose; the test judges it")
+@pytest.mark.no_sharding_baseline("records a replicated layer on purpose; the test judges it")
+@pytest.mark.parametrize("change", ["unshard-layer-1", "one-token-fewer-per-step"])
+def test_the_loop_fails_on_a_dropped_layer_sharding_or_a_graph_per_step(spmd, change: str) -> None:
+    """Self-test of the detectors on the loop the baselines hold: a layer FSDPv2 leaves replicated
+    shows in its recorded shardings (the sharding baseline's drift lines), a batch one token
+    shorter each step in the steady-state detector's recompile lines."""
+    from harness.sharding import assert_tiled_along, is_replicated
+
+    kwargs = {"unshard_layer": 1} if change == "unshard-layer-1" else {"vary_tokens_per_step": True}
+    result = _run(spmd, stand_in_for_flax=True, pure_layers=True, **kwargs)
+    if change == "unshard-layer-1":
+        devices = spmd.backend.capabilities().devices
+        assert_tiled_along(result.shardings["layers.0.qkv.weight"], 0, devices, context="layers.0.qkv.weight")
+        assert is_replicated(result.shardings["layers.1.qkv.weight"]), result.shardings["layers.1.qkv.weight"]
+        return
+    signature = costs.check_signature(result.values[costs.SIGNATURES_VALUE][costs.DEFAULT_LABEL], "the loop")
+    problems = costs.steady_state_problems(signature)
+    compiled = [line.split(" ", 1)[0] for line in problems if " compiled 1 new graph(s) " in line]
+    assert compiled == ["step2", "step3", "step4"], problems
+    rows = 2 * spmd.backend.capabilities().devices  # the token batch, one token shorter at step2
+    assert f"parameter(0): s64[{rows},8] " in problems[0] and f"-> s64[{rows},7] " in problems[0], problems[0]
