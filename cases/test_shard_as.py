@@ -77,6 +77,8 @@ def _explained(what: str):
 
 def body_scan_backward_and_shard_as(ctx, stand_in_for_flax: bool = False) -> None:
     """One scan forward and backward, and one xs.shard_as, on a 1-D mesh; nothing else."""
+    import importlib.util
+
     import torch
     import torch_xla.distributed.spmd as xs
 
@@ -85,6 +87,10 @@ def body_scan_backward_and_shard_as(ctx, stand_in_for_flax: bool = False) -> Non
 
     if stand_in_for_flax:
         ctx.record("stood_in_for_flax", jaxneeds.stand_in_for_flax())
+    elif importlib.util.find_spec("flax") is not None:
+        # The bug is a dependency torch_xla does not declare: where flax is installed it cannot show.
+        ctx.record("skip", "runs where flax is installed: the dependency torch_xla 2.9.0 misses is there")
+        return
     if not _jax_or_skip(ctx):
         return
     from torch_xla.experimental.scan import scan  # 2.5.1+
