@@ -33,7 +33,8 @@ import pytest
 
 from harness import costs
 
-# Slow: each loop takes 15-35 s on 2 busy cores (an AOTAutograd trace of the layer, a scanned compile).
+# Slow: each loop takes 10-18 s on 2 cores, 35-85 s when they are busy (AOTAutograd traces of the layer,
+# a scanned compile per graph).
 pytestmark = [pytest.mark.spmd, pytest.mark.slow, pytest.mark.needs(devices=2)]
 
 LEARNING_RATE = 0.1
