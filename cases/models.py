@@ -123,3 +123,80 @@ def random_batch(seed: int, batch: int, cfg: ViTConfig = ViTConfig()) -> tuple[t
     images = torch.randn(batch, cfg.channels, cfg.image_size, cfg.image_size, generator=generator)
     labels = torch.randint(0, cfg.classes, (batch,), generator=generator)
     return images, labels
+
+
+# --------------------------------------------------------------------------------------------
+# A tiny decoder-only language model for the scan_layers and shard_as cases
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    vocab: int = 64
+    dim: int = 32
+    heads: int = 4
+    hidden: int = 64
+    depth: int = 3
+    tokens: int = 8
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm causal self-attention and an MLP: the unit `scan_layers` repeats. Everything it
+    computes comes from its input (the causal mask too), so one traced layer serves every layer."""
+
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.norm1 = nn.LayerNorm(cfg.dim)
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
+        self.proj = nn.Linear(cfg.dim, cfg.dim)
+        self.norm2 = nn.LayerNorm(cfg.dim)
+        self.fc1 = nn.Linear(cfg.dim, cfg.hidden)
+        self.fc2 = nn.Linear(cfg.hidden, cfg.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, dim = x.shape
+        head = dim // self.heads
+        qkv = self.qkv(self.norm1(x)).reshape(batch, tokens, 3, self.heads, head).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        scores = (q @ k.transpose(-2, -1)) * head**-0.5
+        future = torch.ones_like(scores[0, 0]).triu(1).bool()
+        mixed = scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v
+        x = x + self.proj(mixed.transpose(1, 2).reshape(batch, tokens, dim))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+class Decoder(nn.Module):
+    """Embedding, `depth` decoder layers, a final norm and the vocabulary head. `use_scan`: run
+    the layers with torch_xla's scan_layers (one traced layer for all), else one after another
+    (the CPU reference)."""
+
+    def __init__(self, cfg: DecoderConfig = DecoderConfig(), use_scan: bool = True) -> None:
+        super().__init__()
+        self.use_scan = use_scan
+        self.embed = nn.Embedding(cfg.vocab, cfg.dim)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.depth))
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        if self.use_scan:
+            from torch_xla.experimental.scan_layers import scan_layers
+
+            x = scan_layers(self.layers, x)
+        else:
+            for layer in self.layers:
+                x = layer(x)
+        return self.head(self.norm(x))
+
+
+def build_decoder(seed: int, cfg: DecoderConfig = DecoderConfig()) -> Decoder:
+    torch.manual_seed(seed)
+    return Decoder(cfg)
+
+
+def random_tokens(seed: int, batch: int, cfg: DecoderConfig = DecoderConfig()) -> torch.Tensor:
+    """(batch, tokens + 1) token ids on CPU, fixed by `seed`: inputs [:, :-1], targets [:, 1:]."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.vocab, (batch, cfg.tokens + 1), generator=generator)
