@@ -4,8 +4,8 @@ sharding model as harness.costs.compare is beside the cost signature.
 
 Every reference a case's shardings are held to uses it: the committed baseline
 (harness.judges.baseline), a base build's run (harness.judges.basecompare) and consecutive
-release columns (harness.matrix.shardingchanges). The hosts of one GKE run are grouped by the same
-canonical text (harness.gke.aggregate).
+release columns (harness.matrix.shardingchanges), and the hosts of one GKE run (group, the N-way
+form: harness.gke.aggregate).
 """
 
 from __future__ import annotations
@@ -60,3 +60,12 @@ def compare(before: Mapping[str, str], after: Mapping[str, str], reference: str 
         ShardingChange(name, old[name], new.get(name), reference) for name in sorted(old) if old[name] != new.get(name)
     ]
     return changes + [ShardingChange(name, None, new[name], reference) for name in sorted(set(new) - set(old))]
+
+
+def group(observations: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """The N-way form, for the hosts of one run: (text first seen, who saw it) per sharding, by
+    canonical text, the most common first; a tie keeps the order they were seen in."""
+    groups: dict[str, tuple[str, list[str]]] = {}
+    for who, text in observations:
+        groups.setdefault(canonical_text(text), (text, []))[1].append(who)
+    return sorted(groups.values(), key=lambda found: -len(found[1]))

@@ -12,11 +12,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from harness import shardingcompare
 from harness.gke.costagreement import CostDisagreement, compare_costs
 from harness.gke.costagreement import baseline_changes as cost_baseline_changes
 from harness.gke.hostreport import HostReport
 from harness.records.results import CaseRecord
-from harness.sharding import canonical_text
 from harness.tiles import grids_side_by_side, is_multi_axis
 
 FAILING_OUTCOMES = ("failed",)
@@ -116,19 +116,10 @@ def compare_shardings(reports: list[HostReport]) -> list[HostDisagreement]:
                 seen.setdefault((record.nodeid, tensor), []).append((report.label, text))
     out = []
     for (nodeid, tensor), observations in sorted(seen.items()):
-        variants = _group(observations)
+        variants = shardingcompare.group(observations)
         if len(variants) > 1:
             out.append(HostDisagreement(nodeid, tensor, variants))
     return out
-
-
-def _group(observations: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
-    """(text first seen, hosts) per sharding, by canonical text (harness.sharding.canonical_text),
-    most common first; a tie keeps the order the hosts were seen in."""
-    groups: dict[str, tuple[str, list[str]]] = {}
-    for host, text in observations:
-        groups.setdefault(canonical_text(text), (text, []))[1].append(host)
-    return sorted(groups.values(), key=lambda group: -len(group[1]))
 
 
 def write_all(result: Aggregate, out_dir: Path, meta: dict[str, Any]) -> None:
