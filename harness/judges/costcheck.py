@@ -154,7 +154,10 @@ def record_fields(item: pytest.Item) -> dict[str, Any]:
     """The record's `costs` (comparable signatures) and `cost_changes` (lines, failed or reported)."""
     signatures = item.stash.get(SIGNATURES_KEY, {})
     changes = item.stash.get(CHANGES_KEY, [])
-    return {"costs": {label: costs.comparable(sig) for label, sig in signatures.items()}, "cost_changes": list(changes)}
+    return {
+        "costs": {label: costs.with_native(sig) for label, sig in signatures.items()},
+        "cost_changes": list(changes),
+    }
 
 
 def keep_dumps(folder: Path, item: pytest.Item, failed: bool) -> None:
