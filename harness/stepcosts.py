@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import costs, nativememory, xla
+from harness import costs, creationsites, nativememory, xla
 from harness.errors import HarnessUsageError
 
 # XLA's dump file names: module_0003.<module name>.<unique id>.<stage>.txt; stage
@@ -96,6 +96,9 @@ class StepMeter:
         self.before_loop = [] if host_only else _device_tensors_now()
         self.freezes = _FreezeWatch()
         self.alive: _Alive | None = None
+        self.suspect_leak = False  # a step after the warm-up kept more XLA tensors than the one before
+        self.sites: Any = None  # harness.creationsites' recorder of this step, while steps are traced
+        self.made_before: Any = None  # the step before's
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -111,8 +114,12 @@ class StepMeter:
         before = _counters()
         watch = _CounterWatch(self.sentinel)
         previous_name = xla.name_graphs(f"{self.graph_prefix}step{index}")
+        # Once a step kept more XLA tensors than the one before, the next ones note where each is
+        # made; what a traced step made and the next one left alive is named.
+        self.made_before, self.sites = self.sites, creationsites.recorder() if self.suspect_leak else None
         try:
-            yield
+            with self.sites if self.sites is not None else contextlib.nullcontext():
+                yield
         finally:
             if previous_name is not None:
                 xla.name_graphs(previous_name)
@@ -129,6 +136,7 @@ class StepMeter:
     def _record_alive(self, index: int, entry: dict[str, Any]) -> None:
         alive, tensors = _Alive.now(
             exclude=(self.signature, self.dumps, self.last_inputs, self.alive, entry, self.freezes.sentinel)
+            + tuple(x for r in (self.sites, self.made_before) if r is not None for x in (r, r.__dict__))
         )
         # A body that calls gc.freeze() itself hides what it keeps from gc.get_objects(): what the
         # permanent generation gained since the meter's own freeze counts as kept by the loop.
@@ -154,9 +162,27 @@ class StepMeter:
                 new = costs.new_buffers(previous, self.signature["buffers"])
                 if new:
                     kept.append(f"device buffers new since step{index - 1}: {new}")
+            made = self._creation_sites(tensors, alive)
+            if made:
+                kept.append(f"XLA tensors made in step{index - 1} and still alive: {made}")
             if kept:
                 entry["kept"] = kept
+            self.suspect_leak = self.suspect_leak or any(n > self.alive.shapes[k] for k, n in alive.shapes.items())
         self.alive = alive
+
+    def _creation_sites(self, tensors: list[Any], alive: _Alive) -> str:
+        """'float32[] at test_loop.py:87': tensors the step before made (traced) that this step left
+        alive, of the shapes there are more of."""
+        made_before, self.made_before = self.made_before, None
+        if made_before is None or self.alive is None:
+            return ""
+        grown = {k for k, n in alive.shapes.items() if n > self.alive.shapes[k]}
+        found: collections.Counter[str] = collections.Counter()
+        for tensor in tensors:
+            where = made_before.site_of(tensor)
+            if where is not None and _shape_text(tensor) in grown:
+                found[f"{_shape_text(tensor)} at {where}"] += 1
+        return ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(found.items())[:6])
 
     def _footprint_outgrew_the_loop(self, entry: dict[str, Any]) -> bool:
         steps = self.signature["steps"]
@@ -447,6 +473,8 @@ def _ids_within(roots: Iterable[Any]) -> set[int]:
         elif isinstance(value, (list, tuple, set)):
             seen.add(id(value))
             todo += list(value)
+        else:  # a leaf the meter made (a creation-site recorder, its weak references)
+            seen.add(id(value))
     return seen
 
 

@@ -176,10 +176,15 @@ def test_six_steps_tell_a_bounded_window_from_a_leak_and_native_growth_fails_nam
     result.assert_outcomes(passed=2, failed=4)
     result.stdout.fnmatch_lines(["PASSED test_loop.py::test_long_loop[[]healthy[]]"])
     result.stdout.fnmatch_lines(["PASSED test_loop.py::test_long_loop[[]window[]]"])
+    # the steps after the first that kept a tensor note where each is made (a healthy loop never does)
+    # (the file pytester writes starts at LOOP_CASE's second line: its index is the line number)
+    made_at = LOOP_CASE.splitlines().index("                kept.append(loss.detach() * 1)")
     result.stdout.fnmatch_lines(
         [
             "*step3..step5 each left more alive than the step before: XLA tensors * (+12 B per device)*"
-            "; XLA tensors kept: float32[] +1*"
+            + lit("; XLA tensors kept: float32[] +1")
+            + "*"
+            + lit(f"; XLA tensors made in step4 and still alive: float32[] at test_loop.py:{made_at}")
         ]
     )
     native = "nothing the collector tracks grew: C++ allocations*"
