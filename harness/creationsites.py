@@ -29,6 +29,15 @@ def _skipped_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
+def dynamo_in_use() -> bool:
+    """Dynamo has traced a frame in this process: a TorchFunctionMode entered now would fail its
+    guards and make it trace again (torch_xla's bridge then clears the counters the meter reads),
+    so no creation site is recorded: the tracing would change what it explains."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(dynamo, "counters", None)
+    return bool(counters is not None and counters["frames"].get("total"))
+
+
 def recorder() -> Any:
     """A TorchFunctionMode that records creation sites; enter it around a step's body."""
     import torch

@@ -116,7 +116,8 @@ class StepMeter:
         previous_name = xla.name_graphs(f"{self.graph_prefix}step{index}")
         # Once a step kept more XLA tensors than the one before, the next ones note where each is
         # made; what a traced step made and the next one left alive is named.
-        self.made_before, self.sites = self.sites, creationsites.recorder() if self.suspect_leak else None
+        trace = self.suspect_leak and not creationsites.dynamo_in_use()
+        self.made_before, self.sites = self.sites, creationsites.recorder() if trace else None
         try:
             with self.sites if self.sites is not None else contextlib.nullcontext():
                 yield
