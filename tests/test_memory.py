@@ -4,6 +4,8 @@ black-box pytest runs on the CPU backend of a small FSDPv2 loop under harness.st
 A loop that keeps one XLA tensor per step, or one host object per parameter per step, fails the
 case naming the step, the growth and what stayed alive; a body that clears torch_xla's counters
 is refused; a block whose temp memory grows fails the cost baseline naming the graph and bytes.
+A tensor made before the loop fails it naming the footprint, the step's peak and the new buffer;
+a loop leaking 96 KiB of native memory per step passes alone and fails against a base run.
 """
 
 from __future__ import annotations
