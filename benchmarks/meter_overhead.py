@@ -1,6 +1,13 @@
 """What harness.stepcosts' meter costs per step, in CPU. Prints numbers; asserts nothing.
 
     .venv/bin/python benchmarks/meter_overhead.py [--steps 5] [--repeat 5]
+    .venv/bin/python benchmarks/meter_overhead.py --suite [--repeat 1] [-- PYTEST ARGS]
+
+--suite: the whole `pytest -m spmd` run (serial) with the meter on and with it off, alternately:
+the CPU (user + system) of pytest and every process it waited for (case children, fork servers),
+and the share the meter adds. Off, every StepMeter is a stand-in that measures nothing (set in a
+sitecustomize the run's processes import first); both runs use no cost baseline, so the off run
+fails nothing for lack of signatures, and the self-tests that expect a cost finding differ.
 
 In one torch_xla process (CPU backend, 4 devices) the two-layer FSDPv2 loop of cases/test_costs.py
 runs `--steps` steps bare and `--steps` steps under the meter, `--repeat` times alternately, each
@@ -65,11 +72,71 @@ def run(metered: bool, steps: int) -> float:
     return float(json.loads(lines[-1])["cpu_s"])
 
 
+METER_OFF = """
+import contextlib
+import harness.stepcosts
+
+
+class MeterOff:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def step(self):
+        return contextlib.nullcontext()
+
+
+harness.stepcosts.StepMeter = MeterOff
+"""
+
+
+def run_suite(metered: bool, pytest_args: list[str], scratch: Path) -> tuple[float, float, str]:
+    """CPU seconds and wall seconds of one serial `pytest -m spmd`, and its last line."""
+    import resource
+    import tempfile
+
+    site = Path(tempfile.mkdtemp(dir=scratch))
+    if not metered:
+        (site / "sitecustomize.py").write_text(METER_OFF)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "pytest", "-m", "spmd", "-p", "no:cacheprovider", "-q"]
+    command += [f"--spmd-results-dir={site / 'results'}", f"--spmd-costs-baseline={site / 'no-baseline.json'}"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run(command + pytest_args, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    last = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+    return cpu, wall, last
+
+
+def suite(repeat: int, pytest_args: list[str]) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        on, off = [], []
+        for _ in range(repeat):
+            for metered, into in ((False, off), (True, on)):
+                cpu, wall, last = run_suite(metered, pytest_args, Path(scratch))
+                into.append(cpu)
+                print(f"meter {'on ' if metered else 'off'}: CPU {cpu:.1f} s, wall {wall:.1f} s; {last}", flush=True)
+    m, b = statistics.median(on), statistics.median(off)
+    print(
+        f"pytest -m spmd (serial), CPU median: meter off {b:.1f} s, on {m:.1f} s; "
+        f"the meter adds {m - b:+.1f} s ({100 * (m - b) / b:+.1f}%)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--suite", action="store_true", help="the whole spmd suite, meter on and off")
+    parser.add_argument("pytest_args", nargs="*", help="with --suite: more pytest arguments (after --)")
     args = parser.parse_args()
+    if args.suite:
+        suite(args.repeat, args.pytest_args)
+        return
     bare, metered = [], []
     for _ in range(args.repeat):
         bare.append(run(False, args.steps))

@@ -183,7 +183,8 @@ def test_cost_baseline_catches_communication_that_changes_no_sharding(spmd) -> N
         None, "cpu", 0, "2.9.0", {"case": {costs.DEFAULT_LABEL: costs.comparable(signature_of(before))}}
     )  # type: ignore[arg-type]  # no file: only compare() is used
     assert base.compare("case", {costs.DEFAULT_LABEL: signature_of(before)}) == [], "no change, no line"
-    lines = [str(c) for c in base.compare("case", {costs.DEFAULT_LABEL: signature_of(after)})]
+    # What fails: step0's graph. Each step's peak may move within the band or down (listed, not failed).
+    lines = [str(c) for c in costs.failing(base.compare("case", {costs.DEFAULT_LABEL: signature_of(after)}) or [])]
     assert lines and all(line.startswith("step0: ") for line in lines), lines
     assert any(kind in line for line in lines for kind in COLLECTIVE_OPCODES), f"no collective named: {lines}"
 
@@ -232,8 +233,13 @@ def test_cost_baseline_catches_temp_memory_that_changes_no_collective(spmd) -> N
     )  # type: ignore[arg-type]  # no file: only compare() is used
     lines = [str(c) for c in base.compare("case", {costs.DEFAULT_LABEL: signature_of(after)})]
     temp = f"temp {costs.kib(graph_before['memory']['temp'])} -> {costs.kib(graph_after['memory']['temp'])} per device"
-    assert len(lines) == 1 and lines[0].startswith("step0: ") and temp in lines[0], lines
-    assert not any(kind in lines[0] for kind in COLLECTIVE_OPCODES), lines
+    graph_lines = [line for line in lines if temp in line]
+    assert len(graph_lines) == 1 and graph_lines[0].startswith("step0: "), lines
+    assert not any(kind in line for line in lines for kind in COLLECTIVE_OPCODES), lines
+    # Every step's peak as the device holds it (the footprint plus the temp of the graph it runs) grows with it.
+    peaks = [line for line in lines if line not in graph_lines]
+    assert [line.split(":")[0] for line in peaks] == [f"step{i}" for i in range(STEPS)], lines
+    assert all("step peak (footprint + temp)" in line for line in peaks), lines
 
 
 def test_a_body_that_resets_the_counters_is_refused(spmd) -> None:

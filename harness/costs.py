@@ -87,8 +87,19 @@ STEP_FIELDS = ("compiles", "cache_hits", "executions")
 # heap_bytes and rss_bytes: what the process holds natively (harness.nativememory), judged by growth only.
 # footprint_bytes: every XLA tensor Python holds after the step, the ones made before the loop too
 # (parameters, tensors made at wrap or load time), on the device holding most; baselined (the band).
-LIVE_FIELDS = ("tensors", "bytes_per_device", "host_objects", "heap_bytes", "rss_bytes", "footprint_bytes")
-BASELINED_LIVE_FIELDS = ("tensors", "bytes_per_device", "footprint_bytes")
+# step_peak_bytes: the step's peak as the device holds it, footprint_bytes plus the temp of the step's
+# graph (XLA's buffer assignment); baselined (the band).
+LIVE_FIELDS = (
+    "tensors",
+    "bytes_per_device",
+    "host_objects",
+    "heap_bytes",
+    "rss_bytes",
+    "footprint_bytes",
+    "step_peak_bytes",
+)
+BASELINED_LIVE_FIELDS = ("tensors", "bytes_per_device", "footprint_bytes", "step_peak_bytes")
+NATIVE_FIELDS = ("heap_bytes", "rss_bytes")
 # A compiled step graph's memory per device, from XLA's buffer assignment of the partitioned module.
 GRAPH_MEMORY_FIELDS = ("arguments", "outputs", "temp", "peak")
 
@@ -319,9 +330,18 @@ def check_signature(data: Any, where: str) -> dict[str, Any]:
     """`data` as a signature, each field of the type the meter writes, or CostReadError naming it."""
     if not isinstance(data, dict):
         raise CostReadError(f"{where}: {shown(data)}, not a cost signature (a mapping with steps, graphs, memory)")
-    unknown = sorted(set(data) - {"warmup", "steps", "graphs", "memory"})
+    unknown = sorted(set(data) - {"warmup", "steps", "graphs", "memory", "buffers", "native"})
     if unknown:
-        raise CostReadError(f"{where}: unknown key {unknown[0]!r} (known: graphs, memory, steps, warmup)")
+        raise CostReadError(
+            f"{where}: unknown key {unknown[0]!r} (known: buffers, graphs, memory, native, steps, warmup)"
+        )
+    buffers = data.get("buffers", {})
+    if not isinstance(buffers, dict) or not all(
+        isinstance(k, str) and len(k) <= 2000 and _is_count(v) for k, v in buffers.items()
+    ):
+        raise CostReadError(f"{where}: buffers must map a buffer's dtype, shape and sharding to a count")
+    if "native" in data:
+        _check_counts(data["native"], NATIVE_FIELDS, f"{where}: native")
     steps, graphs, memory = data.get("steps", []), data.get("graphs", {}), data.get("memory", {})
     if "warmup" in data and not _is_count(data["warmup"]):
         raise CostReadError(f"{where}: warmup is {shown(data['warmup'])}, not a whole number of steps")
@@ -390,11 +410,64 @@ def _check_graph(graph: Any, where: str) -> None:
 def comparable(signature: Mapping[str, Any]) -> dict[str, Any]:
     """What a baseline keeps and compares: counts, collectives, memory. Not the fingerprints
     (any change of any op moves them) nor the steady-state explanations."""
-    return {
+    kept = {
         "steps": [_comparable_step(step) for step in signature.get("steps", [])],
         "graphs": {name: _comparable_graph(g) for name, g in sorted(signature.get("graphs", {}).items())},
         "memory": dict(sorted(signature.get("memory", {}).items())),
     }
+    if signature.get("buffers"):  # the device footprint after the last step, buffer by buffer
+        kept["buffers"] = dict(sorted(signature["buffers"].items()))
+    return kept
+
+
+def with_native(signature: Mapping[str, Any]) -> dict[str, Any]:
+    """comparable(), plus the native growth per step (native_growth): what a record keeps, so a
+    later run compared with this one (--spmd-compare) can judge its own growth against it. Not in
+    a baseline: native memory depends on the process's history."""
+    kept = comparable(signature)
+    growth = native_growth(signature)
+    if growth:
+        kept["native"] = growth
+    return kept
+
+
+def native_growth(signature: Mapping[str, Any]) -> dict[str, int]:
+    """Per native figure, the growth every judged step reached at least (0 where one shrank): what
+    a leak adds each step, which a one-off allocation or a window does not. Two judged steps needed."""
+    steps = signature.get("steps", [])
+    judged = list(range(max(signature.get("warmup", DEFAULT_WARMUP), 1), len(steps)))[-LEAK_STEPS:]
+    if len(judged) < 2:
+        return {}
+    lives = [steps[i].get("live") or {} for i in [judged[0] - 1, *judged]]
+    growth = {}
+    for field in NATIVE_FIELDS:
+        if all(field in live for live in lives):
+            growth[field] = max(0, min(b[field] - a[field] for a, b in zip(lives, lives[1:])))
+    return growth
+
+
+def native_against_base(base: Mapping[str, Any], observed: Mapping[str, Any], label: str = DEFAULT_LABEL) -> list[str]:
+    """'native heap (malloc in use) +96 KiB per step, base +3 KiB per step (...)' for each figure that
+    grows more per step than in the base run's record; nothing where the base recorded none."""
+    before, after = base.get("native") or {}, observed.get("native") or native_growth(observed)
+    lines = []
+    for field in NATIVE_FIELDS:
+        if field in before and field in after and after[field] - before[field] > NATIVE_MARGIN_OVER_BASE[field]:
+            lines.append(
+                f"{_prefix(label)}native: {NATIVE_NAMES[field]} {_signed(after[field])} per step, base run "
+                f"{_signed(before[field]) if before[field] else '+0 B'} per step (more than "
+                f"+{kib(NATIVE_MARGIN_OVER_BASE[field])} over the base on each judged step)"
+            )
+    return lines
+
+
+def new_buffers(before: Mapping[str, int], after: Mapping[str, int], limit: int = 6) -> str:
+    """'float32[65536] {replicated} +1, ...': the device buffers there are more of than before."""
+    grew = sorted(
+        ((n - before.get(k, 0), k) for k, n in after.items() if n > before.get(k, 0)), key=lambda p: (-p[0], p[1])
+    )
+    listed = ", ".join(f"{name} +{count}" for count, name in grew[:limit])
+    return listed + (f" and {len(grew) - limit} more" if len(grew) > limit else "")
 
 
 def _comparable_step(step: Mapping[str, Any]) -> dict[str, Any]:
@@ -433,6 +506,10 @@ METERED_STEPS = DEFAULT_WARMUP + LEAK_STEPS  # what the library's own metered lo
 # step); a C++ leak of a few hundred KiB per step, or MiBs of untracked objects, is above.
 NATIVE_GROWTH_PER_STEP = {"heap_bytes": 128 << 10, "rss_bytes": 1 << 20}
 NATIVE_NAMES = {"heap_bytes": "native heap (malloc in use)", "rss_bytes": "resident set"}
+# More native growth per step than the base run: a finding when this build's growth on every judged
+# step exceeds the base's by more than half the absolute threshold (64 KiB heap, 512 KiB resident set),
+# above the step-to-step noise of healthy loops (heap +0 to +27 KiB, resident set +0 to +252 KiB).
+NATIVE_MARGIN_OVER_BASE = {field: floor // 2 for field, floor in NATIVE_GROWTH_PER_STEP.items()}
 
 
 def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LABEL) -> list[str]:
@@ -567,6 +644,7 @@ class _Parts:
 
     def __init__(self) -> None:
         self.parts: dict[str, list[str]] = {}
+        self.explained = False  # a footprint change here names its new buffers
 
     def add(self, text: str, judgement: str = FAILS) -> None:
         self.parts.setdefault(judgement, []).append(text)
@@ -618,6 +696,10 @@ def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str
     changes: list[CostChange] = []
     prefix = _prefix(label)
     before_steps, after_steps = expected.get("steps", []), observed.get("steps", [])
+    # A footprint that grew beyond the band is named by its new buffers (dtype, shape, sharding),
+    # once, on the first step it fails on; where either side has no listing, the bytes alone.
+    buffers_a, buffers_b = expected.get("buffers"), observed.get("buffers")
+    explain = new_buffers(buffers_a, buffers_b) if buffers_a is not None and buffers_b is not None else ""
     for index in range(max(len(before_steps), len(after_steps))):
         if index >= len(before_steps) or index >= len(after_steps):
             changes.append(
@@ -631,7 +713,10 @@ def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str
         for k in STEP_FIELDS:
             if k != "cache_hits" and a.get(k) != b.get(k):
                 parts.add(f"{k} {a.get(k)} -> {b.get(k)}")
-        parts.extend(_live_change(a.get("live"), b.get("live")))
+        live = _live_change(a.get("live"), b.get("live"), explain)
+        if live.explained:
+            explain = ""
+        parts.extend(live)
         changes += parts.changes(f"{prefix}step{index}")
     graphs_a, graphs_b = expected.get("graphs", {}), observed.get("graphs", {})
     for name in sorted(set(graphs_a) | set(graphs_b)):
@@ -646,7 +731,7 @@ def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str
     return changes
 
 
-def _live_change(before: Mapping[str, int] | None, after: Mapping[str, int] | None) -> _Parts:
+def _live_change(before: Mapping[str, int] | None, after: Mapping[str, int] | None, explain: str = "") -> _Parts:
     """'live after step: 10 -> 14 tensors (+32 KiB per device)' (a count: fails), or
     'live after step: 10 tensors, 1.2 KiB -> 1.3 KiB per device' (bytes alone: the band). A
     baseline taken before live tensors were measured has none: nothing to compare; a signature
@@ -666,9 +751,15 @@ def _live_change(before: Mapping[str, int] | None, after: Mapping[str, int] | No
         )
     elif moved:
         parts.add_bytes(f"live after step: {count_b} tensors, {_moved(bytes_a, bytes_b)} per device", bytes_a, bytes_b)
-    held_a, held_b = before.get("footprint_bytes"), after.get("footprint_bytes")
-    if held_a is not None and held_b is not None and held_a != held_b:  # a baseline without it: not compared
-        parts.add_bytes(f"device footprint {_moved(held_a, held_b)} per device", held_a, held_b)
+    for field, name in (("footprint_bytes", "device footprint"), ("step_peak_bytes", "step peak (footprint + temp)")):
+        held_a, held_b = before.get(field), after.get(field)
+        if held_a is None or held_b is None or held_a == held_b:  # a baseline without it: not compared
+            continue
+        text = f"{name} {_moved(held_a, held_b)} per device"
+        if explain and bytes_judgement(held_a, held_b) == FAILS:
+            text += f" (device buffers new: {explain})"
+            parts.explained, explain = True, ""
+        parts.add_bytes(text, held_a, held_b)
     return parts
 
 
@@ -767,6 +858,26 @@ def summary(signature: Mapping[str, Any]) -> str:
         f"{len(steps)} steps, {sum(s.get('compiles', 0) for s in steps)} "
         f"compilation(s); {listed or 'no graph read'}; per device {memory or 'memory not measured'}{live}"
     )
+
+
+def held_cell(signature: Mapping[str, Any]) -> list[str]:
+    """The release matrix's footprint and native figures of a record's signature (with_native):
+    ['footprint 3.6 KiB, step peak 9.6 KiB', 'native heap +2 KiB, resident set +0 B per step']."""
+    steps = signature.get("steps", [])
+    live = (steps[-1].get("live") if steps else None) or {}
+    parts = []
+    held = [
+        f"{name} {kib(live[field])}"
+        for field, name in (("footprint_bytes", "footprint"), ("step_peak_bytes", "step peak"))
+        if field in live
+    ]
+    if held:
+        parts.append(", ".join(held))
+    native = signature.get("native") or {}
+    if native:
+        shown = ", ".join(f"{NATIVE_NAMES[f].split(' (')[0]} +{kib(native[f])}" for f in NATIVE_FIELDS if f in native)
+        parts.append(f"{shown} per step")
+    return parts
 
 
 def _prefix(label: str) -> str:

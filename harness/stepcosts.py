@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import costs, nativememory, xla
+from harness import costs, creationsites, nativememory, xla
 from harness.errors import HarnessUsageError
 
 # XLA's dump file names: module_0003.<module name>.<unique id>.<stage>.txt; stage
@@ -83,6 +83,7 @@ class StepMeter:
         self.last_inputs: list[str] | None = None
         self.last_fingerprint: str | None = None
         self.last_graph_memory: dict[str, int] | None = None
+        self.step_temp: int | None = None  # temp bytes of the graph the last step ran (XLA's buffer assignment)
         # A counter only this meter knows the name of: a reset of torch_xla's counters drops it.
         self.sentinel = f"HarnessStepMeter_{secrets.token_hex(6)}"
         # What is alive after a step is what the loop created and keeps: every object that exists
@@ -95,6 +96,9 @@ class StepMeter:
         self.before_loop = [] if host_only else _device_tensors_now()
         self.freezes = _FreezeWatch()
         self.alive: _Alive | None = None
+        self.suspect_leak = False  # a step after the warm-up kept more XLA tensors than the one before
+        self.sites: Any = None  # harness.creationsites' recorder of this step, while steps are traced
+        self.made_before: Any = None  # the step before's
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -110,8 +114,13 @@ class StepMeter:
         before = _counters()
         watch = _CounterWatch(self.sentinel)
         previous_name = xla.name_graphs(f"{self.graph_prefix}step{index}")
+        # Once a step kept more XLA tensors than the one before, the next ones note where each is
+        # made; what a traced step made and the next one left alive is named.
+        trace = self.suspect_leak and not creationsites.dynamo_in_use()
+        self.made_before, self.sites = self.sites, creationsites.recorder() if trace else None
         try:
-            yield
+            with self.sites if self.sites is not None else contextlib.nullcontext():
+                yield
         finally:
             if previous_name is not None:
                 xla.name_graphs(previous_name)
@@ -126,8 +135,9 @@ class StepMeter:
     # ---------------------------------------------------------------- what a step leaves alive
 
     def _record_alive(self, index: int, entry: dict[str, Any]) -> None:
-        alive = _Alive.now(
+        alive, tensors = _Alive.now(
             exclude=(self.signature, self.dumps, self.last_inputs, self.alive, entry, self.freezes.sentinel)
+            + tuple(x for r in (self.sites, self.made_before) if r is not None for x in (r, r.__dict__))
         )
         # A body that calls gc.freeze() itself hides what it keeps from gc.get_objects(): what the
         # permanent generation gained since the meter's own freeze counts as kept by the loop.
@@ -138,12 +148,51 @@ class StepMeter:
         entry["live"] = alive.totals() | nativememory.now()
         if not self.host_only:
             held = [tensor for tensor in (ref() for ref in self.before_loop) if tensor is not None]
-            entry["live"]["footprint_bytes"] = alive.device_bytes + _bytes(held)
+            footprint = _Footprint(tensors + held)
+            entry["live"]["footprint_bytes"] = footprint.bytes_per_device
+            # The step's peak as the device holds it: every live buffer plus the step graph's temp
+            # (the graph this step compiled, or the last one compiled, which a cached step runs).
+            if self.step_temp is not None:
+                entry["live"]["step_peak_bytes"] = footprint.bytes_per_device + self.step_temp
+            previous = self.signature.get("buffers")
+            self.signature["buffers"] = footprint.buffers
         if self.alive is not None and index >= self.signature["warmup"]:
             kept = alive.kept_since(self.alive)
+            if not self.host_only and previous is not None and self._footprint_outgrew_the_loop(entry):
+                # the footprint grew by more than the loop's own tensors: name the buffers that are new
+                new = costs.new_buffers(previous, self.signature["buffers"])
+                if new:
+                    kept.append(f"device buffers new since step{index - 1}: {new}")
+            made = self._creation_sites(tensors, alive)
+            if made:
+                kept.append(f"XLA tensors made in step{index - 1} and still alive: {made}")
             if kept:
                 entry["kept"] = kept
+            self.suspect_leak = self.suspect_leak or any(n > self.alive.shapes[k] for k, n in alive.shapes.items())
         self.alive = alive
+
+    def _creation_sites(self, tensors: list[Any], alive: _Alive) -> str:
+        """'float32[] at test_loop.py:87': tensors the step before made (traced) that this step left
+        alive, of the shapes there are more of."""
+        made_before, self.made_before = self.made_before, None
+        if made_before is None or self.alive is None:
+            return ""
+        grown = {k for k, n in alive.shapes.items() if n > self.alive.shapes[k]}
+        found: collections.Counter[str] = collections.Counter()
+        for tensor in tensors:
+            where = made_before.site_of(tensor)
+            if where is not None and _shape_text(tensor) in grown:
+                found[f"{_shape_text(tensor)} at {where}"] += 1
+        return ", ".join(f"{k} x{n}" if n > 1 else k for k, n in sorted(found.items())[:6])
+
+    def _footprint_outgrew_the_loop(self, entry: dict[str, Any]) -> bool:
+        steps = self.signature["steps"]
+        last = steps[-1].get("live", {}) if steps else {}
+        now = entry["live"]
+        if "footprint_bytes" not in last:
+            return False
+        grew = now["footprint_bytes"] - last["footprint_bytes"]
+        return grew > 0 and grew > now.get("bytes_per_device", 0) - last.get("bytes_per_device", 0)
 
     # ---------------------------------------------------------------- partitioned modules
 
@@ -165,10 +214,15 @@ class StepMeter:
                 stage = "buffers" if match.group("buffers") else _STAGES.get(match.group("stage"), "after")
                 modules.setdefault(match.group("number"), {})[stage] = path
         names = []
+        temps = []
         for position, number in enumerate(sorted(modules, key=int)):
             name = f"step{index}" if position == 0 else f"step{index}.{position}"
-            self.signature["graphs"][name] = self._read_graph(name, modules[number], entry)
+            graph = self.signature["graphs"][name] = self._read_graph(name, modules[number], entry)
             names.append(name)
+            if "memory" in graph:
+                temps.append(graph["memory"]["temp"])
+        if temps:  # graphs of one step run one after the other: the largest temp is the step's
+            self.step_temp = max(temps)
         self._clear_dumps()
         if entry["compiles"] > len(names):
             why = self._why_unread()
@@ -298,7 +352,9 @@ class _Alive:
         self.types, self.shapes, self.device_bytes = types, shapes, device_bytes
 
     @classmethod
-    def now(cls, exclude: Iterable[Any]) -> _Alive:
+    def now(cls, exclude: Iterable[Any]) -> tuple[_Alive, list[Any]]:
+        """What is alive, and the loop's XLA tensors themselves (for the footprint: not kept, so
+        the meter holds none of them past the step)."""
         gc.collect()
         own = _ids_within(exclude)  # the meter's own records are not the loop's
         types: collections.Counter[str] = collections.Counter()
@@ -312,10 +368,8 @@ class _Alive:
             types[kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"] += 1
             if _is_device_tensor(obj):
                 tensors.append(obj)
-        shapes = collections.Counter(
-            f"{str(t.dtype).removeprefix('torch.')}[{','.join(map(str, t.shape))}]" for t in tensors
-        )
-        return cls(types, shapes, _bytes(tensors))
+        shapes = collections.Counter(_shape_text(t) for t in tensors)
+        return cls(types, shapes, _bytes(tensors)), tensors
 
     def totals(self) -> dict[str, int]:
         return {
@@ -380,6 +434,29 @@ def _device_tensors_now() -> list[weakref.ReferenceType[Any]]:
     return [weakref.ref(obj) for obj in candidates if _is_device_tensor(obj)]
 
 
+class _Footprint:
+    """Every XLA tensor Python holds, on the device holding most: its bytes, and its buffers by
+    dtype, shape and sharding (`float32[65536] {replicated}: 1`), what a footprint change names."""
+
+    def __init__(self, tensors: Iterable[Any]) -> None:
+        from harness.recording import spec_of_any
+
+        self.bytes_per_device = 0
+        buffers: collections.Counter[str] = collections.Counter()
+        for tensor in tensors:
+            try:
+                spec = spec_of_any(tensor)
+            except Exception:  # noqa: BLE001 - a tensor whose sharding cannot be read is listed without one
+                spec = ""
+            self.bytes_per_device += _bytes([tensor], spec)
+            buffers[f"{_shape_text(tensor)} {spec or 'unsharded'}"] += 1
+        self.buffers = dict(sorted(buffers.items()))
+
+
+def _shape_text(tensor: Any) -> str:
+    return f"{str(tensor.dtype).removeprefix('torch.')}[{','.join(map(str, tensor.shape))}]"
+
+
 def _ids_within(roots: Iterable[Any]) -> set[int]:
     """ids of the containers in JSON-like trees (dicts, lists, tuples, sets, _Alive)."""
     seen: set[int] = set()
@@ -397,6 +474,8 @@ def _ids_within(roots: Iterable[Any]) -> set[int]:
         elif isinstance(value, (list, tuple, set)):
             seen.add(id(value))
             todo += list(value)
+        else:  # a leaf the meter made (a creation-site recorder, its weak references)
+            seen.add(id(value))
     return seen
 
 
@@ -455,7 +534,8 @@ def _is_xla(value: Any) -> bool:
     return _is_tensor(value) and value.device.type == "xla"
 
 
-def _bytes(tensors: Iterable[Any]) -> int:
+def _bytes(tensors: Iterable[Any], spec: str | None = None) -> int:
+    """Bytes on the device holding most; `spec`: the sharding of the one tensor given, read already."""
     from harness.recording import spec_of_any
     from harness.sharding import ShardingParseError, Tiled, parse_sharding
 
@@ -464,7 +544,7 @@ def _bytes(tensors: Iterable[Any]) -> int:
         tiles = None
         if _is_xla(getattr(tensor, "global_tensor", tensor)):
             try:
-                sharding = parse_sharding(spec_of_any(tensor))
+                sharding = parse_sharding(spec if spec is not None else spec_of_any(tensor))
             except ShardingParseError:
                 sharding = None
             if isinstance(sharding, Tiled):

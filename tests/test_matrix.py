@@ -856,3 +856,20 @@ def test_cost_section_shows_each_loops_graph_memory_and_live_tensors_per_release
         in text
     )
     assert memory_cell(costs.comparable(signature())) is None
+
+
+def test_memory_per_release_shows_the_footprint_the_step_peak_and_native_growth():
+    from harness import costs
+    from harness.matrix.costchanges import to_markdown
+    from tests.test_costs import signature
+
+    sig = signature(temp=1024, live=[3, 3, 3])
+    for step in sig["steps"]:
+        step["live"].update(footprint_bytes=3686, step_peak_bytes=3686 + 1024)
+    record = CaseRecord(nodeid="cases/test_x.py::vit", family="x", outcome="passed", costs={"train": sig})
+    record.costs["train"] = costs.comparable(sig) | {"native": {"heap_bytes": 2048, "rss_bytes": 0}}
+    text = "\n".join(to_markdown([column("2.9.0", [record])]))
+    assert (
+        "| `cases/test_x.py::vit` | train | step0 temp 1 KiB, peak 9 KiB; live after step2: 3 tensors (96 B); "
+        "footprint 3.6 KiB, step peak 4.6 KiB; native heap +2 KiB, resident set +0 B per step |"
+    ) in text

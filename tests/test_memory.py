@@ -4,6 +4,8 @@ black-box pytest runs on the CPU backend of a small FSDPv2 loop under harness.st
 A loop that keeps one XLA tensor per step, or one host object per parameter per step, fails the
 case naming the step, the growth and what stayed alive; a body that clears torch_xla's counters
 is refused; a block whose temp memory grows fails the cost baseline naming the graph and bytes.
+A tensor made before the loop fails it naming the footprint, the step's peak and the new buffer;
+a loop leaking 96 KiB of native memory per step passes alone and fails against a base run.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class ParameterSpec:
     shape: tuple
 
 
-def body_loop(ctx, mode, copies, steps=3, hold_before=False):
+def body_loop(ctx, mode, copies, steps=3, hold_before=False, native_kib=0):
     import collections
     import ctypes
 
@@ -86,6 +88,8 @@ def body_loop(ctx, mode, copies, steps=3, hold_before=False):
                 del trimmed[:-2]
             if mode == "native":  # a C++ block torch_xla would never free: 265 KiB, written
                 ctypes.memset(libc.malloc(265 << 10), 1, 265 << 10)
+            if native_kib:  # LEAK_NATIVE_KIB: a smaller C++ leak, under the absolute threshold
+                ctypes.memset(libc.malloc(native_kib << 10), 1, native_kib << 10)
             if mode == "old_container":  # untracked objects the collector never lists
                 old_container.append(bytes(1 << 20))
                 old_container.extend(range(step * 100000, (step + 1) * 100000))
@@ -109,7 +113,8 @@ def test_loop(spmd, mode):
 
 @pytest.mark.parametrize("mode", ["healthy", "window", "keep_tensor", "native", "old_container", "outside"])
 def test_long_loop(spmd, mode):
-    spmd.run(body_loop, mode=mode, copies=1, steps=6, fresh=True)
+    native_kib = int(os.environ.get("LEAK_NATIVE_KIB", "0"))
+    spmd.run(body_loop, mode=mode, copies=1, steps=6, native_kib=native_kib, fresh=True)
 """
 
 
@@ -117,9 +122,10 @@ def test_long_loop(spmd, mode):
 def suite(pytester, monkeypatch):
     pytester.makepyfile(test_loop=LOOP_CASE)
 
-    def run(*args: str, grow_temp: bool = False, hold_before: bool = False) -> pytest.RunResult:
+    def run(*args: str, grow_temp: bool = False, hold_before: bool = False, native_kib: int = 0) -> pytest.RunResult:
         monkeypatch.setenv("GROW_TEMP", "1" if grow_temp else "0")
         monkeypatch.setenv("HOLD_BEFORE", "1" if hold_before else "0")
+        monkeypatch.setenv("LEAK_NATIVE_KIB", str(native_kib))
         return pytester.runpytest_subprocess(
             "--spmd-backend=cpu",
             "--spmd-devices=4",
@@ -172,10 +178,15 @@ def test_six_steps_tell_a_bounded_window_from_a_leak_and_native_growth_fails_nam
     result.assert_outcomes(passed=2, failed=4)
     result.stdout.fnmatch_lines(["PASSED test_loop.py::test_long_loop[[]healthy[]]"])
     result.stdout.fnmatch_lines(["PASSED test_loop.py::test_long_loop[[]window[]]"])
+    # the steps after the first that kept a tensor note where each is made (a healthy loop never does)
+    # (the file pytester writes starts at LOOP_CASE's second line: its index is the line number)
+    made_at = LOOP_CASE.splitlines().index("                kept.append(loss.detach() * 1)")
     result.stdout.fnmatch_lines(
         [
             "*step3..step5 each left more alive than the step before: XLA tensors * (+12 B per device)*"
-            "; XLA tensors kept: float32[] +1*"
+            + lit("; XLA tensors kept: float32[] +1")
+            + "*"
+            + lit(f"; XLA tensors made in step4 and still alive: float32[] at test_loop.py:{made_at}")
         ]
     )
     native = "nothing the collector tracks grew: C++ allocations*"
@@ -194,7 +205,7 @@ def test_six_steps_tell_a_bounded_window_from_a_leak_and_native_growth_fails_nam
         [
             "*step3..step5 each left more alive than the step before: device footprint * -> * per device "
             "(tensors made before the loop included), native heap (malloc in use) +* per step*"
-            "; the loop made nothing that stayed alive: tensors made before the loop hold more"
+            "; device buffers new since step4: float32[[]786432[]] unsharded +1"
         ]
     )
 
@@ -206,9 +217,50 @@ def test_bytes_a_device_holds_for_the_loops_life_fail_the_cost_baseline_as_footp
     assert footprint > entry["train"]["steps"][2]["live"]["bytes_per_device"], entry  # the parameters count
     result = suite("-k", "healthy and not long_loop", hold_before=True)
     result.assert_outcomes(failed=1)
+    # The buffer made before the loop is named once (dtype, shape, sharding), and the step's peak
+    # (footprint + the step graph's temp) moves by the same bytes.
+    peak = entry["train"]["steps"][0]["live"]["step_peak_bytes"]
     result.stdout.fnmatch_lines(
         [
             "*cost drift: 3 item(s) differ from costs.json*",
-            f"*  step0: device footprint {kib(footprint)} -> {kib(footprint + 65536 * 4)} per device",
+            f"*  step0: device footprint {kib(footprint)} -> {kib(footprint + 65536 * 4)} per device "
+            "(device buffers new: float32[[]65536[]] unsharded +1), "
+            f"step peak (footprint + temp) {kib(peak)} -> {kib(peak + 65536 * 4)} per device",
+            "*  step1: device footprint * -> * per device, step peak (footprint + temp) * -> * per device",
+        ]
+    )
+
+
+def test_the_step_peak_is_the_footprint_plus_the_step_graphs_temp_and_fails_when_temp_grows(suite, pytester):
+    suite("-k", "healthy and not long_loop", "--spmd-update-costs").assert_outcomes(passed=1)
+    entry = json.loads((pytester.path / "costs.json").read_text())["cases"]["test_loop.py::test_loop[healthy]"]
+    train = entry["train"]
+    for index, step in enumerate(train["steps"]):
+        # a cached step runs the graph compiled last (step1's, once the optimizer state exists)
+        graph = train["graphs"][f"step{min(index, 1)}"]
+        assert step["live"]["step_peak_bytes"] == step["live"]["footprint_bytes"] + graph["memory"]["temp"], entry
+    assert "float32[32,16] {devices=[4,1]0,1,2,3}" in train["buffers"], train["buffers"]
+    result = suite("-k", "healthy and not long_loop", grow_temp=True)
+    result.assert_outcomes(failed=1)
+    # step2 compiles nothing: its peak still sees the temp of the graph it runs grow with the footprint
+    before = train["steps"][2]["live"]
+    result.stdout.fnmatch_lines(
+        [
+            f"*  step2: * device footprint {kib(before['footprint_bytes'])} -> * per device, "
+            f"step peak (footprint + temp) {kib(before['step_peak_bytes'])} -> * per device"
+        ]
+    )
+
+
+def test_more_native_growth_per_step_than_the_base_run_fails_under_the_absolute_threshold(suite, pytester):
+    suite("-k", "long_loop and healthy", "--spmd-results-dir=base").assert_outcomes(passed=1)
+    # 96 KiB malloc'd per step and never freed: under the absolute 128 KiB, so alone it passes
+    suite("-k", "long_loop and healthy", "--spmd-results-dir=alone", native_kib=96).assert_outcomes(passed=1)
+    result = suite("-k", "long_loop and healthy", "--spmd-compare=base", "--spmd-results-dir=pr", native_kib=96)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "differs: test_loop.py::test_long_loop[[]healthy[]]: base 2.9* -> this build 2.9*: native: native heap "
+            "(malloc in use) +* KiB per step, base run +* per step (more than +64 KiB over the base on each judged step)"
         ]
     )

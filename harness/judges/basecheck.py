@@ -135,7 +135,7 @@ def judge(session: BaseRunJudge, case: JudgedCase, report: pytest.TestReport) ->
         "registry_verdict": judgement.kind.value if judgement else None,
     }
     if case.body_passed and not is_xfail(report) and not report.skipped:
-        signatures = None if case.has_marker("no_cost_check") else costcheck.comparable_signatures(case)
+        signatures = None if case.has_marker("no_cost_check") else costcheck.recorded_signatures(case)
         judged = None if case.has_marker("no_sharding_baseline") else case.shardings
         comparison = basecompare.compare_case(session.base, case.case_id, judged, signatures)
         if comparison.not_compared is None:

@@ -292,6 +292,10 @@ def compare_case(
         changes = costs.compare_loops(record.costs, measured, reference="base run")
         result.differences += [printable(str(c)) for c in costs.failing(changes)]
         result.moved += [printable(str(c)) for c in costs.listed(changes)]
+        for label, signature in sorted(measured.items()):  # native growth: judged per step against the base's
+            result.differences += [
+                printable(line) for line in costs.native_against_base(record.costs[label], signature, label)
+            ]
     if shardings is not None:
         expected, base_parameters = _split_parameters(record.shardings)
         observed, parameters = _split_parameters(shardings)

@@ -141,13 +141,15 @@ def _fail(report: pytest.TestReport, message: str) -> None:
 def record_fields(case: JudgedCase) -> dict[str, Any]:
     """The record's `costs` (comparable signatures) and `cost_changes` (lines, failed or reported)."""
     return {
-        "costs": comparable_signatures(case),
+        "costs": recorded_signatures(case),
         "cost_changes": list(case.cost_changes),
     }
 
 
-def comparable_signatures(case: JudgedCase) -> dict[str, dict[str, Any]]:
-    return {label: costs.comparable(sig) for label, sig in case.costs.items()}
+def recorded_signatures(case: JudgedCase) -> dict[str, dict[str, Any]]:
+    """Each loop's signature as a record keeps it: comparable, with its native growth per step (a
+    later run compared with this one judges its own growth against it)."""
+    return {label: costs.with_native(sig) for label, sig in case.costs.items()}
 
 
 def keep_dumps(folder: Path, case: JudgedCase, failed: bool) -> None:

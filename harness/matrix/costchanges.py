@@ -89,6 +89,7 @@ def memory_cell(signature: dict[str, Any]) -> str | None:
         parts.append(
             f"live after step{len(steps) - 1}: {live['tensors']} tensors ({costs.kib(live.get('bytes_per_device', 0))})"
         )
+    parts += costs.held_cell(signature)
     return "; ".join(parts) or None
 
 
@@ -108,7 +109,10 @@ def memory_table(columns: Sequence[ColumnResult]) -> list[str]:
         "### Memory per release",
         "",
         "Per device, seen rather than derived: each step graph's temp and peak bytes (XLA's buffer assignment of "
-        "the partitioned module) and the XLA tensors alive after the last step with their bytes. "
+        "the partitioned module) and the XLA tensors alive after the last step with their bytes; "
+        "`footprint`: every XLA tensor Python holds after the last step, those made before the loop too; "
+        "`step peak`: the footprint plus the step graph's temp; `native`: heap and resident-set growth per "
+        "step after the warm-up (the least of the judged steps). "
         "`-`: the loop did not pass there (a release carrying its bug) or recorded no memory.",
         "",
         "| case | loop | " + " | ".join(names) + " |",
