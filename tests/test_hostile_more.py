@@ -1,0 +1,168 @@
+"""More case bodies that attack the run, beyond tests/test_hostile_bodies.py (fake backend, black-box
+runs): what a body leaves in its warm child for the case after it (timers, faulthandler, tracing,
+warnings, interpreter limits, torch's modes, replaced methods, stdio pointed elsewhere), and the
+checkout rewritten under a running run. A later case's verdict must not depend on it.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.selftest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(pytester: pytest.Pytester, *args: str, timeout: float = 120) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        "--spmd-backend=fake", "-p", "no:cacheprovider", "-p", "no:randomly", "-rA", *args, timeout=timeout
+    )
+
+
+# --- what a body leaves in its warm child for the next case ----------------------------------------
+
+LEAVES = """
+import faulthandler, os, signal, sys, time, warnings
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def spin(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # CPU time too: ITIMER_PROF counts it
+        pass
+
+def leave_itimer(ctx):
+    signal.setitimer(signal.ITIMER_REAL, 1.0)  # SIGALRM, default action: the process ends
+
+def leave_prof_timer(ctx):
+    signal.setitimer(signal.ITIMER_PROF, 0.5)
+
+def leave_faulthandler_exit(ctx):
+    faulthandler.dump_traceback_later(1.0, exit=True)
+
+def after_a_timer(ctx):
+    spin(2.5)
+
+after_itimer = after_prof_timer = after_faulthandler_exit = after_a_timer
+
+def leave_warnings_as_errors(ctx):
+    warnings.simplefilter("error")
+
+def after_warnings_as_errors(ctx):
+    warnings.warn("a harmless warning", UserWarning)
+
+def leave_trace(ctx):
+    def trace(frame, event, arg):
+        if event == "call" and frame.f_code.co_name.startswith("after_"):
+            raise RuntimeError("a trace function left by the case before")
+    sys.settrace(trace)
+
+def after_trace(ctx):
+    pass
+
+def leave_recursion_limit(ctx):
+    sys.setrecursionlimit(80)
+
+def after_recursion_limit(ctx):
+    def depth(n):
+        return 0 if n == 0 else 1 + depth(n - 1)
+    depth(300)
+
+def leave_torch_modes(ctx):
+    import torch
+    if ctx.bodies_before:  # the first run only imports torch, so its classes are watched
+        torch.set_grad_enabled(False)
+        torch.set_default_dtype(torch.float64)
+
+def after_torch_modes(ctx):
+    import torch
+    assert torch.is_grad_enabled() and torch.get_default_dtype() == torch.float32, "torch's modes were left"
+
+def leave_tensor_patch(ctx):
+    import torch
+    if ctx.bodies_before:
+        torch.Tensor.sum = lambda self, *a, **k: torch.tensor(0.0)
+
+def after_tensor_patch(ctx):
+    import torch
+    assert float(torch.ones(3).sum()) == 3.0, "torch.Tensor.sum was replaced by the case before"
+
+def leave_context_patch(ctx):
+    from harness.isolation.context import CaseContext
+    CaseContext.record_sharding = lambda self, name, spec: self.shardings.__setitem__(name, "{replicated}")
+
+def after_context_patch(ctx):
+    ctx.record_sharding("w", "{devices=[4,1]0,1,2,3}")
+    assert ctx.shardings["w"] == "{devices=[4,1]0,1,2,3}", "the sharding recorded was forged"
+
+def leave_body_patch(ctx):
+    globals()["after_body_patch"] = lambda ctx: None  # the next case's body, made a no-op
+
+def after_body_patch(ctx):
+    raise AssertionError("the real failure of the next case")
+
+def leave_stdio_elsewhere(ctx):
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+
+def after_stdio_elsewhere(ctx):
+    print("the next case's output", file=sys.stderr, flush=True)
+    raise AssertionError("the next case fails, and its log says so")
+
+def test_a_leaves(spmd):
+    attack = os.environ["ATTACK"]
+    if attack in ("torch_modes", "tensor_patch"):
+        spmd.run(globals()["leave_" + attack])
+    spmd.run(globals()["leave_" + attack])
+
+def test_b_after(spmd):
+    attack = os.environ["ATTACK"]
+    spmd.run(globals()["after_" + attack])
+"""
+
+# attack -> the next case's outcome, and whether the child was put back (reused) or not.
+LEFT = {
+    "itimer": ("passed", "reused"),
+    "prof_timer": ("passed", "reused"),
+    "faulthandler_exit": ("passed", "reused"),
+    "warnings_as_errors": ("passed", "reused"),
+    "trace": ("passed", "reused"),
+    "recursion_limit": ("passed", "reused"),
+    "torch_modes": ("passed", "reused"),
+    "tensor_patch": ("passed", "not reused: the body replaced methods of classes later cases use*Tensor.sum"),
+    "context_patch": (
+        "passed",
+        "not reused: the body replaced methods of classes later cases use*CaseContext.record_sharding",
+    ),
+    "body_patch": ("failed", "not reused: the body replaced what later cases would use*after_body_patch"),
+    "stdio_elsewhere": ("failed", "not reused: the body pointed stdout and stderr elsewhere"),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(LEFT))
+def test_what_a_body_leaves_in_its_child_is_put_back_or_the_child_is_not_reused(pytester, monkeypatch, attack):
+    pytester.makepyfile(test_leaves=LEAVES)
+    monkeypatch.setenv("ATTACK", attack)
+    result = run(pytester)
+    outcome, child = LEFT[attack]
+    text = result.stdout.str()
+    assert "INTERNALERROR" not in text + result.stderr.str()
+    if outcome == "passed":
+        result.assert_outcomes(passed=2)
+    else:
+        result.assert_outcomes(passed=1, failed=1)
+        result.stdout.fnmatch_lines(["FAILED test_leaves.py::test_b_after - *the next case*"])
+    logs = [p.read_text(errors="replace") for p in pytester.path.glob("results/run-*/logs/*/child-*.log")]
+    if child == "reused":
+        assert len(logs) == 1 and "this child is not reused" not in logs[0], logs  # one child ran both
+        return
+    assert len(logs) == 2, "the next case ran in the child the attack left"
+    if attack == "stdio_elsewhere":  # the note went where the body pointed stderr; the next log is whole
+        result.stdout.fnmatch_lines(["E * the next case's output"])
+    else:
+        assert any(fnmatch(line, f"*{child}*") for log in logs for line in log.splitlines()), logs
