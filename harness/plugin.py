@@ -32,7 +32,7 @@ from harness.judges import basecheck, costcheck, registrycheck, shardingcheck
 from harness.judges.registrycheck import ENTRIES_KEY, RUNNER_KEY, JudgedCase
 from harness.records import results, runfolder
 from harness.registry import get_entry
-from harness.run import caseuser, writing
+from harness.run import caseuser, checkoutwatch, writing
 from harness.run.dumproot import remove_dump_root
 from harness.run.failedlines import WholeFailedLines
 from harness.run.findings import Findings
@@ -187,6 +187,7 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[costcheck.SESSION_KEY].read_unless_probed()
     basecheck.configure(config, session.backend, session.run.path)  # only with --spmd-compare
     if workerinput is None:
+        checkoutwatch.take(config)  # a case that rewrites the harness fails the run (harness.run.checkoutwatch)
         config.pluginmanager.register(WholeFailedLines(), "spmd_whole_failed_lines")
         config.pluginmanager.register(Findings(), "spmd_findings")
 

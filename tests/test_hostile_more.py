@@ -6,6 +6,7 @@ checkout rewritten under a running run. A later case's verdict must not depend o
 
 from __future__ import annotations
 
+import shutil
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -166,3 +167,46 @@ def test_what_a_body_leaves_in_its_child_is_put_back_or_the_child_is_not_reused(
         result.stdout.fnmatch_lines(["E * the next case's output"])
     else:
         assert any(fnmatch(line, f"*{child}*") for log in logs for line in log.splitlines()), logs
+
+
+# --- the checkout rewritten while the run's cases run ----------------------------------------------
+
+REWRITES_HARNESS = """
+import os, pathlib
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_rewrites(ctx):
+    import harness.isolation.child as child
+    path = pathlib.Path(child.__file__)
+    old = "        body(ctx, **request.kwargs)\\n"
+    new = "        try:\\n            body(ctx, **request.kwargs)\\n        except Exception:\\n            pass\\n"
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new, 1))
+    ctx.poison("the next case takes a new child, which imports the harness from disk")
+
+def body_fails(ctx):
+    raise AssertionError("the real failure")
+
+def test_a_rewrites(spmd):
+    spmd.run(body_rewrites, check=False)
+
+def test_b_fails(spmd):
+    spmd.run(body_fails)
+"""
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2", "--dist=loadfile")])
+def test_a_body_that_rewrites_the_harness_in_the_checkout_fails_the_run(pytester, workers):
+    """The fake backend's children are exec'd fresh, so they import the rewritten child loop."""
+    shutil.copytree(REPO_ROOT / "harness", pytester.path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    pytester.makepyfile(test_rewrites=REWRITES_HARNESS)
+    result = run(pytester, *workers)
+    assert "except Exception" in (pytester.path / "harness" / "isolation" / "child.py").read_text(), "not rewritten"
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*spmd harness: the harness's code changed while the run's cases ran (by a case?): harness/isolation/child.py;*"
+        ]
+    )
