@@ -25,7 +25,7 @@ from harness.config import activation, options
 from harness.config.backends import make_backend
 from harness.config.requirements import unmet_needs
 from harness.errors import HarnessError, RegistryError
-from harness.isolation import files, runservers
+from harness.isolation import files, processes, runservers
 from harness.isolation.case import SpmdRunner
 from harness.isolation.evidence import headline
 from harness.judges import basecheck, costcheck, registrycheck, shardingcheck
@@ -220,6 +220,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     servers = config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         servers.close()  # after the pool: its children are ended first
+    if getattr(config, "workerinput", None) is not None:
+        processes.continue_if_stopped(os.getppid())  # the controller, if a case stopped it (SIGSTOP)
     if session is not None and session.worker == "main":
         writing.recheck_run(config, session)
         remove_dump_root(session.run.path)

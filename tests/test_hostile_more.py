@@ -210,3 +210,34 @@ def test_a_body_that_rewrites_the_harness_in_the_checkout_fails_the_run(pytester
             "*spmd harness: the harness's code changed while the run's cases ran (by a case?): harness/isolation/child.py;*"
         ]
     )
+
+
+# --- a body that stops the xdist controller ---------------------------------------------------------
+
+STOPS_CONTROLLER = """
+import os, signal
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_stops(ctx, pid, sig):
+    os.kill(pid, getattr(signal, sig))
+
+def body_fails(ctx):
+    raise AssertionError("the real failure")
+
+def test_a_stops_the_controller(spmd):
+    spmd.run(body_stops, pid=os.getppid(), sig=os.environ["SIG"])  # a worker's parent: the controller
+
+def test_b_fails(spmd):
+    spmd.run(body_fails)
+"""
+
+
+@pytest.mark.parametrize("sig", ["SIGSTOP", "SIGTSTP"])
+def test_a_body_that_stops_the_xdist_controller_does_not_stop_the_run(pytester, monkeypatch, sig):
+    pytester.makepyfile(test_stops=STOPS_CONTROLLER)
+    monkeypatch.setenv("SIG", sig)
+    result = run(pytester, "-n", "2", timeout=90)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_stops.py::test_b_fails - *AssertionError: the real failure"])
