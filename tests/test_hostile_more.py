@@ -7,6 +7,8 @@ checkout rewritten under a running run. A later case's verdict must not depend o
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -241,3 +243,70 @@ def test_a_body_that_stops_the_xdist_controller_does_not_stop_the_run(pytester, 
     result = run(pytester, "-n", "2", timeout=90)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["FAILED test_stops.py::test_b_fails - *AssertionError: the real failure"])
+
+
+# --- links, huge files under results/ ---------------------------------------------------------------
+
+PLANTS = """
+import os, pathlib, shutil
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def run_folder():
+    (folder,) = (p for p in pathlib.Path("results").glob("run-*") if not p.is_symlink())
+    return folder.absolute()
+
+def body_plants(ctx, attack, folder, outside):
+    folder = pathlib.Path(folder)
+    if attack == "hlo":
+        shutil.rmtree(folder / "hlo", ignore_errors=True)
+        (folder / "hlo").symlink_to(outside)
+    elif attack == "logs":
+        shutil.rmtree(folder / "logs")
+        (folder / "logs").symlink_to(outside)
+    elif attack == "sparse":
+        with open(folder / "verdicts-main.jsonl", "r+b") as fh:
+            fh.truncate(50 * 2**30)  # sparse: no disk used, one 50 GB line of NULs
+
+def body_keeps(ctx):
+    ctx.record_hlo("m", "HloModule m")
+
+def test_a(spmd):
+    spmd.run(body_keeps)
+
+def test_b_plants(spmd):
+    spmd.run(body_plants, attack=os.environ["ATTACK"], folder=str(run_folder()), outside=os.environ["OUTSIDE"])
+    spmd.run(body_keeps, fresh=True)  # a new child: a new log
+"""
+
+
+@pytest.mark.parametrize("attack", ["hlo", "logs"])
+def test_a_link_planted_in_place_of_a_run_subfolder_is_not_written_through(pytester, monkeypatch, tmp_path, attack):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    pytester.makepyfile(test_plants=PLANTS)
+    monkeypatch.setenv("ATTACK", attack)
+    monkeypatch.setenv("OUTSIDE", str(outside))
+    run(pytester).assert_outcomes(passed=2)
+    assert list(outside.iterdir()) == [], "written through the link"
+    (folder,) = (p for p in (pytester.path / "results").glob("run-*") if not p.is_symlink())
+    if attack == "hlo":
+        assert (folder / "hlo" / "test_plants.py_test_b_plants__m.txt").is_file()
+
+
+def test_a_verdicts_file_grown_sparse_to_50_gb_is_damaged_not_read(pytester, monkeypatch):
+    pytester.makepyfile(test_plants=PLANTS)
+    monkeypatch.setenv("ATTACK", "sparse")
+    monkeypatch.setenv("OUTSIDE", "")
+    run(pytester).assert_outcomes(passed=2)
+    (folder,) = (p for p in (pytester.path / "results").glob("run-*") if not p.is_symlink())
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.report", str(folder), "--pytest-exit-status", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "verdicts-main.jsonl (53.7 GB, over the 1024 MiB a run's records can hold" in proc.stdout + proc.stderr

@@ -103,3 +103,25 @@ def clear_for_writer(path: str | os.PathLike[str]) -> None:
         return
     if kind not in (stat.S_IFREG, stat.S_IFDIR):
         os.unlink(path)
+
+
+def own_folder(path: Path, depth: int = 1) -> None:
+    """Make path (and the depth - 1 folders above it) a real folder: a link, file or pipe a case
+    put in place of one is removed first, so what the run writes there cannot land through a
+    link elsewhere (`hlo/` linked to a folder outside the results). The folder above those is
+    the caller's to trust (the run folder, checked by harness.records.runfolder)."""
+    chain = [path, *path.parents][:depth]
+    for folder in reversed(chain):
+        try:
+            kind = stat.S_IFMT(os.lstat(folder).st_mode)
+        except FileNotFoundError:
+            kind = None
+        if kind == stat.S_IFDIR:
+            continue
+        if kind is not None:
+            os.unlink(folder)
+        try:
+            os.mkdir(folder)
+        except FileExistsError:  # another process of the run made it a moment ago
+            if not stat.S_ISDIR(os.lstat(folder).st_mode):
+                raise

@@ -10,6 +10,7 @@ verdict. The run folder's whole layout: harness.records.runfolder.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -219,6 +220,7 @@ def read_records(
         records: dict[str, CaseRecord] = {}
         try:
             fd = files.open_file(path, os.O_RDONLY)
+            _check_size(fd)
         except OSError as exc:  # a pipe or a link a case put in its place: unread, never waited on
             if unreadable is None:
                 raise DamagedRecord(f"{path}: cannot be read ({exc.strerror or exc})") from None
@@ -247,6 +249,21 @@ def read_records(
                         raise DamagedRecord(f"{path}:{number}: {why}") from None
                     unreadable.append(f"{_shown(path, root)}:{number}")
         yield from records.values()
+
+
+# A run's records are a few MB (98 cases: under 1 MB); a verdicts file far beyond that was grown
+# by a case (a sparse 50 GB file is one line of NULs: reading it would take the machine's memory).
+MAX_RECORDS_BYTES = 1 << 30
+
+
+def _check_size(fd: int) -> None:
+    size = os.fstat(fd).st_size
+    if size > MAX_RECORDS_BYTES:
+        os.close(fd)
+        raise OSError(
+            errno.EFBIG,
+            f"{size / 1e9:.1f} GB, over the {MAX_RECORDS_BYTES >> 20} MiB a run's records can hold (grown by a case?)",
+        )
 
 
 def _shown(path: Path, root: Path) -> str:
@@ -278,7 +295,7 @@ def keep_texts(folder: Path, case_id: str, texts: dict[str, str], suffix: str) -
     """A case's texts (HLO modules, XLA dumps) as `<case>__<name><suffix>` files in `folder`."""
     if not texts:
         return
-    folder.mkdir(parents=True, exist_ok=True)
+    files.own_folder(folder)  # a link a case put in its place is replaced, not written through
     for name, text in texts.items():
         # Written beside and renamed into place: a link or a pipe a case planted under the name is
         # replaced, never written through (the run folder is writable by the code under test).
