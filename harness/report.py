@@ -512,6 +512,10 @@ def say(text: str, error: bool = False) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # a record's text may hold what UTF-8 cannot (a lone surrogate)
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     if not args.results_dir.is_dir():
         say(
             f"error: results folder {args.results_dir} does not exist; did pytest run with "

@@ -21,6 +21,7 @@ cannot be charged to an innocent case.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import gc
 import importlib
@@ -402,6 +403,10 @@ def encode_answer(answer: protocol.ChildAnswer) -> bytes:
         data = protocol.encode(answer)
     except (TypeError, ValueError):  # CaseContext checks each value as recorded; this is the backstop
         return _replace_observations(answer, "HarnessUsageError", _not_json(answer.observations))
+    if len(data) > protocol.MAX_MESSAGE_BYTES and answer.exception is not None:
+        # The cause leads the evidence: an exception's huge message is cut, not replaced by a size note.
+        answer = dataclasses.replace(answer, exception={k: _cut(v) for k, v in answer.exception.items()})
+        data = protocol.encode(answer)
     if len(data) > protocol.MAX_MESSAGE_BYTES:
         return _replace_observations(
             answer,
@@ -413,6 +418,16 @@ def encode_answer(answer: protocol.ChildAnswer) -> bytes:
             ),
         )
     return data
+
+
+MAX_EXCEPTION_TEXT = 1 << 20  # characters of an exception's message or traceback kept in an answer too large to send
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_EXCEPTION_TEXT:
+        return text
+    half = MAX_EXCEPTION_TEXT // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut by the harness ...]\n{text[-half:]}"
 
 
 def _not_json(observations: dict[str, Any]) -> str:

@@ -57,8 +57,10 @@ def read_text(path: str | os.PathLike[str]) -> str:
 
 
 def create_new(path: str | os.PathLike[str], text: str) -> None:
-    """Create path with text; FileExistsError if any entry (a link, a pipe) has that name."""
-    with os.fdopen(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w", encoding="utf-8") as fh:
+    """Create path with text; FileExistsError if any entry (a link, a pipe) has that name. What
+    UTF-8 cannot hold (a lone surrogate from the code under test's text) is written escaped."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    with os.fdopen(open_file(path, flags), "w", encoding="utf-8", errors="backslashreplace") as fh:
         fh.write(text)
 
 
