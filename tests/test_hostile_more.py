@@ -117,6 +117,19 @@ def after_stdio_elsewhere(ctx):
     print("the next case's output", file=sys.stderr, flush=True)
     raise AssertionError("the next case fails, and its log says so")
 
+def leave_descriptors(ctx):
+    global KEPT
+    KEPT = []
+    try:
+        while True:  # up to RLIMIT_NOFILE
+            KEPT.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+
+def after_descriptors(ctx):
+    for fd in [os.open(os.devnull, os.O_RDONLY) for _ in range(40)]:
+        os.close(fd)
+
 def test_a_leaves(spmd):
     attack = os.environ["ATTACK"]
     if attack in ("torch_modes", "tensor_patch"):
@@ -142,6 +155,7 @@ LEFT = {
         "passed",
         "not reused: the body replaced methods of classes later cases use*CaseContext.record_sharding",
     ),
+    "descriptors": ("passed", "not reused: the body left every free file descriptors open"),
     "body_patch": ("failed", "not reused: the body replaced what later cases would use*after_body_patch"),
     "stdio_elsewhere": ("failed", "not reused: the body pointed stdout and stderr elsewhere"),
 }

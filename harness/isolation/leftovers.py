@@ -44,6 +44,7 @@ class Leftovers:
         self.thread_hook = threading.excepthook
         self.limits = {getter: getattr(sys, getter)() for getter, _ in _SYS_LIMITS if hasattr(sys, getter)}
         self.stdio = _stdio_files()
+        self.descriptors = _open_descriptors() or 0
         self.torch = _torch_state()
         self.random = random.getstate()
         self.modules = dict(sys.modules)
@@ -82,9 +83,26 @@ class Leftovers:
             problems.append(
                 f"the body pointed {' and '.join(moved)} elsewhere (dup2?): the next case's log would be lost"
             )
+        now = _open_descriptors()
+        if now is None or now - self.descriptors > MAX_DESCRIPTORS_LEFT:
+            left = "every free" if now is None else str(now - self.descriptors)
+            problems.append(f"the body left {left} file descriptors open (the next case could open too few)")
         problems += _replaced_modules(self.modules)
         problems += _replaced_attributes(self.classes, _class_attributes(watched))
         return problems
+
+
+# Descriptors a body may leave open (a runtime's first use opens a few, kept for the process's
+# life); one that leaves more may have used up RLIMIT_NOFILE, and the next case would fail EMFILE.
+MAX_DESCRIPTORS_LEFT = 256
+
+
+def _open_descriptors() -> int | None:
+    """How many descriptors are open; None when not even /proc/self/fd can be opened (none free)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
 
 
 def _threading_hooks() -> tuple[Any, Any]:
