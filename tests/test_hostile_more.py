@@ -378,16 +378,12 @@ def test_a_200_mb_exception_message_is_cut_and_still_leads_the_evidence(pytester
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pytest prints the failure's long text (the E lines: the child's message and traceback) as it is; "
-    "only the FAILED lines and findings escape control characters",
-)
 def test_terminal_escapes_a_body_raises_do_not_reach_the_terminal_raw(pytester):
     pytester.makepyfile(test_raises=RAISES)
     result = run(pytester, "-k", "escapes")
     result.assert_outcomes(failed=1)
-    assert "\x1b[2J" not in result.stdout.str()
+    assert "\x1b" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["E * RuntimeError: the screen \\x1b?2J\\x1b?0;a title\\x07cleared"])
 
 
 # --- open: a module object put in sys.modules before its first import -------------------------------

@@ -410,7 +410,7 @@ def _describe(message: Any) -> str:
 def _message(cause: str, context: str) -> str:
     """The failure text: the cause's headline first (what pytest shows as the reason), then the log."""
     headline, _, tail = cause.partition("\n--- log tail ---\n")
-    return f"{headline}\n({context})\n--- child log (this case) ---\n{tail}"
+    return evidence.terminal_safe(f"{headline}\n({context})\n--- child log (this case) ---\n{tail}")
 
 
 __all__ = ["ChildProcess", "ChildSpec", "LateFault", "CaseError"]
