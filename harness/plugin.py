@@ -13,18 +13,19 @@ only there (harness.run.role). The pytest process itself never imports torch or 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Generator, Iterator
 
 import pytest
 
 from harness.config import activation, options
 from harness.config.requirements import unmet_needs
-from harness.isolation import files
+from harness.isolation import files, processes
 from harness.isolation.case import SpmdRunner
 from harness.judges import registrycheck
 from harness.judges.judging import RUNNER_KEY, JudgedCase, judge_case
 from harness.records import results, runfolder
-from harness.run import caseuser, controller, earlystart, writing
+from harness.run import caseuser, checkoutwatch, controller, earlystart, writing
 from harness.run.dumproot import remove_dump_root
 from harness.run.role import Role, role_of
 from harness.run.session import (
@@ -75,6 +76,7 @@ def pytest_configure(config: pytest.Config) -> None:
             session.costs.read_unless_probed()
     session.configure_compare(config)  # only with --spmd-compare
     if session.role.owns_run:
+        checkoutwatch.take(config)  # a case that rewrites the harness fails the run (harness.run.checkoutwatch)
         controller.register(config)
 
 
@@ -101,6 +103,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     servers = config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         servers.close()  # after the pool: its children are ended first
+    if role_of(config) is Role.WORKER:
+        processes.continue_if_stopped(os.getppid())  # the controller, if a case stopped it (SIGSTOP)
     if session is not None and session.role.owns_run:
         writing.recheck_run(config, session)
         remove_dump_root(session.run.path)

@@ -540,6 +540,10 @@ def results_folder_problem(path: Path, held_to_a_run: bool) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # a record's text may hold what UTF-8 cannot (a lone surrogate)
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     problem = results_folder_problem(args.results_dir, args.pytest_exit_status is not None)
     if problem is not None:
         say(f"error: {problem}", error=True)

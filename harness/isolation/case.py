@@ -24,7 +24,7 @@ from harness.errors import CaseError, CaseFailed, HarnessUsageError
 from harness.isolation import evidence, files, protocol
 from harness.isolation.backend import Backend
 from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
-from harness.isolation.evidence import headline
+from harness.isolation.evidence import headline, terminal_safe
 from harness.isolation.pool import ChildPool
 from harness.isolation.protocol import BodyRef, ChildAnswer, ChildException, json_problem
 
@@ -110,8 +110,10 @@ def failure_from_answer(case: str, answer: ChildAnswer, tail: str) -> CaseFailed
     exc = ChildException.from_dict(answer.exception)
     assert exc is not None
     return CaseFailed(
-        f"{headline(exc.line, 1000)}\n(raised by case {case} in its child)\n{exc.traceback}"
-        f"--- child log (this case) ---\n{tail}",
+        terminal_safe(
+            f"{headline(exc.line, 1000)}\n(raised by case {case} in its child)\n{exc.traceback}"
+            f"--- child log (this case) ---\n{tail}"
+        ),
         evidence=exc.line,
         log_tail=tail,
     )

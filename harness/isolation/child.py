@@ -21,6 +21,7 @@ cannot be charged to an innocent case.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import gc
 import importlib
@@ -41,6 +42,7 @@ from typing import Any
 
 from harness.isolation import processes, protocol
 from harness.isolation.context import CaseContext
+from harness.isolation.leftovers import Leftovers
 
 WATCHDOG_PID: int | None = None  # the harness's own process; not a helper the body left running
 KEEPER_PID: int | None = None  # the process that adopts this child's helpers that leave its session
@@ -131,6 +133,12 @@ class ProcessState:
         self.threads = set(threading.enumerate())
         self.collector = (gc.isenabled(), gc.get_threshold())
         self.modules = _watched_modules()
+        self.leftovers = Leftovers(_watched_module_objects())
+
+    def watch_again(self) -> None:
+        """Take the watched modules again (one was just imported), before the body runs."""
+        self.modules = _watched_modules()
+        self.leftovers.watch_classes(_watched_module_objects())
 
     def unquiet(self) -> list[str]:
         """What the body left running: a thread or a process could act (crash, answer) during the
@@ -146,7 +154,7 @@ class ProcessState:
 
     def restore(self) -> list[str]:
         """Put back what can be put back; return what cannot (the child is then not reusable)."""
-        problems = []
+        problems = self.leftovers.restore(_watched_module_objects())
         try:
             os.chdir(self.cwd)
         except OSError as exc:
@@ -239,6 +247,7 @@ WATCHED_MODULES = frozenset(
         "torch_xla.core.xla_model",
         "torch_xla.runtime",
         "torch_xla.debug.metrics",
+        "torch_xla._XLAC",
         "jax",
         "builtins",
         "os",
@@ -253,11 +262,26 @@ WATCHED_MODULES = frozenset(
 )
 
 
+# The modules of the bodies this process has loaded: a body that replaces a later case's body
+# function (or a helper it calls) in its module would decide that case's verdict.
+BODY_MODULES: set[str] = set()
+
+
+def _is_watched(name: str) -> bool:
+    return (
+        name in WATCHED_MODULES or name in BODY_MODULES or name.startswith(("harness.", "torch_xla.distributed.spmd"))
+    )
+
+
+def _watched_module_objects() -> list[types.ModuleType]:
+    return [m for name, m in list(sys.modules.items()) if _is_watched(name) and isinstance(m, types.ModuleType)]
+
+
 def _watched_modules() -> dict[str, tuple[int, dict[str, int]]]:
     """Each watched module loaded now: its identity, and that of each function, class and module it holds."""
     found = {}
     for name, module in list(sys.modules.items()):
-        if not (name in WATCHED_MODULES or name.startswith(("harness.", "torch_xla.distributed.spmd"))):
+        if not _is_watched(name):
             continue
         names = getattr(module, "__dict__", None)
         if isinstance(names, dict):
@@ -339,6 +363,9 @@ def run_request(request: protocol.Request) -> protocol.ChildAnswer:
     outcome, exception = "ok", None
     try:
         body = load_body(request.body)
+        if request.body["module"] not in BODY_MODULES:  # just imported: watched from now on
+            BODY_MODULES.add(request.body["module"])
+            state.watch_again()
         print(f"[harness] case {request.case} starts", file=sys.stderr, flush=True)
         body(ctx, **request.kwargs)
     except BaseException as exc:  # the body's failure is the verdict, whatever its type
@@ -376,6 +403,10 @@ def encode_answer(answer: protocol.ChildAnswer) -> bytes:
         data = protocol.encode(answer)
     except (TypeError, ValueError):  # CaseContext checks each value as recorded; this is the backstop
         return _replace_observations(answer, "HarnessUsageError", _not_json(answer.observations))
+    if len(data) > protocol.MAX_MESSAGE_BYTES and answer.exception is not None:
+        # The cause leads the evidence: an exception's huge message is cut, not replaced by a size note.
+        answer = dataclasses.replace(answer, exception={k: _cut(v) for k, v in answer.exception.items()})
+        data = protocol.encode(answer)
     if len(data) > protocol.MAX_MESSAGE_BYTES:
         return _replace_observations(
             answer,
@@ -387,6 +418,16 @@ def encode_answer(answer: protocol.ChildAnswer) -> bytes:
             ),
         )
     return data
+
+
+MAX_EXCEPTION_TEXT = 1 << 20  # characters of an exception's message or traceback kept in an answer too large to send
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_EXCEPTION_TEXT:
+        return text
+    half = MAX_EXCEPTION_TEXT // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut by the harness ...]\n{text[-half:]}"
 
 
 def _not_json(observations: dict[str, Any]) -> str:

@@ -93,7 +93,7 @@ class ChildProcess:
     def __init__(self, spec: ChildSpec, log_dir: Path, server: ForkServerClient, fresh: bool = False) -> None:
         """Start the child by `server`'s keeper: forked, or (fresh) exec'd as `python -m harness.isolation.child`."""
         self.spec = spec
-        log_dir.mkdir(parents=True, exist_ok=True)
+        files.own_folder(log_dir, depth=2)  # logs/<worker>: links a case put there are replaced
         result_read, result_write = os.pipe()
         lifeline_read, self.lifeline = os.pipe()
         env = dict(spec.env)
@@ -403,7 +403,7 @@ def _describe(message: Any) -> str:
 def _message(cause: str, context: str) -> str:
     """The failure text: the cause's headline first (what pytest shows as the reason), then the log."""
     headline, _, tail = cause.partition("\n--- log tail ---\n")
-    return f"{headline}\n({context})\n--- child log (this case) ---\n{tail}"
+    return evidence.terminal_safe(f"{headline}\n({context})\n--- child log (this case) ---\n{tail}")
 
 
 __all__ = ["ChildProcess", "ChildSpec", "LateFault"]

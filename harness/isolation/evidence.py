@@ -110,6 +110,13 @@ def crash_evidence(how: str, path: Path, since: int = 0) -> tuple[str, str]:
     return f"{headline}\n--- log tail ---\n{tail}", tail
 
 
+def terminal_safe(text: str) -> str:
+    """text with every control character but newline and tab escaped (\\x1b): a failure's long
+    text is the code under test's, and pytest prints it as it is, where an escape sequence could
+    clear the screen, retitle the terminal or colour the log."""
+    return "".join(c if c.isprintable() or c in "\n\t" else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def headline(evidence: str, limit: int = 300) -> str:
     """The first line of a piece of evidence, bounded: what a one-line reason shows."""
     first = evidence.strip().splitlines()[0] if evidence.strip() else ""

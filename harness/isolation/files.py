@@ -89,8 +89,10 @@ def read_text(path: str | os.PathLike[str]) -> str:
 
 
 def create_new(path: str | os.PathLike[str], text: str) -> None:
-    """Create path with text; FileExistsError if any entry (a link, a pipe) has that name."""
-    with os.fdopen(open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w", encoding="utf-8") as fh:
+    """Create path with text; FileExistsError if any entry (a link, a pipe) has that name. What
+    UTF-8 cannot hold (a lone surrogate from the code under test's text) is written escaped."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    with os.fdopen(open_file(path, flags), "w", encoding="utf-8", errors="backslashreplace") as fh:
         fh.write(text)
 
 
@@ -135,3 +137,25 @@ def clear_for_writer(path: str | os.PathLike[str]) -> None:
         return
     if kind not in (stat.S_IFREG, stat.S_IFDIR):
         os.unlink(path)
+
+
+def own_folder(path: Path, depth: int = 1) -> None:
+    """Make path (and the depth - 1 folders above it) a real folder: a link, file or pipe a case
+    put in place of one is removed first, so what the run writes there cannot land through a
+    link elsewhere (`hlo/` linked to a folder outside the results). The folder above those is
+    the caller's to trust (the run folder, checked by harness.records.runfolder)."""
+    chain = [path, *path.parents][:depth]
+    for folder in reversed(chain):
+        try:
+            kind = stat.S_IFMT(os.lstat(folder).st_mode)
+        except FileNotFoundError:
+            kind = None
+        if kind == stat.S_IFDIR:
+            continue
+        if kind is not None:
+            os.unlink(folder)
+        try:
+            os.mkdir(folder)
+        except FileExistsError:  # another process of the run made it a moment ago
+            if not stat.S_ISDIR(os.lstat(folder).st_mode):
+                raise

@@ -130,6 +130,7 @@ class ServerHandle:
                 LISTEN_FD_ENV: str(self._listener.fileno()),
                 CONTROL_FD_ENV: str(self._control_theirs.fileno()),
                 TOKEN_FD_ENV: str(token_read),
+                forkwire.RUN_PIDS_ENV: str(os.getppid()) if os.environ.get("PYTEST_XDIST_WORKER") else "",
                 **({GO_FD_ENV: str(go_read)} if wait_to_import else {}),
             }
             passed = (self._listener.fileno(), self._control_theirs.fileno(), token_read)

@@ -140,7 +140,9 @@ class Server:
         # The run's pytest processes: the owner, and each client that showed the run's token. A
         # body that stops one (SIGSTOP) while it waits for the verdict would stop the run for good;
         # seen stopped twice, a second apart, it is continued (see _continue_the_run).
-        self.run_pids = {os.getppid()}
+        self.run_pids = {os.getppid()} | {
+            int(p) for p in os.environ.pop(forkwire.RUN_PIDS_ENV, "").split(",") if p.isdigit()
+        }
         self._stopped_seen: set[int] = set()
         self._next_stop_check = 0.0
 

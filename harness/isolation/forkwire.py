@@ -40,6 +40,9 @@ IMPORTS_ENV = "HARNESS_FORKSERVER_IMPORTS"  # comma-separated modules to import 
 LISTEN_FD_ENV = "HARNESS_FORKSERVER_LISTEN_FD"
 CONTROL_FD_ENV = "HARNESS_FORKSERVER_CONTROL_FD"  # the server's lifeline: it ends when the owner's end closes
 TOKEN_FD_ENV = "HARNESS_FORKSERVER_TOKEN_FD"  # a pipe holding the run's token; the server reads it, then closes it
+# Other processes of the run the server watches for a body's SIGSTOP besides its owner (an xdist
+# worker's controller: a worker's own server would not see it stopped otherwise).
+RUN_PIDS_ENV = "HARNESS_FORKSERVER_RUN_PIDS"
 GO_FD_ENV = "HARNESS_FORKSERVER_GO_FD"  # if set: a pipe the server waits on before it imports (a byte, or EOF)
 TOKEN_BYTES = 32  # of randomness: the token is their hex
 # Read by torch_xla (C++) or the harness at each use, so a forked child may set them. Seen for

@@ -207,6 +207,19 @@ def stopped_outside_job_control(pid: int) -> bool:
     return tty_nr == "0" or pgrp == tpgid
 
 
+def continue_if_stopped(pid: int) -> bool:
+    """SIGCONT pid if a signal stopped it outside job control (a case body's SIGSTOP or SIGTSTP);
+    True if it was. For a process of the run whose watchers may all be gone: an xdist worker
+    that ends continues its controller, which no fork server of that worker watches any more."""
+    if not stopped_outside_job_control(pid):
+        return False
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except OSError:
+        return False
+    return True
+
+
 def parents() -> dict[int, int]:
     """pid -> parent pid of every process this one can see (empty without /proc)."""
     found: dict[int, int] = {}

@@ -283,7 +283,7 @@ def keep_texts(folder: Path, case_id: str, texts: dict[str, str], suffix: str) -
     """A case's texts (HLO modules, XLA dumps) as `<case>__<name><suffix>` files in `folder`."""
     if not texts:
         return
-    folder.mkdir(parents=True, exist_ok=True)
+    files.own_folder(folder)  # a link a case put in its place is replaced, not written through
     for name, text in texts.items():
         # Written beside and renamed into place: a link or a pipe a case planted under the name is
         # replaced, never written through (the run folder is writable by the code under test).

@@ -17,6 +17,7 @@ from harness.judges import basecheck, costcheck
 from harness.judges.judging import JudgedCase
 from harness.records import results, runfolder, versions
 from harness.registry import Judgement, JudgementKind
+from harness.run import checkoutwatch
 from harness.run.findings import first_item
 from harness.run.session import PYTEST_SESSION_KEY, SESSION_KEY, HarnessSession
 
@@ -100,6 +101,7 @@ def close_run(session: pytest.Session, harness: HarnessSession) -> None:
     )
     xmlpath = getattr(session.config.option, "xmlpath", None)
     problems = harness.run.manifest_problems() + basecheck.planted_comparison(harness.compare, harness.run.path)
+    problems += checkoutwatch.problems(session.config)
     for problem in problems:
         session.config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
     if problems and session.exitstatus == pytest.ExitCode.OK:
