@@ -366,12 +366,12 @@ def _check_step(step: Any, where: str) -> None:
             raise CostReadError(f"{where}: {name} is {shown(step.get(name))}, not a whole number")
     if not isinstance(step.get("graphs", []), list) or not all(isinstance(g, str) for g in step.get("graphs", [])):
         raise CostReadError(f"{where}: graphs must be a list of graph names")
-    for lines in ("differs", "kept"):
+    for lines in ("differs", "kept", "native_stacks"):
         if not isinstance(step.get(lines, []), list) or not all(isinstance(d, str) for d in step.get(lines, [])):
             raise CostReadError(f"{where}: {lines} must be a list of lines")
     if "live" in step:
         _check_counts(step["live"], LIVE_FIELDS, f"{where}: live")
-    unknown = sorted(set(step) - {*STEP_FIELDS, "graphs", "differs", "kept", "live"})
+    unknown = sorted(set(step) - {*STEP_FIELDS, "graphs", "differs", "kept", "native_stacks", "live"})
     if unknown:
         raise CostReadError(f"{where}: unknown key {unknown[0]!r}")
 
@@ -587,6 +587,8 @@ def _leak(steps: list[Mapping[str, Any]], judged: list[int]) -> str | None:
             "nothing the collector tracks grew: C++ allocations (torch_xla, XLA), or objects it does not track "
             "(bytes, ints, floats, numpy arrays) kept by a container made before the meter"
         ]
+    if native:  # where the native memory of a traced step was allocated (harness.nativestacks)
+        kept += steps[judged[-1]].get("native_stacks") or []
     return ", ".join(parts) + "; " + "; ".join(kept or ["what stayed alive is unknown"])
 
 

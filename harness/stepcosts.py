@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import costs, creationsites, nativememory, xla
+from harness import costs, creationsites, nativememory, nativestacks, xla
 from harness.errors import HarnessUsageError
 
 # XLA's dump file names: module_0003.<module name>.<unique id>.<stage>.txt; stage
@@ -99,15 +99,29 @@ class StepMeter:
         self.suspect_leak = False  # a step after the warm-up kept more XLA tensors than the one before
         self.sites: Any = None  # harness.creationsites' recorder of this step, while steps are traced
         self.made_before: Any = None  # the step before's
+        # Once a step after the warm-up grew native memory beyond the threshold, the next one runs
+        # under memray (harness.nativestacks) once; its line goes on that step and every later one.
+        self.suspect_native = False
+        self.native_stacks: list[str] | None = None
+        self.native_own: list[Any] = []  # what memray's import and tracker made: not the loop's
+        # What memray's import, start, stop and reading left in the heap and the resident set (its
+        # library, its tables): taken out of the native figures of the tracked step and every later one.
+        self.native_offset: collections.Counter[str] = collections.Counter()
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
         index = len(self.signature["steps"])
         if self.host_only:
-            yield
+            native = self._native_trace(index)
+            try:
+                yield
+            finally:
+                if native is not None:
+                    self._stop_native(native)
             entry: dict[str, Any] = {"graphs": []}
             self._record_alive(index, entry)
             entry["live"] = {k: v for k, v in entry["live"].items() if k not in ("tensors", "bytes_per_device")}
+            self._name_native_stacks(native, entry)
             self.signature["steps"].append(entry)
             return
         self._clear_dumps()
@@ -118,25 +132,94 @@ class StepMeter:
         # made; what a traced step made and the next one left alive is named.
         trace = self.suspect_leak and not creationsites.dynamo_in_use()
         self.made_before, self.sites = self.sites, creationsites.recorder() if trace else None
+        native = self._native_trace(index)  # last: what the meter does before the step is not tracked
         try:
             with self.sites if self.sites is not None else contextlib.nullcontext():
                 yield
+        except BaseException:
+            if native is not None:
+                native.close_after_error()
+            raise
         finally:
             if previous_name is not None:
                 xla.name_graphs(previous_name)
         after = _counters()
+        if native is not None:  # after the step's device work, whose buffers it allocates and frees
+            self._stop_native(native)
         watch.check(f"step{index}")
         entry = {name: after[name] - before[name] for name in costs.STEP_FIELDS}
         entry["graphs"] = self._read_graphs(index, entry)
         self._record_alive(index, entry)
+        self._name_native_stacks(native, entry)
         self.signature["steps"].append(entry)
         self.signature["memory"] = self._memory()
+
+    # ---------------------------------------------------------------- native stacks
+
+    def _native_trace(self, index: int) -> nativestacks.StepTrace | None:
+        """memray's tracker for this step, started, where the step before grew natively and no
+        step was tracked yet; None otherwise (a healthy loop never imports memray)."""
+        if not self.suspect_native or self.native_stacks is not None:
+            return None
+        trace = nativestacks.StepTrace(index)
+        with self._not_the_loops():
+            why_not = trace.start()
+        self.native_own += [trace, *trace.made]
+        if why_not is not None:
+            self.native_stacks = [f"native stacks not named: {why_not}"]
+            return None
+        return trace
+
+    def _name_native_stacks(self, native: nativestacks.StepTrace | None, entry: dict[str, Any]) -> None:
+        steps = self.signature["steps"]
+        last, now = (steps[-1].get("live", {}) if steps else {}), entry["live"]
+        if native is not None and len(steps) >= 2:
+            # memray's own tables (its native trace cache, the unwinding info it paged in) stay in the
+            # process: the tracked step counts as growing by at most what the step before grew, and
+            # what it measured above that is taken out of its figures and every later step's.
+            before = steps[-2].get("live", {})
+            for field in costs.NATIVE_FIELDS:
+                if field in now and field in last and field in before:
+                    excess = (now[field] - last[field]) - max(last[field] - before[field], 0)
+                    if excess > 0:
+                        now[field] -= excess
+                        self.native_offset[field] += excess
+        grown = {
+            field: now[field] - last[field]
+            for field in costs.NATIVE_FIELDS
+            if field in now and field in last and now[field] - last[field] >= costs.NATIVE_GROWTH_PER_STEP[field]
+        }
+        if native is not None:
+            growth = ", ".join(f"{costs.NATIVE_NAMES[f]} +{costs.kib(n)}" for f, n in grown.items())
+            with self._not_the_loops():
+                self.native_stacks = [native.read(f"the step grew {growth}" if growth else "the step grew less")]
+        elif grown and len(steps) >= self.signature["warmup"]:
+            self.suspect_native = True
+        if self.native_stacks is not None:
+            entry["native_stacks"] = list(self.native_stacks)
+
+    def _stop_native(self, native: nativestacks.StepTrace) -> None:
+        gc.collect()  # the step's garbage goes first: what it frees is the loop's, not memray's
+        with self._not_the_loops():
+            native.stop()
+
+    @contextlib.contextmanager
+    def _not_the_loops(self) -> Iterator[None]:
+        """What the native figures move by in this block is memray's doing, not the loop's."""
+        before = nativememory.now()
+        try:
+            yield
+        finally:
+            after = nativememory.now()
+            for field in before.keys() & after.keys():
+                self.native_offset[field] += after[field] - before[field]
 
     # ---------------------------------------------------------------- what a step leaves alive
 
     def _record_alive(self, index: int, entry: dict[str, Any]) -> None:
         alive, tensors = _Alive.now(
             exclude=(self.signature, self.dumps, self.last_inputs, self.alive, entry, self.freezes.sentinel)
+            + (self.native_stacks, self.native_own, self.native_offset)
             + tuple(x for r in (self.sites, self.made_before) if r is not None for x in (r, r.__dict__))
         )
         # A body that calls gc.freeze() itself hides what it keeps from gc.get_objects(): what the
@@ -145,7 +228,7 @@ class StepMeter:
         if frozen > 0:
             alive.types["objects frozen by the loop (gc.freeze)"] += frozen
         # What the collector cannot see: C++ allocations, untracked objects held by older containers.
-        entry["live"] = alive.totals() | nativememory.now()
+        entry["live"] = alive.totals() | {k: v - self.native_offset[k] for k, v in nativememory.now().items()}
         if not self.host_only:
             held = [tensor for tensor in (ref() for ref in self.before_loop) if tensor is not None]
             footprint = _Footprint(tensors + held)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv with the harness and the pinned torch/torch_xla pair (CPU XLA works with it).
+# Create .venv with the harness, the pinned torch/torch_xla pair (CPU XLA works with it) and memray (the xla extra).
 #   bash scripts/setup.sh          # what `pytest -m spmd` needs
 #   bash scripts/setup.sh --test   # plus the harness's own test tools (Kubernetes emulator, linters)
 # Idempotent: a second run only checks that everything is installed.

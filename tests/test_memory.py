@@ -41,6 +41,7 @@ class ParameterSpec:
 def body_loop(ctx, mode, copies, steps=3, hold_before=False, native_kib=0):
     import collections
     import ctypes
+    import sys
 
     import numpy as np
     import torch
@@ -96,7 +97,11 @@ def body_loop(ctx, mode, copies, steps=3, hold_before=False, native_kib=0):
                 old_container.append(np.array([p.detach().cpu().numpy() for p in model.parameters()], dtype=object))
             if mode == "outside":  # the tensor made before the meter holds 128Ki floats more each step
                 held.data = torch.cat([held.data.cpu(), torch.randn(131072)]).to(xla.device())
+            if mode == "numpy":  # 512 KiB of numpy data per step, kept by a list made before the meter
+                old_container.append(np.full(65536, float(step)))
             xla.sync()
+    # memray is imported only to name the stacks of a loop that grows natively
+    assert mode not in ("healthy", "window") or "memray" not in sys.modules, "a healthy loop loaded memray"
 
 
 @pytest.mark.parametrize("mode", ["healthy", "keep_tensor", "keep_host", "reset"])
@@ -115,6 +120,10 @@ def test_loop(spmd, mode):
 def test_long_loop(spmd, mode):
     native_kib = int(os.environ.get("LEAK_NATIVE_KIB", "0"))
     spmd.run(body_loop, mode=mode, copies=1, steps=6, native_kib=native_kib, fresh=True)
+
+
+def test_numpy_kept(spmd):
+    spmd.run(body_loop, mode="numpy", copies=1, steps=5, fresh=True)
 """
 
 
@@ -140,7 +149,7 @@ def suite(pytester, monkeypatch):
 
 
 def test_leaks_fail_steady_state_and_a_counter_reset_is_refused(suite):
-    result = suite("-rA", "-k", "not long_loop")
+    result = suite("-rA", "-k", "not long_loop and not numpy_kept")
     result.assert_outcomes(passed=1, failed=3)
     result.stdout.fnmatch_lines(
         [
@@ -206,6 +215,12 @@ def test_six_steps_tell_a_bounded_window_from_a_leak_and_native_growth_fails_nam
             "*step3..step5 each left more alive than the step before: device footprint * -> * per device "
             "(tensors made before the loop included), native heap (malloc in use) +* per step*"
             "; device buffers new since step4: float32[[]786432[]] unsharded +1"
+            # where XLA allocated it: memray's native stacks, where memray is installed
+            + (
+                "; native stacks not named: memray is not installed here*"
+                if importlib.util.find_spec("memray") is None
+                else "; native allocations of step3 alive at its end (memray): * at *CpuDeviceMemory::Allocate*"
+            )
         ]
     )
 
@@ -262,5 +277,42 @@ def test_more_native_growth_per_step_than_the_base_run_fails_under_the_absolute_
         [
             "differs: test_loop.py::test_long_loop[[]healthy[]]: base 2.9* -> this build 2.9*: native: native heap "
             "(malloc in use) +* KiB per step, base run +* per step (more than +64 KiB over the base on each judged step)"
+        ]
+    )
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("memray") is None, reason="memray is not installed (scripts/setup.sh installs it)"
+)
+def test_native_growth_names_the_stack_that_allocated_what_the_step_kept(suite):
+    result = suite("-rA", "-k", "numpy_kept or (long_loop and healthy)")
+    result.assert_outcomes(passed=1, failed=1)
+    # the healthy loop passes, and its body checks that memray was never imported
+    result.stdout.fnmatch_lines(["PASSED test_loop.py::test_long_loop[[]healthy[]]"])
+    made_at = LOOP_CASE.splitlines().index("                old_container.append(np.full(65536, float(step)))")
+    result.stdout.fnmatch_lines(
+        [
+            "*step2..step4 each left more alive than the step before: native heap (malloc in use) +5* KiB per step*"
+            + lit("; native allocations of step3 alive at its end (memray): 512 KiB in 1 block at ")
+            + "*PyDataMem_UserNEW*"
+            + lit(" < full (numeric.py:")
+            + "*"
+            + lit(f") < body_loop (test_loop.py:{made_at});")
+            + "*"
+            + lit(" memray saw step3 keep; the step grew native heap (malloc in use) +5")
+            + "*"
+        ]
+    )
+
+
+def test_without_memray_native_growth_fails_saying_why_no_stack_is_named(suite, pytester):
+    # a memray that cannot be imported, first on the children's path (pytester's folder is on it)
+    pytester.makepyfile(**{"memray/__init__": "raise ImportError('No module named memray')"})
+    result = suite("-rA", "-k", "numpy_kept")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*step2..step4 each left more alive than the step before: native heap (malloc in use) +5* KiB per step*"
+            + lit("; native stacks not named: memray is not installed here (pip install memray)")
         ]
     )

@@ -1,0 +1,297 @@
+"""Where the native memory a step kept was allocated: named only once a loop grows natively.
+
+harness.nativememory sees the process's heap grow step after step, not who allocates. memray
+(https://bloomberg.github.io/memray/; pytest-memray's `limit_leaks` reads the same records)
+records every allocation with its native and Python stack, at a cost no healthy loop should pay.
+So a StepMeter (harness.stepcosts) tracks one step, only after a step past the warm-up grew the
+heap or the resident set beyond costs.NATIVE_GROWTH_PER_STEP: memray's Tracker (native traces,
+aggregated capture) runs from that step's start to its end (after the device work and a
+collection), and the allocations it made that were still alive then are read by stack, the
+largest first:
+
+    native allocations of step3 alive at its end (memray): 512 KiB in 1 block at default_malloc
+    < PyDataMem_UserNEW < PyArray_NewFromDescr_int < ... < full (numeric.py:385) < body_loop
+    (test_loop.py:75); ... (these 578.6 KiB of the 738.3 KiB memray saw step3 keep; the step grew
+    native heap (malloc in use) +523.2 KiB)
+
+The capture goes in a scratch folder of its own (under the run's dump root, as XLA's dumps) and is
+read by a separate process (`python -m harness.nativestacks CAPTURE OUT`): the symbol tables memray
+loads for a native stack (torch_xla's _XLAC.so is large) then never join the heap the meter
+reads, and a reading that takes too long is ended (READ_TIMEOUT_S). The folder is removed after.
+
+Where memray is not installed, or cannot track (another tracker active), the line says so in a
+few words: the case is judged as before. What memray does not see: memory allocated through a
+function pointer it did not hook (ctypes' `CDLL(None).malloc`: the line's share then says so) and
+memory allocated before the tracked step (a block realloc'd bigger shows with the stack that grew it).
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from harness.isolation import processes
+from harness.isolation.evidence import terminal_safe
+from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
+
+CAPTURE_NAME = "step.memray"
+STACKS_NAME = "stacks.json"
+# Reading resolves native symbols, of torch_xla's ~1 GB _XLAC.so among others: bounded.
+READ_TIMEOUT_S = 60.0
+TOP_STACKS = 3  # stacks named on the line, the largest first
+RESOLVED_RECORDS = 12  # records whose stacks are resolved (the largest): the rest are only summed
+FRAMES_SHOWN = 4
+FRAME_CHARS = 70
+
+# Frames that allocate rather than say who asked: the allocator, memray, the C++ runtime's new.
+_ALLOCATOR_FRAME = re.compile(
+    r"^(malloc|calloc|realloc|free|posix_memalign|aligned_alloc|memalign|valloc|pvalloc|mmap|mmap64|"
+    r"operator new.*|__libc_.*|_int_malloc|memray::.*|.*::allocate|.*::_M_create.*|.*::reserve)$"
+)
+# The interpreter's own frames between Python code and the C that allocated (calls, object
+# creation): what names the caller is the Python frame above them.
+_INTERPRETER_FILE = re.compile(
+    r"(^|/)(python3(\.\d+)?|libpython[\d.]*\.so[\d.]*)$|(^|/)(Python|Objects|Modules|Include)/"
+)
+# An installed package's Python (numpy's `full`): named, with the first line outside it.
+_INSTALLED = re.compile(r"/(site|dist)-packages/")
+# The meter's Python: an allocation made while it runs is its own, not the loop's.
+_METER = re.compile(r"(^|/)harness/(stepcosts|nativestacks|nativememory)\.py$")
+# Python frames that are the harness's meter or memray, not the loop.
+_OWN_PYTHON = re.compile(r"(^|/)(harness|memray)/.*\.py$|(^|/)contextlib\.py$")
+
+
+class StepTrace:
+    """memray's tracker around one step. `start()` returns a reason where it cannot track."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.folder: str | None = None
+        self.tracker: Any = None
+        # The Python objects memray's import and tracker made: not the loop's (the meter leaves them
+        # out of what a step keeps), held so that no id of theirs names a later object.
+        self.made: list[Any] = []
+
+    def start(self) -> str | None:
+        existing = {id(obj) for obj in gc.get_objects()}
+        try:
+            return self._start()
+        finally:
+            self.made = [obj for obj in gc.get_objects() if id(obj) not in existing]
+
+    def _start(self) -> str | None:
+        try:
+            import memray
+        except ImportError:
+            return "memray is not installed here (pip install memray)"
+        try:
+            self.folder = tempfile.mkdtemp(prefix="spmd-memray-", dir=_scratch_root())
+            self.tracker = memray.Tracker(
+                os.path.join(self.folder, CAPTURE_NAME),
+                native_traces=True,
+                file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS,
+            )
+            self.tracker.__enter__()
+        except Exception as exc:  # noqa: BLE001 - another tracker active, no room: the line says which
+            self.tracker = None
+            self.close()
+            return f"memray could not track ({_short(exc)})"
+        return None
+
+    def close_after_error(self) -> None:
+        """The step raised: stop tracking, remove the capture, name nothing."""
+        try:
+            self.stop()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        """End tracking (idempotent); garbage the step made is collected first, so it is not kept."""
+        if self.tracker is not None:
+            gc.collect()
+            tracker, self.tracker = self.tracker, None
+            tracker.__exit__(None, None, None)
+
+    def read(self, grown: str) -> str:
+        """The line naming the largest stacks of what the step allocated and kept; `grown` says by
+        how much the step grew the heap ("the native heap +265 KiB"). Removes the capture."""
+        self.stop()
+        try:
+            if self.folder is None:
+                return "native stacks not named (memray wrote no capture)"
+            found = _read_in_child(self.folder)
+        finally:
+            self.close()
+        if isinstance(found, str):
+            return f"native stacks not named: {found}"
+        return _line(self.step, found, grown)
+
+    def close(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+def _scratch_root() -> str | None:
+    """The run's dump root, where XLA's dumps go too (harness.xla.enable_step_dumps), else the system's."""
+    root = os.environ.get(XLA_DUMP_ROOT_ENV)
+    return root if root and os.path.isdir(root) else None
+
+
+def _read_in_child(folder: str) -> dict[str, Any] | str:
+    """What `python -m harness.nativestacks` found, or why nothing was found."""
+    capture = os.path.join(folder, CAPTURE_NAME)
+    out = os.path.join(folder, STACKS_NAME)
+    with open(os.path.join(folder, "reader.log"), "w+b") as log:
+        proc = processes.start_in_session(
+            [sys.executable, "-m", "harness.nativestacks", capture, out], stdout=log, cwd=folder
+        )
+        try:
+            code: int | None = proc.wait(READ_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            processes.terminate_group(proc)
+            return f"memray's reading took more than {READ_TIMEOUT_S:.0f} s and was stopped"
+        if code != 0:
+            log.seek(0)
+            lines = log.read()[-2000:].decode("utf-8", "replace").strip().splitlines()
+            return f"memray could not read its capture ({processes.describe_exit(code)}: {lines[-1] if lines else ''})"
+    try:
+        with open(out, encoding="utf-8") as fh:
+            found = json.load(fh)
+    except (OSError, ValueError) as exc:
+        return f"memray's reading left no result ({_short(exc)})"
+    if not _well_formed(found):
+        return "memray's reading left a result of another form"
+    return found
+
+
+def _well_formed(found: Any) -> bool:
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    return (
+        isinstance(found, dict)
+        and count(found.get("bytes"))
+        and count(found.get("blocks"))
+        and isinstance(found.get("stacks"), list)
+        and all(
+            isinstance(s, dict)
+            and count(s.get("bytes"))
+            and count(s.get("blocks"))
+            and isinstance(s.get("frames"), list)
+            and all(isinstance(f, str) for f in s["frames"])
+            for s in found["stacks"]
+        )
+    )
+
+
+def _line(step: int, found: dict[str, Any], grown: str) -> str:
+    from harness.costs import kib
+
+    stacks = [s for s in found["stacks"] if s["frames"]][:TOP_STACKS]
+    shown = [
+        f"{kib(s['bytes'])} in {s['blocks']} block{'s' if s['blocks'] != 1 else ''} at "
+        + " < ".join(terminal_safe(f).replace("\n", " ") for f in s["frames"][: FRAMES_SHOWN + 2])
+        for s in stacks
+    ]
+    named = sum(s["bytes"] for s in stacks)
+    return (
+        f"native allocations of step{step} alive at its end (memray): "
+        + ("; ".join(shown) if shown else "none")
+        + f" (these {kib(named)} of the {kib(found['bytes'])} memray saw step{step} keep; {grown})"
+    )
+
+
+def _short(exc: BaseException) -> str:
+    text = terminal_safe(f"{type(exc).__name__}: {exc}").replace("\n", " ")
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+# ---------------------------------------------------------------- the reading process
+
+
+def summarize(capture: str) -> dict[str, Any]:
+    """The leaked records of a capture by stack, the largest first (only those resolved)."""
+    from memray import FileReader
+
+    reader = FileReader(capture)
+    try:
+        records = sorted(reader.get_leaked_allocation_records(merge_threads=True), key=lambda r: -r.size)
+        by_stack: dict[tuple[str, ...], list[int]] = collections.defaultdict(lambda: [0, 0])
+        for record in records[:RESOLVED_RECORDS]:
+            frames = tuple(_frames(record.hybrid_stack_trace()))
+            by_stack[frames][0] += record.size
+            by_stack[frames][1] += record.n_allocations
+    finally:
+        reader.close()
+    stacks = sorted(by_stack.items(), key=lambda item: -item[1][0])
+    return {
+        "bytes": sum(r.size for r in records),
+        "blocks": sum(r.n_allocations for r in records),
+        "stacks": [{"bytes": b, "blocks": n, "frames": list(frames)} for frames, (b, n) in stacks],
+    }
+
+
+def _frames(trace: list[tuple[str, str, int]]) -> list[str]:
+    """'function (file:line)' from the allocation outwards, without the allocator's frames, the
+    interpreter's or the meter's: the first FRAMES_SHOWN - 1 native ones, then the first Python
+    line outside installed packages (the loop's), after the installed package's that called C."""
+    natives: list[str] = []
+    library: list[str] = []
+    more = False
+    for function, where, line in trace:
+        if _METER.search(where):
+            return []  # the meter's own (tracking starts and stops inside its step): its innermost Python
+        if _ALLOCATOR_FRAME.match(function) or _INTERPRETER_FILE.search(where) or _OWN_PYTHON.search(where):
+            continue
+        place = "" if where in ("", "<unknown>") else f" ({os.path.basename(where)}{f':{line}' if line else ''})"
+        frame = f"{_compact(function)}{place}"
+        if where.endswith(".py"):
+            if _INSTALLED.search(where) and not library:  # numpy's `full`: the caller's line follows
+                library.append(frame)
+                continue
+            return [*natives, *(["..."] if more else []), *library, frame]
+        if library:
+            continue
+        if len(natives) < FRAMES_SHOWN - 1:
+            natives.append(frame)
+        else:
+            more = True
+    return [*natives, *library]
+
+
+def _compact(function: str) -> str:
+    """A C++ name without its arguments and template arguments, its last two scopes: what a reader
+    looks up (`XLAGraphExecutor::SyncTensorsGraphInternal`)."""
+    name = function
+    while True:  # innermost template brackets first
+        shorter = re.sub(r"<[^<>]*>", "", name)
+        if shorter == name:
+            break
+        name = shorter
+    name = name.split("(", 1)[0].strip() or function
+    name = "::".join(name.split("::")[-2:])
+    return name if len(name) <= FRAME_CHARS else name[: FRAME_CHARS - 3] + "..."
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m harness.nativestacks CAPTURE OUT", file=sys.stderr)
+        return 2
+    capture, out = argv
+    found = summarize(capture)
+    with open(out, "w", encoding="utf-8") as fh:
+        json.dump(found, fh)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
