@@ -13,7 +13,9 @@ groups (the devices along the `model` axis, one group per `batch` index), comput
 mesh (harness.tiles) without torch_xla's code. Measured on CPU: every release 2.4.0-2.9.0 keeps
 both, so the registry entry (`replicate-sharded-data-distorted-mesh`) is "reported, not
 reproduced": the distortion came from the Shardy conversion of the fork's build, which none of
-these releases' `_XLAC` holds; the releases win. The self-test reads back a tensor that has the
+these releases' `_XLAC` holds, nor can any of them be switched to it (no `CONVERT_SHLO_TO_SHARDY`
+or Shardy flag in their `_XLAC`; 2.5.1-2.8.0 hold XLA's `use_shardy_partitioner` option, which
+torch_xla never sets); the releases win. The self-test reads back a tensor that has the
 distorted sharding (the mesh rebuilt from the tile assignment) while expecting the mesh's: the
 case fails with the entry's signature.
 """
@@ -52,7 +54,10 @@ def _read_back_modules(folder: str) -> dict[str, str]:
 
     found: dict[str, dict[str, str]] = {}
     for name in sorted(os.listdir(folder)):
-        match = re.match(r"module_(\d+)\.ReplicateShardedData[.\w]*\.(before|after)_optimizations\.txt$", name)
+        # module_0001.ReplicateShardedData.6.before_optimizations.txt, ...cpu_after_optimizations.txt
+        match = re.match(
+            r"module_(\d+)\.ReplicateShardedData[.\w]*?\.(?:\w+_)?(before|after)_optimizations\.txt$", name
+        )
         if match:
             with open(os.path.join(folder, name), errors="replace") as fh:
                 found.setdefault(match.group(1), {})[match.group(2)] = fh.read()
@@ -125,7 +130,8 @@ def body_read_back_sharded_output(ctx, distort: bool = False) -> None:
     for gather in gathers:
         groups = sorted(sorted(g) for g in costs.replica_groups(gather["replica_groups"], n))
         if groups != wanted:
-            problems.append(f"{gather['kind']} over {gather['replica_groups']}, the mesh's groups are {wanted}")
+            mesh_groups = "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in wanted) + "}"
+            problems.append(f"{gather['kind']} over {gather['replica_groups']}, the mesh's groups are {mesh_groups}")
     if not gathers:
         problems.append("has no collective: nothing gathered the shards")
     if problems:
