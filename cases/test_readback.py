@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = [pytest.mark.spmd, pytest.mark.needs(devices=4)]
+# Slow: each body is a child of its own that sets XLA_FLAGS before torch_xla starts (8-9 s on 2 cores).
+pytestmark = [pytest.mark.spmd, pytest.mark.slow, pytest.mark.needs(devices=4)]
 
-# Each body is a child of its own that sets XLA_FLAGS before torch_xla starts (5-15 s).
 MODULE = "ReplicateShardedData"
 DISTORTED = "the ReplicateShardedData computation compiled to read back a sharded tensor"
 
