@@ -40,7 +40,10 @@ def _dump_flags() -> str:
     import shutil
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix="spmd-readback-dumps-")
+    from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
+
+    root = os.environ.get(XLA_DUMP_ROOT_ENV)  # the run's dump root: swept if this child is killed
+    folder = tempfile.mkdtemp(prefix="spmd-readback-dumps-", dir=root if root and os.path.isdir(root) else None)
     atexit.register(shutil.rmtree, folder, True)
     wanted = f"--xla_dump_to={folder} --xla_dump_hlo_as_text --xla_dump_hlo_module_re={MODULE}"
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {wanted}".strip()
