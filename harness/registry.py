@@ -34,8 +34,8 @@ class KnownBug:
     title: str
     upstream_issue: str
     fix: str
-    status: str  # "fixed" | "open"
-    carried_by: SpecifierSet
+    status: str  # "fixed" | "open" | "not-reproduced"
+    carried_by: SpecifierSet  # empty for "not-reproduced": no release carries it
     signatures: tuple[re.Pattern[str], ...]
     source: Path = REGISTRY_PATH  # the registry file it was read from (--spmd-known-bugs): hints name it
 
@@ -46,7 +46,16 @@ class KnownBug:
         is judged as its public version, the release its branch becomes: `carried_by` windows are
         written in releases and nightly dates, and a commit hash has no date to place it by.
         """
+        if self.status == NOT_REPRODUCED:
+            return False
         return self.carried_by.contains(Version(parse_version(version).public), prereleases=True)
+
+    @property
+    def window(self) -> str:
+        """carried_by as tables show it."""
+        if self.status == NOT_REPRODUCED:
+            return "none (reported, not reproduced)"
+        return str(self.carried_by) or "any"
 
     def matching_signature(self, evidence: str) -> str | None:
         for pattern in self.signatures:
@@ -64,7 +73,11 @@ def parse_version(text: str) -> Version:
 
 ENTRY_KEYS = ("id", "title", "upstream_issue", "fix", "status", "carried_by", "signatures")
 REQUIRED_KEYS = ("id", "title", "status", "carried_by", "signatures")
-STATUSES = ("fixed", "open")
+# A bug reported upstream that no release measured here reproduces: its case guards the invariant
+# the report broke, so a build that breaks it is named, and the entry carries no release at all
+# (a made-up carried_by window would claim releases that were never seen to carry it).
+NOT_REPRODUCED = "not-reproduced"
+STATUSES = ("fixed", "open", NOT_REPRODUCED)
 # Operators that put an upper bound on a carried_by window: a fixed bug is carried up to its fix.
 UPPER_BOUND_OPERATORS = ("<", "<=", "==", "===", "~=")
 
@@ -83,7 +96,13 @@ def _entry_from_table(table: Any, number: int, path: Path) -> KnownBug:
     unknown = unknown_keys(table, ENTRY_KEYS)
     if unknown:
         raise RegistryError(f"{where}: {unknown}")
-    missing = [key for key in REQUIRED_KEYS if key not in table]
+    not_reproduced = table.get("status") == NOT_REPRODUCED
+    if not_reproduced and "carried_by" in table:
+        raise RegistryError(
+            f'{where}: status = "{NOT_REPRODUCED}" takes no carried_by (no release carries the bug); a release '
+            'that reproduces it makes it status = "open" or "fixed" with its carried_by window'
+        )
+    missing = [key for key in REQUIRED_KEYS if key not in table and not (not_reproduced and key == "carried_by")]
     if missing:
         raise RegistryError(f"{where} lacks {', '.join(missing)}; every entry needs {', '.join(REQUIRED_KEYS)}")
     for key in ("id", "title", "upstream_issue", "fix"):
@@ -91,8 +110,10 @@ def _entry_from_table(table: Any, number: int, path: Path) -> KnownBug:
         if not isinstance(value, str) or (key in ("id", "title") and not value):
             raise RegistryError(f'{where}: {key} must be a non-empty string, e.g. {key} = "..."; got {shown(value)}')
     if table["status"] not in STATUSES:
-        raise RegistryError(f"{where}: status must be 'fixed' or 'open', not {shown(table['status'])}")
-    carried_by = _carried_by(table["carried_by"], where)
+        raise RegistryError(
+            f"{where}: status must be 'fixed', 'open' or '{NOT_REPRODUCED}', not {shown(table['status'])}"
+        )
+    carried_by = SpecifierSet() if not_reproduced else _carried_by(table["carried_by"], where)
     if table["status"] == "fixed" and not any(spec.operator in UPPER_BOUND_OPERATORS for spec in carried_by):
         raise RegistryError(
             f'{where}: status = "fixed" but carried_by = "{carried_by}" has no upper bound, so every later '
@@ -257,12 +278,18 @@ def judge(entries: KnownBug | Sequence[KnownBug], version: str | None, evidence:
     where = f"torch_xla {version}"
     carrier = entry_for_release(entries, version)
     if carrier is not None:
-        return _judge_carried(carrier, where, evidence)
+        judgement = _judge_carried(carrier, where, evidence)
+        if judgement.kind is JudgementKind.FAILED and evidence is not None:
+            return _first_sighting(entries, where, evidence) or judgement
+        return judgement
     names = ", ".join(e.id for e in entries)
     if evidence is None:
-        windows = "; ".join(f"{e.id}: {e.carried_by}" for e in entries)
+        windows = "; ".join(f"{e.id}: {e.window}" for e in entries)
         return Judgement(JudgementKind.PASSED, f"{where} is outside the carried_by of {windows}", entry=entries[0].id)
     cause = headline(evidence)
+    sighting = _first_sighting(entries, where, evidence)
+    if sighting is not None:
+        return sighting
     for entry in entries:
         signature = entry.matching_signature(evidence)
         if signature:
@@ -278,6 +305,26 @@ def judge(entries: KnownBug | Sequence[KnownBug], version: str | None, evidence:
     return Judgement(
         JudgementKind.FAILED, f"failed on {where}; not the signature of {names}: {cause}", entry=entries[0].id
     )
+
+
+def _first_sighting(entries: Sequence[KnownBug], where: str, evidence: str) -> Judgement | None:
+    """A failure with the signature of a reported bug no release reproduced: a failure (kind
+    REGRESSED: the registry says this build does not carry it), named as what it is."""
+    for entry in entries:
+        signature = entry.matching_signature(evidence) if entry.status == NOT_REPRODUCED else None
+        if signature:
+            return Judgement(
+                JudgementKind.REGRESSED,
+                (
+                    f"FIRST SIGHTING? {where} fails with the signature of reported bug {entry.id} "
+                    f"({entry.upstream_issue}; {shown_pattern(signature)}), which no release measured before "
+                    f"reproduced: {headline(evidence)}. If the build carries it, give the entry a carried_by "
+                    f"window in {entry.source}"
+                ),
+                signature,
+                entry.id,
+            )
+    return None
 
 
 def _judge_carried(entry: KnownBug, where: str, evidence: str | None) -> Judgement:

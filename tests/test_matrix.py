@@ -873,3 +873,25 @@ def test_memory_per_release_shows_the_footprint_the_step_peak_and_native_growth(
         "| `cases/test_x.py::vit` | train | step0 temp 1 KiB, peak 9 KiB; live after step2: 3 tensors (96 B); "
         "footprint 3.6 KiB, step peak 4.6 KiB; native heap +2 KiB, resident set +0 B per step |"
     ) in text
+
+
+def test_a_not_reproduced_entry_expects_its_guard_to_pass_on_every_release(tmp_path: Path):
+    path = tmp_path / "reported.toml"
+    path.write_text(
+        '[[bug]]\nid = "reported"\ntitle = "t"\nupstream_issue = "x#9"\nstatus = "not-reproduced"\n'
+        'signatures = ["distorted mesh"]\n'
+    )
+    registry = load_registry(path)
+    matrix = build_matrix(
+        registry,
+        [
+            column("2.4.0", [rec("a", "passed", "reported", "2.4.0")]),
+            column("2.9.0", [rec("a", "passed", "reported", "2.9.0")]),
+        ],
+    )
+    assert matrix.agrees and all(matrix.cell("reported", v).expected is State.FIXED for v in ("2.4.0", "2.9.0"))
+    assert "| `reported` | `none (reported, not reproduced)` | fixed (1) | fixed (1) |" in render.to_markdown(
+        matrix, "cmd"
+    )
+    sighted = build_matrix(registry, [column("2.9.0", [rec("a", "failed", "reported", "2.9.0", "AssertionError: x")])])
+    assert not sighted.agrees

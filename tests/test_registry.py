@@ -331,6 +331,44 @@ def test_regular_expressions_are_shown_as_written(tmp_path: Path):
     assert r'"\d(unclosed"' in str(caught.value)
 
 
+NOT_REPRODUCED_ENTRY = """
+[[bug]]
+id = "reported"
+title = "reported upstream, reproduced by no release"
+upstream_issue = "pytorch/xla#1"
+status = "not-reproduced"
+signatures = ["distorted mesh"]
+"""
+
+
+def test_a_not_reproduced_bug_carries_no_release_and_its_sighting_fails(tmp_path: Path):
+    path = tmp_path / "reported.toml"
+    path.write_text(NOT_REPRODUCED_ENTRY + ENTRY.format(status="open", carried_by=">=2.4", signature="other"))
+    registry = load_registry(path)
+    reported, demo = registry["reported"], registry["demo"]
+    assert not any(reported.carried_by_release(v) for v in ("2.4.0", "2.9.0", "2.10.0.dev20260101"))
+    assert reported.window == "none (reported, not reproduced)"
+    check_disjoint([reported, demo])  # it claims no release
+    passed = judge(reported, "2.9.0", None)
+    assert passed.kind is JudgementKind.PASSED and "none (reported, not reproduced)" in passed.message
+    seen = judge(reported, "2.9.0", "AssertionError: a distorted mesh")
+    assert seen.kind is JudgementKind.REGRESSED and seen.message.startswith("FIRST SIGHTING? torch_xla 2.9.0")
+    assert str(path) in seen.message
+    # Named beside an entry that holds the release: a failure matching neither stays a new failure,
+    # one matching the reported bug only is its first sighting, the holder's own signature reproduces.
+    assert judge([demo, reported], "2.9.0", "ValueError: x").kind is JudgementKind.FAILED
+    assert judge([demo, reported], "2.9.0", "distorted mesh").entry == "reported"
+    assert judge([demo, reported], "2.9.0", "other").kind is JudgementKind.REPRODUCED
+    assert judge(reported, "2.9.0", "ValueError: x").kind is JudgementKind.FAILED
+
+
+def test_a_not_reproduced_bug_with_a_window_is_refused(tmp_path: Path):
+    path = tmp_path / "windowed.toml"
+    path.write_text(NOT_REPRODUCED_ENTRY.replace("signatures", 'carried_by = ">=2.4"\nsignatures'))
+    with pytest.raises(RegistryError, match='status = "not-reproduced" takes no carried_by'):
+        load_registry(path)
+
+
 def test_a_regression_names_the_fix_or_the_window_never_empty_parentheses():
     """An open entry has no fix version: a build outside its carried_by that fails its way names the
     window instead (a fork built before the release the entry starts at)."""

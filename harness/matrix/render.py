@@ -55,7 +55,7 @@ def entry_table(matrix: Matrix) -> list[str]:
     lines = ["| registry entry | carried_by | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for entry in matrix.entries:
         cells = [_md(cell_text(matrix.cell(entry.id, n))) for n in names]
-        lines.append(f"| `{entry.id}` | `{entry.carried_by or 'any'}` | " + " | ".join(cells) + " |")
+        lines.append(f"| `{entry.id}` | `{entry.window}` | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -209,7 +209,7 @@ def _explain(entry: KnownBug, column: ColumnResult, cell: Cell) -> str:
         )
     said = (
         f"{entry.id} on torch_xla {column.torch_xla}: observed {observed.state.value} ({observed.detail}), "
-        f"registry expects {cell.expected.value} (carried_by {entry.carried_by or 'any'})"
+        f"registry expects {cell.expected.value} (carried_by {entry.window})"
     )
     kinds = {c.kind for c in observed.cases}
     if "unexpected pass" in kinds or observed.state is State.FIXED:
