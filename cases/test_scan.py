@@ -4,8 +4,9 @@
 AOTAutograd, on functional tensors that hold no XLA data; `xs.mark_sharding` there raises
 "Expected XLA tensor. Got: XLAFloatType" (2.9.0; 2.6-2.8: "Input tensor is not an XLA
 tensor"), whether functionalization is on or off. #9405 is closed upstream, yet every release
-measured here from 2.6.0 to 2.9.0 raises, and 2.5.1 (whose scan traced fn on XLA tensors) runs
-the same fn and matches the CPU: a regression of 2.6.0, open; the releases win.
+measured here from 2.6.0 to 2.9.0 raises, and 2.5.1 (whose scan is a Python loop over fn, on
+XLA tensors) runs the same fn and matches the CPU: a regression of 2.6.0, open; the releases win.
+`print` of an activation inside `fn` (#9405's other half) raises the same way from 2.6.0 on.
 
 That the case would notice a fix: the same scan with the annotation moved out of `fn` onto the
 carry (the workaround) passes the same checks, so a release where marking inside `fn` works
