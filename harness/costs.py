@@ -29,6 +29,7 @@ the release matrix and the GKE aggregation share.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import re
@@ -300,11 +301,21 @@ def fingerprint(hlo: str | HloModule) -> str:
 
 
 def input_differences(before: list[str], after: list[str]) -> list[str]:
-    """What a new graph's inputs differ in from the graph the step before ran."""
-    lines = [f"parameter({n}): {a} -> {b}" for n, (a, b) in enumerate(zip(before, after)) if a != b]
-    if len(before) != len(after):
-        lines.append(f"{len(before)} -> {len(after)} parameters")
-    return lines
+    """What a new graph's inputs differ in from the graph the step before ran. Where their number
+    differs, the inputs one graph has more of than the other (positions shift, so parameter(12)
+    against parameter(12) would compare unrelated inputs): '17 -> 25 parameters (new: f32[32,16] x2)'."""
+    if len(before) == len(after):
+        return [f"parameter({n}): {a} -> {b}" for n, (a, b) in enumerate(zip(before, after)) if a != b]
+    more, fewer = (
+        collections.Counter(after) - collections.Counter(before),
+        collections.Counter(before) - collections.Counter(after),
+    )
+    listed = [
+        f"{what}: " + ", ".join(f"{shape} x{n}" if n > 1 else shape for shape, n in sorted(counts.items())[:6])
+        for what, counts in (("new", more), ("gone", fewer))
+        if counts
+    ]
+    return [f"{len(before)} -> {len(after)} parameters" + (f" ({'; '.join(listed)})" if listed else "")]
 
 
 def tensor_bytes_per_device(shape: list[int], element_bytes: int, tiles: list[int] | None) -> int:
@@ -530,13 +541,19 @@ def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LAB
     warmup = signature.get("warmup", DEFAULT_WARMUP)
     steps = signature.get("steps", [])
     problems = []
-    for index, step in enumerate(steps):
-        if index >= warmup and step.get("compiles"):
-            why = "; ".join(step.get("differs") or ["what differs is unknown (no dump of the new graph)"])
-            problems.append(
-                f"{_prefix(label)}step{index} compiled {step['compiles']} new graph(s) after the "
-                f"{warmup}-step warm-up: {why}"
-            )
+    compiled = [index for index, step in enumerate(steps) if index >= warmup and step.get("compiles")]
+    for index in compiled:
+        why = "; ".join(steps[index].get("differs") or ["what differs is unknown (no dump of the new graph)"])
+        problems.append(
+            f"{_prefix(label)}step{index} compiled {steps[index]['compiles']} new graph(s) after the "
+            f"{warmup}-step warm-up: {why}"
+        )
+    if len(compiled) == 1 and compiled[0] < len(steps) - 1:
+        problems[-1] += (
+            f" (once: the steps after it compiled nothing. If the loop's first steps differ by design, such as "
+            f"gradient accumulation over k steps whose optimizer makes its state on step k-1, give the meter a "
+            f"warm-up that covers them, StepMeter(ctx, warmup=...), and LEAK_STEPS={LEAK_STEPS} steps after it)"
+        )
     judged = list(range(max(warmup, 1), len(steps)))[-LEAK_STEPS:]
     leak = _leak(steps, judged) if judged else None
     if leak:

@@ -286,3 +286,32 @@ def test_a_window_of_three_or_four_losses_passes_the_librarys_five_step_loop(pyt
         "--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider", "-rA", "-k", "test_window", timeout=300
     )
     result.assert_outcomes(passed=2)
+
+
+# --- what a newcomer's loop that compiles once after the warm-up reads -------------------------------
+
+
+def test_a_graph_with_more_inputs_names_the_inputs_it_gained_not_shifted_positions():
+    before = ["f32[16] {replicated}", "f32[8,16] {devices=[4,1]0,1,2,3}", "f32[] {replicated}"]
+    after = [*before[:1], "f32[8,16] {devices=[4,1]0,1,2,3}", *before[1:], "f64[] {replicated}"]
+    assert costs.input_differences(before, after) == [
+        "3 -> 5 parameters (new: f32[8,16] {devices=[4,1]0,1,2,3}, f64[] {replicated})"
+    ]
+    assert costs.input_differences(after, before) == [
+        "5 -> 3 parameters (gone: f32[8,16] {devices=[4,1]0,1,2,3}, f64[] {replicated})"
+    ]
+
+
+def test_a_graph_compiled_once_after_the_warm_up_says_how_to_warm_up_longer():
+    # 2-step gradient accumulation with Adam: step 1 makes the optimizer state, step 3 reads it
+    once = loop({"tensors": [6] * 5})
+    for index, compiles in enumerate([1, 1, 0, 1, 0]):
+        once["steps"][index]["compiles"] = compiles
+    once["steps"][3]["differs"] = ["17 -> 25 parameters (new: f32[32,16] {devices=[4,1]0,1,2,3} x2)"]
+    (line,) = costs.steady_state_problems(once)
+    assert line.startswith("step3 compiled 1 new graph(s) after the 2-step warm-up: 17 -> 25 parameters"), line
+    assert "(once: the steps after it compiled nothing" in line and "StepMeter(ctx, warmup=...)" in line, line
+    every = loop({"tensors": [6] * 5})
+    for step in every["steps"]:
+        step["compiles"] = 1
+    assert not any("once:" in p for p in costs.steady_state_problems(every))
