@@ -166,7 +166,7 @@ class StepMeter:
         # A body that calls gc.freeze() itself hides what it keeps from gc.get_objects(): what the
         # permanent generation gained since the meter's own freeze counts as kept by the loop.
         frozen = self.freezes.frozen_since_start()
-        if frozen > 0:
+        if frozen:  # net of the objects frozen before the meter that died since: can be below 0, grows all the same
             alive.types["objects frozen by the loop (gc.freeze)"] += frozen
         held = [tensor for tensor in (ref() for ref in self.before_loop) if tensor is not None]
         if self.freezes.seen_freeze and not self.host_only:  # (its count can be net negative: older frozen objects die)
@@ -426,7 +426,7 @@ class _Alive:
         return {
             "tensors": sum(self.shapes.values()),
             "bytes_per_device": self.device_bytes,
-            "host_objects": sum(self.types.values()),
+            "host_objects": max(0, sum(self.types.values())),
         }
 
     def kept_since(self, before: _Alive) -> list[str]:
