@@ -137,10 +137,17 @@ def test_scan_backward_with_flax_importable_passes(spmd) -> None:
 
 
 def body_shard_as_scan_train(
-    ctx, steps: int, stand_in_for_flax: bool = False, differentiable_shard_as: bool = False
+    ctx,
+    steps: int,
+    stand_in_for_flax: bool = False,
+    differentiable_shard_as: bool = False,
+    layers_spec: tuple[str | None, ...] = (None, "fsdp", "model"),
+    annotate_layers_gradient: bool = False,
 ) -> None:
     """differentiable_shard_as: xs.shard_as inside an autograd.Function that passes the gradient
-    through (what a fix does), so the projection before it trains."""
+    through (what a fix does), so the projection before it trains. layers_spec: the stacked
+    weights' partition spec. annotate_layers_gradient: mark the stacked weights' gradient with
+    their spec after the backward (what scan's backward is meant to give it)."""
     import copy
 
     import torch
@@ -192,7 +199,7 @@ def body_shard_as_scan_train(
     reference = ScannedStack()
     model = copy.deepcopy(reference).to(xla.device())
     xs.mark_sharding(model.proj.weight, mesh, ("fsdp", "model"))
-    xs.mark_sharding(model.layers, mesh, (None, "fsdp", "model"))
+    xs.mark_sharding(model.layers, mesh, tuple(layers_spec))
     ctx.record("param_shapes", recording.record_parameters(ctx, model))
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=LEARNING_RATE)
@@ -209,6 +216,8 @@ def body_shard_as_scan_train(
             with _explained(f"step {step}: xs.shard_as or scan's backward"):
                 loss = (model(x, on_xla=True) - target_cpu.to(xla.device())).pow(2).mean()
                 loss.backward()
+            if annotate_layers_gradient:
+                xs.mark_sharding(model.layers.grad, mesh, tuple(layers_spec))
             if step == 0:
                 recording.record_step_graph(ctx, "step0", [loss, *model.parameters()])
                 if model.proj.weight.grad is None:
@@ -279,3 +288,30 @@ def test_differentiable_shard_as_trains_the_2d_sharded_scan(spmd) -> None:
     """Self-test: with shard_as passing the gradient through (the fix), the same loop trains and
     passes every detector, so a release whose shard_as keeps autograd turns the xfail into a pass."""
     check_train(spmd, differentiable_shard_as=True)
+
+
+# The stacked weights sharded over fsdp only (FSDP's layout on a 2-D mesh, replicated over model).
+FSDP_ONLY = (None, "fsdp", None)
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.known_bug("scan-backward-gradient-ignores-partial-replication")
+@pytest.mark.no_sharding_baseline(
+    "the loop the baseline holds is the 2-D one above; this one is judged by the registry"
+)
+@pytest.mark.no_cost_check("the loop the cost baseline holds is the 2-D one above")
+def test_scan_gradient_of_weights_replicated_over_an_axis_shards_like_them(spmd) -> None:
+    """#8883 on the layout it left: the stacked weights sharded (None, fsdp, None), replicated over
+    `model`. scan's backward shards their gradient over both axes instead (2.8.0, 2.9.0), a layout
+    the weights do not have (the step's collectives are the same; its peak is 8044 B per device
+    against 7204 B with the gradient sharded like the weights)."""
+    check_train(spmd, differentiable_shard_as=True, layers_spec=FSDP_ONLY)
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.no_sharding_baseline("the loop the baseline holds is the 2-D one above")
+@pytest.mark.no_cost_check("the loop the cost baseline holds is the 2-D one above")
+def test_gradient_sharded_like_its_weights_passes_the_same_checks(spmd) -> None:
+    """Self-test: the same loop with the gradient annotated with its weights' spec after the
+    backward (what a fixed scan backward gives) passes, so a fix turns the xfail above into a pass."""
+    check_train(spmd, differentiable_shard_as=True, layers_spec=FSDP_ONLY, annotate_layers_gradient=True)

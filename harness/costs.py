@@ -786,7 +786,43 @@ def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str
             before, after = mem_a.get(k, 0), mem_b.get(k, 0)
             parts.add_bytes(f"{k.replace('_', ' ')} {_moved(before, after)}", before, after)
     changes += parts.changes(f"{prefix}memory per device")
-    return changes
+    return _merge_listed_steps(changes, prefix)
+
+
+def _merge_listed_steps(changes: list[CostChange], prefix: str) -> list[CostChange]:
+    """One line for a byte move that every step of a run of steps shows alike ("step0..step4: step
+    peak 177.3 KiB -> 177.3 KiB (+16 B) per device [within the band, listed]"): between two
+    releases a padded buffer moves every step's peak by the same bytes. Failing changes stay one
+    per step, as the baseline's lines name them."""
+    merged: list[CostChange] = []
+    run: list[tuple[int, CostChange]] = []
+
+    def flush() -> None:
+        if run:
+            first, last = run[0][0], run[-1][0]
+            item = f"{prefix}step{first}" + (f"..step{last}" if last > first else "")
+            merged.append(dataclasses.replace(run[0][1], item=item))
+            run.clear()
+
+    for change in changes:
+        index = _step_index(change.item, prefix)
+        if index is None or change.fails:
+            flush()
+            merged.append(change)
+            continue
+        if run and (
+            index != run[-1][0] + 1 or (change.detail, change.judgement) != (run[-1][1].detail, run[-1][1].judgement)
+        ):
+            flush()
+        run.append((index, change))
+    flush()
+    return merged
+
+
+def _step_index(item: str, prefix: str) -> int | None:
+    """3 for f"{prefix}step3", else None (a graph, the memory line)."""
+    rest = item.removeprefix(prefix)
+    return int(rest[4:]) if item.startswith(prefix) and rest.startswith("step") and rest[4:].isdigit() else None
 
 
 def _live_change(before: Mapping[str, int] | None, after: Mapping[str, int] | None, explain: str = "") -> _Parts:

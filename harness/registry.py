@@ -270,7 +270,7 @@ def judge(entries: KnownBug | Sequence[KnownBug], version: str | None, evidence:
                 JudgementKind.REGRESSED,
                 (
                     f"REGRESSION? {where} fails with the signature of known bug {entry.id} ({shown_pattern(signature)}), "
-                    f"which the registry says is fixed there ({entry.fix}): {cause}"
+                    f"which the registry says is fixed there ({entry.fix or f'carried_by {entry.carried_by}'}): {cause}"
                 ),
                 signature,
                 entry.id,

@@ -7,7 +7,10 @@ would leave behind) on the fake backend, which needs no torch_xla.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,3 +28,11 @@ def only_run_folder(pytester: pytest.Pytester, results: str = "results") -> Path
     """The one run folder a run made under pytester's results folder (never the `latest` link)."""
     (folder,) = (p for p in (pytester.path / results).glob("run-*") if not p.is_symlink())
     return folder
+
+
+def spmd_report(*args: str, text: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+    """`python -m harness.report ARGS` run as CI's report step runs it: from the checkout, output
+    captured, a hang a failure (60 s). kwargs go to subprocess.run (env, timeout, cwd)."""
+    kwargs.setdefault("cwd", REPO)
+    kwargs.setdefault("timeout", 60)
+    return subprocess.run([sys.executable, "-m", "harness.report", *args], capture_output=True, text=text, **kwargs)

@@ -349,13 +349,13 @@ def test_a_base_records_file_that_is_a_link_a_pipe_or_huge_is_refused_before_it_
         elsewhere = pytester.path / "elsewhere.jsonl"
         verdicts.rename(elsewhere)
         verdicts.symlink_to(elsewhere)
-        named = "is not a regular file (a link)"
+        named = "cannot be read (not a regular file (a link, not followed"
     elif plant == "fifo":
         verdicts.unlink()
         os.mkfifo(verdicts)
-        named = "is not a regular file (a named pipe)"
+        named = "cannot be read (not a regular file (a named pipe"
     else:
         with verdicts.open("a") as fh:
-            fh.truncate(65 << 20)  # sparse: costs no disk
-        named = "is 65.0 MiB, more than a suite's records (64 MiB)"
-    refused(suite("--spmd-compare=base"), f"{verdicts} {named}")
+            fh.truncate(257 << 20)  # sparse: costs no disk
+        named = "cannot be read (257 MiB, more than any file the harness writes (256 MiB); not read)"
+    refused(suite("--spmd-compare=base"), f"{verdicts}: {named}")

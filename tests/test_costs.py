@@ -430,3 +430,20 @@ def test_a_host_only_loop_that_keeps_objects_fails_steady_state_even_if_it_freez
         assert "__main__.Spec +4" in leaking[0], leaking
     else:  # what a freeze moved is counted, whatever it was (the meter's own records too: on the safe side)
         assert "objects frozen by the loop (gc.freeze) +" in leaking[0], leaking
+
+
+def test_a_byte_move_every_step_shows_alike_is_one_listed_line_for_the_run_of_steps():
+    """Between two releases a padded buffer moves every step's peak by the same bytes: one line for
+    the steps, not one per step; a different move, or a failing one, keeps its own line."""
+    base = signature(steps=((1, 0), (0, 1), (0, 1), (0, 1), (0, 1)), live=[4, 4, 4, 4, 4])
+    for step in base["steps"]:
+        step["live"]["step_peak_bytes"] = 181555
+    padded = copy.deepcopy(base)
+    for step in padded["steps"]:
+        step["live"]["step_peak_bytes"] += 16
+    assert [str(c) for c in costs.compare(base, padded)] == [
+        "step0..step4: step peak (footprint + temp) 177.3 KiB -> 177.3 KiB (+16 B) per device [within the band, listed]"
+    ]
+    padded["steps"][3]["live"]["step_peak_bytes"] += 16  # step3 moved otherwise: the run is cut there
+    padded["steps"][4]["live"]["tensors"] = 5  # a count: fails, its own line
+    assert [str(c).split(":")[0] for c in costs.compare(base, padded)] == ["step0..step2", "step3", "step4", "step4"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.records import runfolder
-from tests.conftest import REPO, only_run_folder, run_fake
+from tests.conftest import REPO, only_run_folder, run_fake, spmd_report
 
 pytestmark = pytest.mark.selftest
 
@@ -358,13 +358,7 @@ def test_the_report_of_a_run_whose_verdicts_hold_a_line_nested_too_deeply_still_
     folder = only_run_folder(pytester)
     with (folder / "verdicts-main.jsonl").open("a") as fh:
         fh.write(DEEP + "\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.report", str(folder), "--pytest-exit-status", "1", "--annotate"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    proc = spmd_report(str(folder), "--pytest-exit-status", "1", "--annotate")
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "::error title=SPMD regression%3A test_one.py%3A%3Atest_b::" in proc.stdout, proc.stdout
     assert "2 cases: 1 passed, 1 failed" in proc.stdout + proc.stderr, proc.stdout
@@ -434,13 +428,7 @@ def test_a_records_torch_xla_text_cannot_restyle_or_hide_the_summary(pytester, m
     monkeypatch.setenv("HARNESS_FAKE_TORCH_XLA", "2.9.0\n## ✅ all green ![x](https://example.com/x.png) <!--")
     run(pytester).assert_outcomes(passed=1, failed=1)
     folder = only_run_folder(pytester)
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.report", str(folder), "--pytest-exit-status", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    proc = spmd_report(str(folder), "--pytest-exit-status", "1")
     summary = (folder / "summary.md").read_text()
     assert "<!--" not in summary and "![x](" not in summary, summary
     assert not any(line.startswith("## ✅") for line in summary.splitlines()), summary

@@ -18,7 +18,7 @@ import pytest
 from harness import report
 from harness.errors import HarnessUsageError
 from harness.records import runfolder
-from tests.conftest import REPO, only_run_folder, run_fake
+from tests.conftest import REPO, only_run_folder, run_fake, spmd_report
 
 pytestmark = pytest.mark.selftest
 
@@ -123,13 +123,7 @@ def test_a_case_that_deletes_or_rewrites_the_manifest_does_not_stop_the_run_and_
     manifest = runfolder.read_manifest(folder)
     assert manifest.exitstatus == 1 and manifest.counts.get("passed") == 2
     assert manifest.problems and what in manifest.problems[0]
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.report", str(folder), "--pytest-exit-status", "1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    proc = spmd_report(str(folder), "--pytest-exit-status", "1")
     assert proc.returncode == report.EXIT_RUN_PROBLEM, proc.stdout + proc.stderr
     assert f"RUN PROBLEM: run {folder.name}: run.json of {folder.name} was {what}" in proc.stdout
 
@@ -399,7 +393,7 @@ def test_a_comparison_planted_in_a_run_without_a_base_fails_the_run(pytester):
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*spmd harness: comparison.json in run-* was not made by this run*"])
     assert "comparison.json" in " ".join(runfolder.read_manifest(only_run_folder(pytester)).problems)
-    shown = subprocess.run([sys.executable, "-m", "harness.report", "results"], capture_output=True, text=True)
+    shown = spmd_report("results", cwd=None)  # the folder pytester ran in
     assert shown.returncode == 1, shown.stdout + shown.stderr
 
 

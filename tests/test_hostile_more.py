@@ -10,19 +10,16 @@ import shutil
 import subprocess
 import sys
 from fnmatch import fnmatch
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.selftest
+from tests.conftest import REPO, run_fake, spmd_report
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.selftest
 
 
 def run(pytester: pytest.Pytester, *args: str, timeout: float = 120) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        "--spmd-backend=fake", "-p", "no:cacheprovider", "-p", "no:randomly", "-rA", *args, timeout=timeout
-    )
+    return run_fake(pytester, "-p", "no:randomly", "-rA", *args, timeout=timeout)
 
 
 # --- what a body leaves in its warm child for the next case ----------------------------------------
@@ -216,7 +213,7 @@ def test_b_fails(spmd):
 @pytest.mark.parametrize("workers", [(), ("-n", "2", "--dist=loadfile")])
 def test_a_body_that_rewrites_the_harness_in_the_checkout_fails_the_run(pytester, workers):
     """The fake backend's children are exec'd fresh, so they import the rewritten child loop."""
-    shutil.copytree(REPO_ROOT / "harness", pytester.path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "harness", pytester.path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
     pytester.makepyfile(test_rewrites=REWRITES_HARNESS)
     result = run(pytester, *workers)
     assert "except Exception" in (pytester.path / "harness" / "isolation" / "child.py").read_text(), "not rewritten"
@@ -315,13 +312,7 @@ def test_a_verdicts_file_grown_sparse_to_50_gb_is_damaged_not_read(pytester, mon
     monkeypatch.setenv("OUTSIDE", "")
     run(pytester).assert_outcomes(passed=2)
     (folder,) = (p for p in (pytester.path / "results").glob("run-*") if not p.is_symlink())
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.report", str(folder), "--pytest-exit-status", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO_ROOT,
-    )
+    proc = spmd_report(str(folder), "--pytest-exit-status", "0")
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "verdicts-main.jsonl (51200 MiB, more than any file the harness writes (256 MiB); not read)" in (
         proc.stdout + proc.stderr
@@ -360,12 +351,7 @@ def test_a_failure_text_utf8_cannot_hold_still_gets_its_summary_and_annotation(p
     )
     assert ran.returncode == 1 and b"1 failed" in ran.stdout, ran.stdout + ran.stderr
     (folder,) = (p for p in (pytester.path / "results").glob("run-*") if not p.is_symlink())
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.report", str(folder), "--pytest-exit-status", "1", "--annotate"],
-        capture_output=True,
-        timeout=60,
-        cwd=REPO_ROOT,
-    )
+    proc = spmd_report(str(folder), "--pytest-exit-status", "1", "--annotate", text=False)
     assert b"Traceback" not in proc.stderr, proc.stderr
     assert b"::error title=SPMD regression%3A test_raises.py%3A%3Atest_w[surrogates]::" in proc.stdout
     assert "\\udcff" in (folder / "summary.md").read_text()

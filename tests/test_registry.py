@@ -329,3 +329,13 @@ def test_regular_expressions_are_shown_as_written(tmp_path: Path):
     with pytest.raises(RegistryError) as caught:
         load_registry(_registry(tmp_path, signature=r"\d(unclosed", name="bad.toml"))
     assert r'"\d(unclosed"' in str(caught.value)
+
+
+def test_a_regression_names_the_fix_or_the_window_never_empty_parentheses():
+    """An open entry has no fix version: a build outside its carried_by that fails its way names the
+    window instead (a fork built before the release the entry starts at)."""
+    fixed = judge(get_entry(SCALAR), "2.9.0", "TypeError: unhashable type: 'list'")
+    assert f"is fixed there ({get_entry(SCALAR).fix})" in fixed.message
+    opened = judge(get_entry(OPEN), "2.3.0", "AssertionError: 16 of 16 parameters left {replicated} instead of sharded")
+    assert opened.kind is JudgementKind.REGRESSED
+    assert "is fixed there (carried_by >=2.4)" in opened.message and "()" not in opened.message

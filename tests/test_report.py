@@ -4,15 +4,13 @@ written with the real CaseRecord contract."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness import report
 from harness.records.results import CaseRecord, write_record
-from tests.conftest import REPO
+from tests.conftest import REPO, spmd_report
 
 pytestmark = pytest.mark.selftest
 
@@ -230,12 +228,8 @@ def test_cli_fails_when_the_results_folder_is_missing(tmp_path: Path, capsys):
 
 
 def test_module_runs_as_a_script(mixed_run: Path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.report", str(mixed_run), "--summary", str(mixed_run / "out.md")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    proc = spmd_report(
+        str(mixed_run), "--summary", str(mixed_run / "out.md"), env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
     )
     assert proc.returncode == 0, proc.stderr
     assert (mixed_run / "out.md").read_text().startswith("## SPMD regression results")
@@ -280,13 +274,7 @@ def test_an_annotation_carries_the_drifted_tensor_and_a_plain_message_once(pytes
 
     run('{"w": "{devices=[4,1]0,1,2,3}"}', "2.9.0", "-k", "block", "--spmd-update-shardings")
     run('{"w": "{replicated}"}', "2.9.1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.report", str(pytester.path / "results"), "--annotate"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    proc = spmd_report(str(pytester.path / "results"), "--annotate")
     errors = {line.split("::", 2)[1]: line for line in proc.stdout.splitlines() if line.startswith("::error ")}
     drift = errors["error title=SPMD regression%3A test_annotated.py%3A%3Atest_block"]
     assert "sharding drift: 1 tensor(s) differ from b.json" in drift
@@ -315,13 +303,7 @@ def test_not_this_time(spmd):
     pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", timeout=120)
     run = next((pytester.path / "results").glob("run-*"))
     (run / "verdicts-main.jsonl").unlink()  # the skipped case's record: now no case record at all
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.report", str(pytester.path / "results")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
+    proc = spmd_report(str(pytester.path / "results"))
     assert proc.returncode == report.EXIT_NO_RECORDS, proc.stdout + proc.stderr
     assert "FAILED test_plain.py::test_plain_fails" in proc.stdout
     assert "error: no case records" in proc.stderr

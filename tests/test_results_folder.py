@@ -21,6 +21,7 @@ from harness import report
 from harness.records import results, runfolder
 from harness.records.results import read_records
 from harness.run import dumproot
+from tests.conftest import spmd_report
 
 pytestmark = pytest.mark.selftest
 
@@ -184,12 +185,7 @@ def test_a_crashed_xdist_worker_leaves_a_failed_record_and_a_red_report(pytester
     records = {r.nodeid.split("::")[-1]: r for r in read_records(pytester.path / "results")}
     crashed = records["test_kills_its_worker"]
     assert crashed.outcome == "failed" and "crashed while running this case" in crashed.reason
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.report", str(pytester.path / "results"), "--annotate"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = spmd_report(str(pytester.path / "results"), "--annotate")
     assert "::error title=SPMD regression%3A test_crash.py%3A%3Atest_kills_its_worker::xdist worker" in proc.stdout
     assert "1 failed" in proc.stdout and "0 failed" not in proc.stdout
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from harness.records.results import CaseRecord
-from tests.conftest import REPO
+from tests.conftest import REPO, spmd_report
 
 pytestmark = pytest.mark.selftest
 
@@ -252,14 +252,7 @@ def test_report_output_cannot_be_turned_into_commands_by_what_a_case_wrote(tmp_p
     )
     (run / "verdicts-gw0.jsonl").write_text(FAILED_CASE.to_json() + "\n" + hostile.to_json() + "\n")
     (run / "verdicts-x##[stop-commands]evil-name.jsonl").write_text("not a record\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.report", str(run), "--annotate"],
-        capture_output=True,
-        text=True,
-        env=hermetic_env(tmp_path),
-        timeout=60,
-        cwd=REPO,
-    )
+    proc = spmd_report(str(run), "--annotate", env=hermetic_env(tmp_path))
     for runner in both_orders(proc):
         assert runner.stop_token is None, proc.stdout + proc.stderr
         executed = [(c.name, c.properties, c.data.split("%0A")[0]) for c in runner.executed]

@@ -240,6 +240,13 @@ def test_results_are_uploaded_even_when_the_run_fails(path: Path):
             assert step.get("if") == "always()", f"{path.name}:{job_id}"
 
 
+def test_the_results_upload_leaves_out_the_latest_links():
+    """upload-artifact follows links: `latest` would upload its run a second time."""
+    (upload,) = (s for _, s in steps(WORKFLOWS_DIR / "spmd-regression.yml") if s.get("name") == "Upload results")
+    paths = upload["with"]["path"].split()
+    assert paths[0] == "results/" and {"!results/**/latest", "!results/**/latest/**"} <= set(paths)
+
+
 # --- no logic only in YAML -----------------------------------------------------------------------
 
 

@@ -23,9 +23,16 @@ class NotARegularFile(OSError):
 
 
 def open_file(path: str | os.PathLike[str], flags: int, mode: int = 0o644) -> int:
-    """os.open(path, flags) for a regular file only: a link, pipe, device or folder is an OSError.
+    """os.open(path, flags) for a regular file only: a link, pipe, device or folder is NotARegularFile.
     The descriptor returned blocks as usual (O_NONBLOCK served only the open)."""
-    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW's answer for a link, said in words
+            raise NotARegularFile(
+                errno.ELOOP, "not a regular file (a link, not followed; put there by a case?)", str(path)
+            ) from None
+        raise
     try:
         kind = stat.S_IFMT(os.fstat(fd).st_mode)
         if kind != stat.S_IFREG:
