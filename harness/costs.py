@@ -29,6 +29,7 @@ the release matrix and the GKE aggregation share.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import re
@@ -300,11 +301,21 @@ def fingerprint(hlo: str | HloModule) -> str:
 
 
 def input_differences(before: list[str], after: list[str]) -> list[str]:
-    """What a new graph's inputs differ in from the graph the step before ran."""
-    lines = [f"parameter({n}): {a} -> {b}" for n, (a, b) in enumerate(zip(before, after)) if a != b]
-    if len(before) != len(after):
-        lines.append(f"{len(before)} -> {len(after)} parameters")
-    return lines
+    """What a new graph's inputs differ in from the graph the step before ran. Where their number
+    differs, the inputs one graph has more of than the other (positions shift, so parameter(12)
+    against parameter(12) would compare unrelated inputs): '17 -> 25 parameters (new: f32[32,16] x2)'."""
+    if len(before) == len(after):
+        return [f"parameter({n}): {a} -> {b}" for n, (a, b) in enumerate(zip(before, after)) if a != b]
+    more, fewer = (
+        collections.Counter(after) - collections.Counter(before),
+        collections.Counter(before) - collections.Counter(after),
+    )
+    listed = [
+        f"{what}: " + ", ".join(f"{shape} x{n}" if n > 1 else shape for shape, n in sorted(counts.items())[:6])
+        for what, counts in (("new", more), ("gone", fewer))
+        if counts
+    ]
+    return [f"{len(before)} -> {len(after)} parameters" + (f" ({'; '.join(listed)})" if listed else "")]
 
 
 def tensor_bytes_per_device(shape: list[int], element_bytes: int, tiles: list[int] | None) -> int:
@@ -417,6 +428,8 @@ def comparable(signature: Mapping[str, Any]) -> dict[str, Any]:
     }
     if signature.get("buffers"):  # the device footprint after the last step, buffer by buffer
         kept["buffers"] = dict(sorted(signature["buffers"].items()))
+    if "warmup" in signature:  # which steps steady state judges: a longer warm-up judges fewer
+        kept = {"warmup": signature["warmup"], **kept}
     return kept
 
 
@@ -433,16 +446,25 @@ def with_native(signature: Mapping[str, Any]) -> dict[str, Any]:
 
 def native_growth(signature: Mapping[str, Any]) -> dict[str, int]:
     """Per native figure, the growth every judged step reached at least (0 where one shrank): what
-    a leak adds each step, which a one-off allocation or a window does not. Two judged steps needed."""
+    a leak adds each step, which a one-off allocation or a window does not. Two judged steps needed.
+    Where the loop has LEAK_STEPS two-step spans after the warm-up, half the least growth over
+    each two steps if that is more (a leak every other step, steady_state_problems' second rule)."""
     steps = signature.get("steps", [])
-    judged = list(range(max(signature.get("warmup", DEFAULT_WARMUP), 1), len(steps)))[-LEAK_STEPS:]
+    start = max(signature.get("warmup", DEFAULT_WARMUP), 1)
+    judged = list(range(start, len(steps)))[-LEAK_STEPS:]
     if len(judged) < 2:
         return {}
-    lives = [steps[i].get("live") or {} for i in [judged[0] - 1, *judged]]
+    paired = list(range(start + 1, len(steps)))[-LEAK_STEPS:]
+    spans = [(i - 1, i, 1) for i in judged] + ([(i - 2, i, 2) for i in paired] if len(paired) == LEAK_STEPS else [])
+    lives = {i: steps[i].get("live") or {} for a, b, _ in spans for i in (a, b)}
     growth = {}
     for field in NATIVE_FIELDS:
-        if all(field in live for live in lives):
-            growth[field] = max(0, min(b[field] - a[field] for a, b in zip(lives, lives[1:])))
+        if all(field in live for live in lives.values()):
+            rates = [
+                min((lives[b][field] - lives[a][field]) // gap for a, b, g in spans if g == gap)
+                for gap in sorted({g for _, _, g in spans})
+            ]
+            growth[field] = max(0, *rates)
     return growth
 
 
@@ -519,13 +541,19 @@ def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LAB
     warmup = signature.get("warmup", DEFAULT_WARMUP)
     steps = signature.get("steps", [])
     problems = []
-    for index, step in enumerate(steps):
-        if index >= warmup and step.get("compiles"):
-            why = "; ".join(step.get("differs") or ["what differs is unknown (no dump of the new graph)"])
-            problems.append(
-                f"{_prefix(label)}step{index} compiled {step['compiles']} new graph(s) after the "
-                f"{warmup}-step warm-up: {why}"
-            )
+    compiled = [index for index, step in enumerate(steps) if index >= warmup and step.get("compiles")]
+    for index in compiled:
+        why = "; ".join(steps[index].get("differs") or ["what differs is unknown (no dump of the new graph)"])
+        problems.append(
+            f"{_prefix(label)}step{index} compiled {steps[index]['compiles']} new graph(s) after the "
+            f"{warmup}-step warm-up: {why}"
+        )
+    if len(compiled) == 1 and compiled[0] < len(steps) - 1:
+        problems[-1] += (
+            f" (once: the steps after it compiled nothing. If the loop's first steps differ by design, such as "
+            f"gradient accumulation over k steps whose optimizer makes its state on step k-1, give the meter a "
+            f"warm-up that covers them, StepMeter(ctx, warmup=...), and LEAK_STEPS={LEAK_STEPS} steps after it)"
+        )
     judged = list(range(max(warmup, 1), len(steps)))[-LEAK_STEPS:]
     leak = _leak(steps, judged) if judged else None
     if leak:
@@ -536,23 +564,42 @@ def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LAB
             else f"step{first}..step{last} each left more alive than the step before"
         )
         problems.append(f"{_prefix(label)}{where}: {leak}")
+        return problems
+    # A leak on every other step (the optimizer step of a 2-step gradient accumulation) grows on no
+    # two consecutive steps; it grows over each two. Judged where LEAK_STEPS such spans follow the
+    # warm-up (6 steps with the 2-step warm-up): a one-off, or a window that fills, grows over at
+    # most two of them.
+    paired = list(range(max(warmup, 1) + 1, len(steps)))[-LEAK_STEPS:]
+    leak = _leak(steps, paired, gap=2) if len(paired) == LEAK_STEPS else None
+    if leak:
+        problems.append(
+            f"{_prefix(label)}step{paired[0]}..step{paired[-1]} each left more alive than two steps before "
+            f"(a leak every other step): {leak}"
+        )
     return problems
 
 
-def _leak(steps: list[Mapping[str, Any]], judged: list[int]) -> str | None:
-    """What grew on every judged step, and what stayed alive after the last; None where nothing did."""
-    found = [steps[judged[0] - 1].get("live")] + [steps[i].get("live") for i in judged]
-    lives: list[Mapping[str, int]] = [live for live in found if live]
-    if len(lives) < len(found):
+def _leak(steps: list[Mapping[str, Any]], judged: list[int], gap: int = 1) -> str | None:
+    """What grew over each judged step (from `gap` steps before it), and what stayed alive after
+    the last; None where nothing did."""
+    indexes = sorted({i - gap for i in judged} | set(judged))
+    lives = {i: steps[i].get("live") for i in indexes}
+    found: dict[int, Mapping[str, int]] = {i: live for i, live in lives.items() if live}
+    if len(found) < len(lives):
         return None
+    pairs: list[tuple[Mapping[str, int], Mapping[str, int]]] = [(found[i - gap], found[i]) for i in judged]
 
     def grew_each(field: str, by: int = 1) -> bool:
-        if not all(field in live for live in lives):
+        if not all(field in a and field in b for a, b in pairs):
             return False
-        values = [live[field] for live in lives]
-        return all(b - a >= by for a, b in zip(values, values[1:]))
+        if not all(b[field] - a[field] >= by for a, b in pairs):
+            return False
+        # over two-step spans: growth on every other step and none between (a window that fills, or
+        # a one-off next to a leak's step, grows on two steps in a row)
+        grew = [found[i][field] - found[i - 1][field] >= by for i in range(judged[0] - gap + 1, judged[-1] + 1)]
+        return gap == 1 or all(a != b for a, b in zip(grew, grew[1:]))
 
-    before, after = lives[0], lives[-1]
+    before, after = found[judged[0] - gap], found[judged[-1]]
     parts = []
     if grew_each("tensors") or grew_each("bytes_per_device"):
         moved = after.get("bytes_per_device", 0) - before.get("bytes_per_device", 0)
@@ -570,16 +617,20 @@ def _leak(steps: list[Mapping[str, Any]], judged: list[int]) -> str | None:
         parts.append(f"host objects {before.get('host_objects', 0)} -> {after['host_objects']}")
     # One step's native growth can be a one-off (a new graph's compilation, an arena malloc keeps):
     # native memory is judged over two steps after the warm-up at least.
-    native = [field for field, floor in NATIVE_GROWTH_PER_STEP.items() if len(judged) >= 2 and grew_each(field, floor)]
+    # Its threshold is a rate: over `gap` steps, `gap` times the growth a healthy loop stays under per step.
+    native = [
+        field for field, floor in NATIVE_GROWTH_PER_STEP.items() if len(judged) >= 2 and grew_each(field, floor * gap)
+    ]
     for field in native:
-        per_step = (after[field] - before[field]) // (len(lives) - 1)
+        per_step = (after[field] - before[field]) // (judged[-1] - judged[0] + gap)
         parts.append(
             f"{NATIVE_NAMES[field]} {_signed(per_step)} per step ({kib(before[field])} -> {kib(after[field])}; "
             f"a healthy loop stays under +{kib(NATIVE_GROWTH_PER_STEP[field])} per step)"
         )
     if not parts:
         return None
-    kept = list(steps[judged[-1]].get("kept") or [])
+    # what the latest judged step that kept anything kept (a leak every other step keeps on every other)
+    kept = next((list(steps[i]["kept"]) for i in reversed(judged) if steps[i].get("kept")), [])
     if held_before and not kept:
         kept = ["the loop made nothing that stayed alive: tensors made before the loop hold more"]
     if native and not kept:
@@ -697,6 +748,13 @@ def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str
     Counts fail on any change; bytes fail beyond the band and are listed otherwise (CostChange.judgement)."""
     changes: list[CostChange] = []
     prefix = _prefix(label)
+    warmup_a, warmup_b = expected.get("warmup"), observed.get("warmup")
+    if warmup_a is not None and warmup_b is not None and warmup_a != warmup_b:
+        # A longer warm-up hides a leak or a compilation in the steps it no longer judges (a 5-step
+        # loop with a 4-step warm-up judges one step, and native growth needs two): a count, exact.
+        changes.append(
+            CostChange(f"{prefix}warm-up", f"{warmup_a} -> {warmup_b} steps (steady state judges the steps after it)")
+        )
     before_steps, after_steps = expected.get("steps", []), observed.get("steps", [])
     # A footprint that grew beyond the band is named by its new buffers (dtype, shape, sharding),
     # once, on the first step it fails on; where either side has no listing, the bytes alone.

@@ -9,6 +9,7 @@ checked by weak reference, so a reused id never names another tensor. Used insid
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import types
@@ -40,6 +41,13 @@ def dynamo_in_use() -> bool:
 
 def recorder() -> Any:
     """A TorchFunctionMode that records creation sites; enter it around a step's body."""
+    return _recorder_class()()
+
+
+@functools.cache
+def _recorder_class() -> Any:
+    """The mode's class, made once per process: a class made per traced step (its functions, cells,
+    tuples) would be what the loop keeps, as read by the meter, growing on each traced step."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -65,4 +73,4 @@ def recorder() -> Any:
             found = self.sites.get(id(tensor))
             return found[1] if found is not None and found[0]() is tensor else None
 
-    return CreationSites()
+    return CreationSites

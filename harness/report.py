@@ -321,7 +321,10 @@ def render_summary(results: Results, title: str = "SPMD regression results") -> 
 
 def comparison_section(comparison: Comparison) -> list[str]:
     """Both builds, what differs (failed), what changed in the registry's judgement, what the base lacks."""
-    mark = "❌" if comparison.differ else "✅"
+    # A known bug the base passed and this build shows is no difference of a passing case (the
+    # registry judged it, by this build's version): not a green check either.
+    newly = any(line.startswith(("newly failing", "fails in this build")) for line in comparison.registry)
+    mark = "❌" if comparison.differ else "⚠️" if newly else "✅"
     lines = [f"### {mark} Compared with the base build", ""]
     lines += [f"- {markdown_cell(line)}" for line in comparison.lines()]
     return lines + [""]

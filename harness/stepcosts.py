@@ -41,6 +41,18 @@ _DUMP_FILE = re.compile(
     r"(?P<stage>before_optimizations|(?:[a-z]+_)?after_optimizations(?P<buffers>-buffer-assignment)?)\.txt$"
 )
 _STAGES = {"before_optimizations": "before"}
+# The collector's functions and the native reading as they were when the harness loaded: a body
+# that replaces gc.get_objects, gc.collect, gc.get_freeze_count or harness.nativememory.now (to
+# hide what its loop keeps) does not blind the meter, which calls only these.
+_collect, _get_objects, _freeze, _unfreeze, _freeze_count, _is_tracked = (
+    gc.collect,
+    gc.get_objects,
+    gc.freeze,
+    gc.unfreeze,
+    gc.get_freeze_count,
+    gc.is_tracked,
+)
+_native_now = nativememory.now
 MAX_DUMP_BYTES = 64 << 20  # a partitioned module this large is not a training step of a case
 _meter_numbers = itertools.count()
 
@@ -69,6 +81,16 @@ class StepMeter:
                 f"a cost-measured loop needs a child of its own, and this one ran {ctx.bodies_before} "
                 "body(ies) before: pass fresh=True to spmd.run for this body"
             )
+        replaced = [
+            f.__name__
+            for f in (_collect, _get_objects, _freeze, _unfreeze, _freeze_count, _is_tracked)
+            if f.__module__ != "gc"
+        ]
+        if replaced:
+            raise HarnessUsageError(
+                f"gc.{', gc.'.join(replaced)} was replaced before harness.stepcosts was imported: the meter "
+                "cannot see what the loop keeps; do not replace the collector's functions in a measured body"
+            )
         self.ctx = ctx
         self.host_only = host_only
         self.label = label
@@ -95,6 +117,8 @@ class StepMeter:
         # bytes join the loop's in the step's device footprint.
         self.before_loop = [] if host_only else _device_tensors_now()
         self.freezes = _FreezeWatch()
+        self.frozen_loop: list[weakref.ReferenceType[Any]] = []  # the loop's XLA tensors a body froze
+        self.frozen_listed_at: int | None = None  # the freeze count when they were last listed
         self.alive: _Alive | None = None
         self.suspect_leak = False  # a step after the warm-up kept more XLA tensors than the one before
         self.sites: Any = None  # harness.creationsites' recorder of this step, while steps are traced
@@ -206,31 +230,37 @@ class StepMeter:
     @contextlib.contextmanager
     def _not_the_loops(self) -> Iterator[None]:
         """What the native figures move by in this block is memray's doing, not the loop's."""
-        before = nativememory.now()
+        before = _native_now()
         try:
             yield
         finally:
-            after = nativememory.now()
+            after = _native_now()
             for field in before.keys() & after.keys():
                 self.native_offset[field] += after[field] - before[field]
 
     # ---------------------------------------------------------------- what a step leaves alive
 
     def _record_alive(self, index: int, entry: dict[str, Any]) -> None:
-        alive, tensors = _Alive.now(
-            exclude=(self.signature, self.dumps, self.last_inputs, self.alive, entry, self.freezes.sentinel)
+        own = (
+            (self.signature, self.dumps, self.last_inputs, self.alive, entry, self.freezes.sentinel)
             + (self.native_stacks, self.native_own, self.native_offset)
             + tuple(x for r in (self.sites, self.made_before) if r is not None for x in (r, r.__dict__))
         )
+        alive, tensors = _Alive.now(exclude=own)
         # A body that calls gc.freeze() itself hides what it keeps from gc.get_objects(): what the
         # permanent generation gained since the meter's own freeze counts as kept by the loop.
         frozen = self.freezes.frozen_since_start()
-        if frozen > 0:
+        if frozen:  # net of the objects frozen before the meter that died since: can be below 0, grows all the same
             alive.types["objects frozen by the loop (gc.freeze)"] += frozen
+        held = [tensor for tensor in (ref() for ref in self.before_loop) if tensor is not None]
+        if self.freezes.seen_freeze and not self.host_only:  # (its count can be net negative: older frozen objects die)
+            # ... and the XLA tensors among them are still the loop's: counted, and in the footprint.
+            hidden = self._frozen_loop_tensors(known=tensors + held, own=(*own, alive))
+            alive.add_tensors(hidden)
+            tensors += hidden
         # What the collector cannot see: C++ allocations, untracked objects held by older containers.
-        entry["live"] = alive.totals() | {k: v - self.native_offset[k] for k, v in nativememory.now().items()}
+        entry["live"] = alive.totals() | {k: v - self.native_offset[k] for k, v in _native_now().items()}
         if not self.host_only:
-            held = [tensor for tensor in (ref() for ref in self.before_loop) if tensor is not None]
             footprint = _Footprint(tensors + held)
             entry["live"]["footprint_bytes"] = footprint.bytes_per_device
             # The step's peak as the device holds it: every live buffer plus the step graph's temp
@@ -253,6 +283,23 @@ class StepMeter:
                 entry["kept"] = kept
             self.suspect_leak = self.suspect_leak or any(n > self.alive.shapes[k] for k, n in alive.shapes.items())
         self.alive = alive
+
+    def _frozen_loop_tensors(self, known: list[Any], own: tuple[Any, ...]) -> list[Any]:
+        """The loop's XLA tensors that a body's gc.freeze() hid from gc.get_objects(). Each time the
+        frozen objects changed, the permanent generation is listed (unfreeze, list, freeze again:
+        ~100 ms, only in a loop whose body froze the collector) and the loop's tensors in it are
+        held by weak reference. That freezes what the loop holds then too, which the freeze watch
+        counts among the objects the loop froze; the meter's own records it froze are not counted."""
+        if _freeze_count() != self.frozen_listed_at:
+            before_loop = {id(t) for t in (ref() for ref in self.before_loop) if t is not None}
+            everything = _all_objects()
+            self.frozen_loop = [weakref.ref(t) for t in _device_tensors_among(everything) if id(t) not in before_loop]
+            own_ids = _ids_within(own)
+            self.freezes.meter_frozen = sum(1 for obj in everything if id(obj) in own_ids)
+            del everything
+            self.frozen_listed_at = _freeze_count()
+        listed = {id(t) for t in known}
+        return [t for t in (ref() for ref in self.frozen_loop) if t is not None and id(t) not in listed]
 
     def _creation_sites(self, tensors: list[Any], alive: _Alive) -> str:
         """'float32[] at test_loop.py:87': tensors the step before made (traced) that this step left
@@ -420,7 +467,7 @@ _UNTRACKED_LATER = (tuple, dict)
 
 def _stays_tracked(value: Any, depth: int = 0) -> bool:
     if type(value) not in _UNTRACKED_LATER:
-        return gc.is_tracked(value)
+        return _is_tracked(value)
     if depth > 8:  # deeper than any spec or cache a step builds: count it
         return True
     items = value.items() if isinstance(value, dict) else ((item, None) for item in value)
@@ -438,11 +485,11 @@ class _Alive:
     def now(cls, exclude: Iterable[Any]) -> tuple[_Alive, list[Any]]:
         """What is alive, and the loop's XLA tensors themselves (for the footprint: not kept, so
         the meter holds none of them past the step)."""
-        gc.collect()
+        _collect()
         own = _ids_within(exclude)  # the meter's own records are not the loop's
         types: collections.Counter[str] = collections.Counter()
         tensors = []
-        for obj in gc.get_objects():
+        for obj in _get_objects():
             if id(obj) in own:
                 continue
             kind = type(obj)
@@ -454,11 +501,16 @@ class _Alive:
         shapes = collections.Counter(_shape_text(t) for t in tensors)
         return cls(types, shapes, _bytes(tensors)), tensors
 
+    def add_tensors(self, tensors: list[Any]) -> None:
+        """XLA tensors the listing could not see (frozen by the body), counted with the loop's."""
+        self.shapes.update(_shape_text(t) for t in tensors)
+        self.device_bytes += _bytes(tensors)
+
     def totals(self) -> dict[str, int]:
         return {
             "tensors": sum(self.shapes.values()),
             "bytes_per_device": self.device_bytes,
-            "host_objects": sum(self.types.values()),
+            "host_objects": max(0, sum(self.types.values())),
         }
 
     def kept_since(self, before: _Alive) -> list[str]:
@@ -486,24 +538,30 @@ class _FreezeWatch:
     """
 
     def __init__(self) -> None:
-        gc.freeze()
-        self.at_start = gc.get_freeze_count()
+        _freeze()
+        self.at_start = _freeze_count()
+        self.meter_frozen = 0  # the meter's own records frozen since (StepMeter._frozen_loop_tensors)
         self.sentinel: list[Any] = []  # a list is always tracked by the collector
         self.seen_freeze = False
 
     def frozen_since_start(self) -> int:
         if not self.seen_freeze:
-            if any(obj is self.sentinel for obj in gc.get_objects()):
+            if any(obj is self.sentinel for obj in _get_objects()):
                 return 0
             self.seen_freeze = True
-        return gc.get_freeze_count() - self.at_start
+        return _freeze_count() - self.at_start - self.meter_frozen
 
 
 def _device_tensors_now() -> list[weakref.ReferenceType[Any]]:
     """Weak references to every XLA tensor Python holds now (one pass over the collector's objects,
-    once per meter, before it freezes them). A child holds ~430k objects: a Python-level test of
-    each took ~230 ms, so the tensors are picked by their exact types in C (map, compress), ~100 ms
-    with the listing itself, and no object's __class__ is asked (a lazy module's would warn)."""
+    once per meter, before it freezes them)."""
+    return [weakref.ref(obj) for obj in _device_tensors_among(_get_objects())]
+
+
+def _device_tensors_among(objects: list[Any]) -> list[Any]:
+    """The XLA tensors among `objects`. A child holds ~430k objects: a Python-level test of each
+    took ~230 ms, so the tensors are picked by their exact types in C (map, compress), ~100 ms with
+    the listing itself, and no object's __class__ is asked (a lazy module's would warn)."""
     import torch
 
     tensor_types, todo = set(), [torch.Tensor]
@@ -512,9 +570,18 @@ def _device_tensors_now() -> list[weakref.ReferenceType[Any]]:
         if kind not in tensor_types:
             tensor_types.add(kind)
             todo += type.__subclasses__(kind)
-    objects = gc.get_objects()
     candidates = itertools.compress(objects, map(tensor_types.__contains__, map(type, objects)))
-    return [weakref.ref(obj) for obj in candidates if _is_device_tensor(obj)]
+    return [obj for obj in candidates if _is_device_tensor(obj)]
+
+
+def _all_objects() -> list[Any]:
+    """Every object the collector tracks, those in its permanent generation too, which
+    gc.get_objects() does not list: unfreeze, list, freeze again (all of them are frozen then)."""
+    _unfreeze()
+    try:
+        return _get_objects()
+    finally:
+        _freeze()
 
 
 class _Footprint:

@@ -308,3 +308,15 @@ def test_not_this_time(spmd):
     assert "FAILED test_plain.py::test_plain_fails" in proc.stdout
     assert "error: no case records" in proc.stderr
     assert "2 no case record was read" in " ".join(report.__doc__.split())
+
+
+def test_a_comparison_where_a_known_bug_is_newly_failing_is_not_a_green_check():
+    from harness.judges.basecompare import Comparison
+
+    newly = Comparison(base="/base", base_torch_xla="2.9.0", this_torch_xla=["2.6.0"], compared=10)
+    newly.registry = [
+        "newly failing in this build: fsdpv2-scalar-output-spec (t.py::t: base passed -> this build reproduced)"
+    ]
+    assert report.comparison_section(newly)[0] == "### ⚠️ Compared with the base build"
+    newly.registry = []
+    assert report.comparison_section(newly)[0] == "### ✅ Compared with the base build"
