@@ -629,8 +629,10 @@ def _leak(steps: list[Mapping[str, Any]], judged: list[int], gap: int = 1) -> st
         )
     if not parts:
         return None
-    # what the latest judged step that kept anything kept (a leak every other step keeps on every other)
-    kept = next((list(steps[i]["kept"]) for i in reversed(judged) if steps[i].get("kept")), [])
+    # what the latest judged step that kept anything kept (a leak every other step keeps on every other),
+    # but the step memray tracked, whose objects memray's own import and tracker left (harness.nativestacks)
+    tracked = next((i for i, step in enumerate(steps) if step.get("native_stacks")), None)
+    kept = next((list(steps[i]["kept"]) for i in reversed(judged) if steps[i].get("kept") and i != tracked), [])
     if held_before and not kept:
         kept = ["the loop made nothing that stayed alive: tensors made before the loop hold more"]
     if native and not kept:
