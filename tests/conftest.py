@@ -24,6 +24,14 @@ def run_fake(pytester: pytest.Pytester, *args: str, timeout: float = 120) -> pyt
     return pytester.runpytest_subprocess(*FAKE_RUN, *args, timeout=timeout)
 
 
+CPU_RUN = ("--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider")
+
+
+def run_cpu(pytester: pytest.Pytester, *args: str, timeout: float = 300) -> pytest.RunResult:
+    """A real pytest run of pytester's files on real torch_xla: the CPU backend, 4 virtual devices."""
+    return pytester.runpytest_subprocess(*CPU_RUN, *args, timeout=timeout)
+
+
 def only_run_folder(pytester: pytest.Pytester, results: str = "results") -> Path:
     """The one run folder a run made under pytester's results folder (never the `latest` link)."""
     (folder,) = (p for p in (pytester.path / results).glob("run-*") if not p.is_symlink())

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.judges.baseline import Baseline, CaseCheck, ShardingChange, is_drift
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cpu
 
 pytestmark = pytest.mark.selftest
 
@@ -241,9 +241,7 @@ def test_a_sharding_no_case_asserts_passes_without_the_baseline_and_fails_with_i
 
     def run(shard_last_dim: bool, *args: str) -> pytest.RunResult:
         monkeypatch.setenv("SHARD_LAST_DIM", "1" if shard_last_dim else "0")
-        return pytester.runpytest_subprocess(
-            "--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider", *args, timeout=300
-        )
+        return run_cpu(pytester, *args)
 
     run(False, "--spmd-shardings-baseline=baseline.json", "--spmd-update-shardings").assert_outcomes(passed=1)
     run(True, "--spmd-shardings-baseline=absent.json").assert_outcomes(passed=1)  # nothing asserts the dim
@@ -310,14 +308,7 @@ def test_the_real_vit_case_passes_a_silent_output_change_without_the_baseline_an
 
     def run(patch: bool, baseline: str) -> pytest.RunResult:
         monkeypatch.setenv("PATCH", "1" if patch else "0")
-        return pytester.runpytest_subprocess(
-            "--spmd-backend=cpu",
-            "--spmd-devices=4",
-            "-p",
-            "no:cacheprovider",
-            f"--spmd-shardings-baseline={baseline}",
-            timeout=300,
-        )
+        return run_cpu(pytester, f"--spmd-shardings-baseline={baseline}")
 
     run(False, "baseline.json").assert_outcomes(passed=1)  # unpatched: the committed entry holds
     run(True, "absent.json").assert_outcomes(passed=1)  # nothing in the case asserts output shardings

@@ -22,7 +22,7 @@ import json
 import pytest
 
 from harness import costs
-from tests.conftest import run_fake
+from tests.conftest import run_cpu, run_fake
 
 pytestmark = pytest.mark.selftest
 
@@ -269,15 +269,7 @@ def test_a_device_tensor_frozen_by_the_body_stays_in_the_footprint(pytester, mon
     pytester.makepyfile(test_freeze=FREEZE_LOOP)
 
     def run(*args: str) -> pytest.RunResult:
-        return pytester.runpytest_subprocess(
-            "--spmd-backend=cpu",
-            "--spmd-devices=4",
-            "-p",
-            "no:cacheprovider",
-            "--spmd-costs-baseline=costs.json",
-            *args,
-            timeout=300,
-        )
+        return run_cpu(pytester, "--spmd-costs-baseline=costs.json", *args)
 
     run("--spmd-update-costs", "-k", "test_loop").assert_outcomes(passed=1)
     monkeypatch.setenv("MODE", "hide")
@@ -297,9 +289,7 @@ def test_a_window_of_three_or_four_losses_passes_the_librarys_five_step_loop(pyt
     """The window fills on step 2 or 3, after the warm-up: from the step after, the meter notes where
     XLA tensors are made, and its own recorder must not read as what the loop keeps."""
     pytester.makepyfile(test_freeze=FREEZE_LOOP)
-    result = pytester.runpytest_subprocess(
-        "--spmd-backend=cpu", "--spmd-devices=4", "-p", "no:cacheprovider", "-rA", "-k", "test_window", timeout=300
-    )
+    result = run_cpu(pytester, "-rA", "-k", "test_window")
     result.assert_outcomes(passed=2)
 
 

@@ -16,6 +16,7 @@ import json
 import pytest
 
 from harness.costs import kib
+from tests.conftest import run_cpu
 from tests.test_baseline import lit
 
 pytestmark = [
@@ -135,15 +136,7 @@ def suite(pytester, monkeypatch):
         monkeypatch.setenv("GROW_TEMP", "1" if grow_temp else "0")
         monkeypatch.setenv("HOLD_BEFORE", "1" if hold_before else "0")
         monkeypatch.setenv("LEAK_NATIVE_KIB", str(native_kib))
-        return pytester.runpytest_subprocess(
-            "--spmd-backend=cpu",
-            "--spmd-devices=4",
-            "-p",
-            "no:cacheprovider",
-            "--spmd-costs-baseline=costs.json",
-            *args,
-            timeout=300,
-        )
+        return run_cpu(pytester, "--spmd-costs-baseline=costs.json", *args)
 
     return run
 

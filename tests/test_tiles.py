@@ -11,7 +11,7 @@ import pytest
 from harness.gke.aggregate import HostDisagreement
 from harness.judges.baseline import Baseline, ShardingChange, listing
 from harness.tiles import device_grid, holders_from_mesh, is_multi_axis, tile_holders
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cpu
 
 pytestmark = pytest.mark.selftest
 
@@ -153,14 +153,7 @@ def test_moved_tiles_of_a_partially_replicated_parameter_fail_against_the_baseli
 
     def run(patch: bool, baseline: str) -> pytest.RunResult:
         monkeypatch.setenv("PATCH", "1" if patch else "0")
-        return pytester.runpytest_subprocess(
-            "--spmd-backend=cpu",
-            "--spmd-devices=4",
-            "-p",
-            "no:cacheprovider",
-            f"--spmd-shardings-baseline={baseline}",
-            timeout=300,
-        )
+        return run_cpu(pytester, f"--spmd-shardings-baseline={baseline}")
 
     run(False, "baseline.json").assert_outcomes(passed=1)  # unpatched: the committed entry holds
     run(True, "absent.json").assert_outcomes(passed=1)  # losses and tile shapes unchanged: nothing else sees it
