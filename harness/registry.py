@@ -96,6 +96,10 @@ def _entry_from_table(table: Any, number: int, path: Path) -> KnownBug:
     unknown = unknown_keys(table, ENTRY_KEYS)
     if unknown:
         raise RegistryError(f"{where}: {unknown}")
+    if "status" in table and table["status"] not in STATUSES:  # first: a misspelt status explains what follows
+        raise RegistryError(
+            f"{where}: status must be 'fixed', 'open' or '{NOT_REPRODUCED}', not {shown(table['status'])}"
+        )
     not_reproduced = table.get("status") == NOT_REPRODUCED
     if not_reproduced and "carried_by" in table:
         raise RegistryError(
@@ -104,15 +108,14 @@ def _entry_from_table(table: Any, number: int, path: Path) -> KnownBug:
         )
     missing = [key for key in REQUIRED_KEYS if key not in table and not (not_reproduced and key == "carried_by")]
     if missing:
-        raise RegistryError(f"{where} lacks {', '.join(missing)}; every entry needs {', '.join(REQUIRED_KEYS)}")
+        raise RegistryError(
+            f"{where} lacks {', '.join(missing)}; every entry needs {', '.join(REQUIRED_KEYS)} "
+            f'(carried_by but where status = "{NOT_REPRODUCED}")'
+        )
     for key in ("id", "title", "upstream_issue", "fix"):
         value = table.get(key, "")
         if not isinstance(value, str) or (key in ("id", "title") and not value):
             raise RegistryError(f'{where}: {key} must be a non-empty string, e.g. {key} = "..."; got {shown(value)}')
-    if table["status"] not in STATUSES:
-        raise RegistryError(
-            f"{where}: status must be 'fixed', 'open' or '{NOT_REPRODUCED}', not {shown(table['status'])}"
-        )
     carried_by = SpecifierSet() if not_reproduced else _carried_by(table["carried_by"], where)
     if table["status"] == "fixed" and not any(spec.operator in UPPER_BOUND_OPERATORS for spec in carried_by):
         raise RegistryError(

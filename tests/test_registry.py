@@ -93,6 +93,12 @@ def test_unknown_entry_names_the_known_ones():
             id="bad-status",
         ),
         pytest.param('[[bug]]\nid="x"\ntitle="t"\n', "lacks", id="missing-fields"),
+        # A misspelt status is named, not taken for an entry without carried_by.
+        pytest.param(
+            '[[bug]]\nid="x"\ntitle="t"\nstatus="not_reproduced"\nsignatures=["a"]\n',
+            "status must be 'fixed', 'open' or 'not-reproduced', not the string 'not_reproduced'",
+            id="misspelt-status",
+        ),
     ],
 )
 def test_malformed_registry_is_a_typed_error(tmp_path: Path, body, message):
