@@ -571,6 +571,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in plain_failure_lines(results):
             say(line)
     say(f"harness.report {home}: {totals_line(results)}")
+    held = runfolder.runs_in(args.results_dir) if home != args.results_dir else []
+    if len(held) > 1:  # two venvs, one results folder: say which run this is, and that others are there
+        say(
+            f"({args.results_dir} holds {len(held)} runs; this report is of {home.name}; name a run's "
+            f"folder to report another, e.g. {next(r for r in held if r.resolve() != home.resolve())})"
+        )
     if not results.case_records:
         say(
             f"error: no case records ({runfolder.VERDICTS_GLOB}) under {args.results_dir}: the run executed "

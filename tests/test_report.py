@@ -10,7 +10,7 @@ import pytest
 
 from harness import report
 from harness.records.results import CaseRecord, write_record
-from tests.conftest import REPO, spmd_report
+from tests.conftest import REPO, run_fake, spmd_report
 
 pytestmark = pytest.mark.selftest
 
@@ -320,3 +320,28 @@ def test_a_comparison_where_a_known_bug_is_newly_failing_is_not_a_green_check():
     assert report.comparison_section(newly)[0] == "### ⚠️ Compared with the base build"
     newly.registry = []
     assert report.comparison_section(newly)[0] == "### ✅ Compared with the base build"
+
+
+def test_a_results_folder_holding_several_runs_says_which_one_it_reports(pytester):
+    """Two venvs, one results folder: the report of the folder is its latest run, and says the
+    folder holds others and how to name one; a run's own folder is reported without the note."""
+    pytester.makepyfile(
+        test_cases="""
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def test_one(spmd):
+    pass
+"""
+    )
+    for _ in range(2):
+        run_fake(pytester).assert_outcomes(passed=1)
+    runs = sorted(p for p in (pytester.path / "results").glob("run-*") if not p.is_symlink())
+    assert len(runs) == 2
+    latest = (pytester.path / "results" / "latest").resolve()
+    folder = spmd_report(str(pytester.path / "results"))
+    assert folder.returncode == 0, folder.stdout + folder.stderr
+    assert f"holds 2 runs; this report is of {latest.name}; name a run's folder to report another" in folder.stdout
+    own = spmd_report(str(runs[0]))
+    assert own.returncode == 0 and "holds 2 runs" not in own.stdout
