@@ -35,16 +35,11 @@ def _dump_flags() -> str:
     """Ask XLA to dump the read-back computation, before torch_xla compiles anything: XLA reads
     XLA_FLAGS once per process (the harness's own step dumps are off then: a body's own
     --xla_dump_to wins, harness.xla.enable_step_dumps)."""
-    import atexit
     import os
-    import shutil
-    import tempfile
 
-    from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
+    from harness import xla
 
-    root = os.environ.get(XLA_DUMP_ROOT_ENV)  # the run's dump root: swept if this child is killed
-    folder = tempfile.mkdtemp(prefix="spmd-readback-dumps-", dir=root if root and os.path.isdir(root) else None)
-    atexit.register(shutil.rmtree, folder, True)
+    folder = xla.scratch_folder("spmd-readback-dumps-")  # under the run's dump root: swept if this child is killed
     wanted = f"--xla_dump_to={folder} --xla_dump_hlo_as_text --xla_dump_hlo_module_re={MODULE}"
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {wanted}".strip()
     return folder

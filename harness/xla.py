@@ -34,14 +34,28 @@ def enable_step_dumps() -> str | None:
     compiled module is dumped and stepcosts keeps those its steps compiled. A user's own
     --xla_dump_to wins: the dumps are then theirs and steps record no collectives.
     """
+    import os
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_dump_to" in flags or os.environ.get(DUMP_DIR_ENV):
+        return None
+    folder = scratch_folder("spmd-xla-dumps-")
+    wanted = f" --xla_dump_to={folder} --xla_dump_hlo_as_text"
+    if can_name_graphs():
+        wanted += f" --xla_dump_hlo_module_re=^{STEP_GRAPH_PREFIX}"
+    os.environ["XLA_FLAGS"] = (flags + wanted).strip()
+    os.environ[DUMP_DIR_ENV] = folder
+    return folder
+
+
+def scratch_folder(prefix: str) -> str:
+    """A new folder for what XLA writes for this child (its dumps), under the run's dump root,
+    which the run removes even when the child is killed; removed at a fresh child's exit too."""
     import atexit
     import os
     import shutil
     import tempfile
 
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "--xla_dump_to" in flags or os.environ.get(DUMP_DIR_ENV):
-        return None
     from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 
     root = os.environ.get(XLA_DUMP_ROOT_ENV)
@@ -50,13 +64,8 @@ def enable_step_dumps() -> str | None:
             os.makedirs(root, mode=0o700, exist_ok=True)  # an earlier body may have deleted it
         except OSError:
             root = None
-    folder = tempfile.mkdtemp(prefix="spmd-xla-dumps-", dir=root if root and os.path.isdir(root) else None)
+    folder = tempfile.mkdtemp(prefix=prefix, dir=root if root and os.path.isdir(root) else None)
     atexit.register(shutil.rmtree, folder, True)  # a fresh child's exit; a forked one's root goes with the run
-    wanted = f" --xla_dump_to={folder} --xla_dump_hlo_as_text"
-    if can_name_graphs():
-        wanted += f" --xla_dump_hlo_module_re=^{STEP_GRAPH_PREFIX}"
-    os.environ["XLA_FLAGS"] = (flags + wanted).strip()
-    os.environ[DUMP_DIR_ENV] = folder
     return folder
 
 
