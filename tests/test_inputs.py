@@ -113,7 +113,7 @@ def test_signatures_written_as_a_string_are_refused_not_matched_letter_by_letter
         # status outside the allowed values.
         pytest.param(
             ENTRY.replace('status = "open"', 'status = "closed"'),
-            ["'list-spec'", "status", "'fixed' or 'open'"],
+            ["'list-spec'", "status", "'fixed', 'open' or 'not-reproduced'"],
             id="status",
         ),
         # A misspelt key is refused with the closest known key.
