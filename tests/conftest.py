@@ -7,8 +7,10 @@ would leave behind) on the fake backend, which needs no torch_xla.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +46,16 @@ def spmd_report(*args: str, text: bool = True, **kwargs: Any) -> subprocess.Comp
     kwargs.setdefault("cwd", REPO)
     kwargs.setdefault("timeout", 60)
     return subprocess.run([sys.executable, "-m", "harness.report", *args], capture_output=True, text=text, **kwargs)
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[Any]) -> Iterator[subprocess.Popen[Any]]:
+    """`proc` for the block; at its end, however it ends, killed if still running, reaped and its
+    pipes closed. A test that fails on a timeout (`communicate(timeout=...)`) must not leave its
+    pytest running into the tests after it, nor a Popen that a later test's gc.collect() reports."""
+    with proc:
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()

@@ -8,6 +8,7 @@ fake child claims the torch_xla version in HARNESS_FAKE_TORCH_XLA.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import reaped
 from tests.test_costs import signature
 
 pytestmark = pytest.mark.selftest
@@ -145,18 +147,23 @@ def test_two_update_runs_at_once_on_one_file_both_keep_their_entry(suite, pytest
     second writer puts the first one's case back to its old value."""
     suite(config(), "-k", "test_a or test_b", *UPDATE).assert_outcomes(passed=2)
     a_ready, b_ready = str(pytester.path / "a.ready"), str(pytester.path / "b.ready")
-    runs = [
-        start(
-            pytester,
-            config("{replicated}", all_gather=5, rendezvous={name: mine_other}),
-            "-k",
-            f"test_{name}",
-            *UPDATE,
-            results=f"results-{name}",
-        )
-        for name, mine_other in (("a", [a_ready, b_ready]), ("b", [b_ready, a_ready]))
-    ]
-    outputs = [run.communicate(timeout=180)[0] for run in runs]
+    with contextlib.ExitStack() as stack:
+        runs = [
+            stack.enter_context(
+                reaped(
+                    start(
+                        pytester,
+                        config("{replicated}", all_gather=5, rendezvous={name: mine_other}),
+                        "-k",
+                        f"test_{name}",
+                        *UPDATE,
+                        results=f"results-{name}",
+                    )
+                )
+            )
+            for name, mine_other in (("a", [a_ready, b_ready]), ("b", [b_ready, a_ready]))
+        ]
+        outputs = [run.communicate(timeout=180)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     shardings, costs = entries(pytester)
     assert shardings == {"test_cases.py::test_a": {"w": "{replicated}"}, "test_cases.py::test_b": {"w": "{replicated}"}}
@@ -197,13 +204,14 @@ def test_an_interrupted_update_run_writes_nothing(pytester):
     """SIGTERM while the second case runs: the first one passed, and still nothing is written."""
     pytester.makepyfile(test_cases=CASES)
     started = pytester.path / "b.started"
-    run = start(pytester, config(hang={"b": str(started)}), "-k", "test_a or test_b", *UPDATE, results="results")
-    deadline = time.monotonic() + 120
-    while not started.exists() and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert started.exists(), run.communicate(timeout=30)[0] if run.poll() is not None else "test_b never started"
-    run.send_signal(signal.SIGTERM)
-    output = run.communicate(timeout=60)[0]
+    config_b_hangs = config(hang={"b": str(started)})
+    with reaped(start(pytester, config_b_hangs, "-k", "test_a or test_b", *UPDATE, results="results")) as run:
+        deadline = time.monotonic() + 120
+        while not started.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert started.exists(), run.communicate(timeout=30)[0] if run.poll() is not None else "test_b never started"
+        run.send_signal(signal.SIGTERM)
+        output = run.communicate(timeout=60)[0]
     assert run.returncode == pytest.ExitCode.INTERRUPTED, output
     assert not (pytester.path / "shardings.json").exists() and not (pytester.path / "costs.json").exists()
     assert "sharding baseline not written" in output and "cost baseline not written" in output

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.isolation.processes import is_running
+from tests.conftest import reaped
 
 pytestmark = pytest.mark.selftest
 
@@ -172,34 +173,49 @@ def test_b_busy(spmd):
 STOP_MODES = {"fresh": [], "forked-xdist": ["--spmd-fork-server=on", "-m", "spmd", "-n", "2"]}
 
 
+def _sigint_at_its_default() -> None:
+    """In the pytest about to start (after the fork, before its exec): SIGINT at its default and
+    not blocked, whatever this process has. A process a non-interactive shell starts in the
+    background (`CI=true bash .ci/run &`) ignores SIGINT; exec keeps an ignored signal ignored and
+    Python then installs no Ctrl-C handler, so the pytest under test would never see the SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 @pytest.mark.parametrize("mode", list(STOP_MODES))
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
 def test_stopping_pytest_ends_the_busy_child(pytester, sig, mode):
     write(pytester, STOPPABLE)
-    pytest_proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--spmd-backend=fake",
-            "-p",
-            "no:cacheprovider",
-            "--junitxml=junit.xml",
-            *STOP_MODES[mode],
-            "test_faults_cases.py",
-        ],
-        cwd=pytester.path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    marker = pytester.path / "busy.pid"
-    deadline = time.monotonic() + 60
-    while not marker.exists() or not marker.read_text():
-        assert time.monotonic() < deadline and pytest_proc.poll() is None, "the busy case never started"
-        time.sleep(0.05)
-    busy_pid = int(marker.read_text())
-    pytest_proc.send_signal(sig)
-    output = pytest_proc.communicate(timeout=60)[0].decode(errors="replace")
+    with reaped(
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "--spmd-backend=fake",
+                "-p",
+                "no:cacheprovider",
+                "--junitxml=junit.xml",
+                *STOP_MODES[mode],
+                "test_faults_cases.py",
+            ],
+            cwd=pytester.path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_sigint_at_its_default,
+        )
+    ) as pytest_proc:
+        marker = pytester.path / "busy.pid"
+        deadline = time.monotonic() + 60
+        while not marker.exists() or not marker.read_text():
+            assert time.monotonic() < deadline and pytest_proc.poll() is None, "the busy case never started"
+            time.sleep(0.05)
+        busy_pid = int(marker.read_text())
+        pytest_proc.send_signal(sig)
+        try:
+            output = pytest_proc.communicate(timeout=60)[0].decode(errors="replace")
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"pytest still ran 60 s after {sig.name}:\n{(exc.output or b'').decode(errors='replace')}")
     assert_nothing_left(pytester.path, within_s=10.0)
     assert not is_running(busy_pid), "the busy child outlived pytest"
     if sig is not signal.SIGKILL and mode == "fresh":  # a graceful stop keeps what finished

@@ -5,6 +5,7 @@ stops the run with a message instead of an INTERNALERROR. See harness/records/ru
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -21,7 +22,7 @@ from harness import report
 from harness.records import results, runfolder
 from harness.records.results import read_records
 from harness.run import dumproot
-from tests.conftest import spmd_report
+from tests.conftest import reaped, spmd_report
 
 pytestmark = pytest.mark.selftest
 
@@ -143,11 +144,18 @@ def test_two_concurrent_runs_in_one_folder_keep_each_others_files(pytester: pyte
     pytester.makepyfile(test_cases=CASES)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")} | {"ABORT_CASE": "1"}
     argv = [sys.executable, "-m", "pytest", "--spmd-backend=fake", "-p", "no:cacheprovider", "-m", "spmd"]
-    procs = [
-        subprocess.Popen(argv, cwd=pytester.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        for _ in range(2)
-    ]
-    assert [p.wait(timeout=120) for p in procs] == [1, 1]
+    with contextlib.ExitStack() as stack:
+        procs = [
+            stack.enter_context(
+                reaped(
+                    subprocess.Popen(
+                        argv, cwd=pytester.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+                    )
+                )
+            )
+            for _ in range(2)
+        ]
+        assert [p.wait(timeout=120) for p in procs] == [1, 1]
     runs = sorted(p for p in (pytester.path / "results").glob("run-*"))
     assert len(runs) == 2, f"expected a folder per run: {runs}"
     for folder in runs:
