@@ -24,3 +24,14 @@ def pytest_configure(config: pytest.Config) -> None:
     when the paths are the ini's testpaths; a path given on the command line is collected as given."""
     if (config.option.markexpr or "").strip() == "spmd" and config.args_source is pytest.Config.ArgsSource.TESTPATHS:
         config.args[:] = [arg for arg in config.args if Path(arg).name != TESTS_DIR]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist the `slow` cases start first (longest first, the classic fix for a
+    schedule's tail). xdist's worksteal hands each worker a contiguous half of the collection, and
+    an idle worker steals from the end of the other's queue: the scan_layers loops, collected late
+    and 10-40 s each on 2 cores, would start when little else was left and run alone at the end.
+    A serial run keeps the collection order (the same total, and its first verdict comes sooner).
+    Every worker sorts the same collection the same way, as xdist requires."""
+    if getattr(config, "workerinput", None) is not None:
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
