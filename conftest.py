@@ -26,12 +26,18 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args[:] = [arg for arg in config.args if Path(arg).name != TESTS_DIR]
 
 
+SMOKE_CASES = "test_smoke.py"  # cases/test_smoke.py: an import and one sharded step
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist the `slow` cases start first (longest first, the classic fix for a
-    schedule's tail). xdist's worksteal hands each worker a contiguous half of the collection, and
-    an idle worker steals from the end of the other's queue: the scan_layers loops, collected late
-    and 10-40 s each on 2 cores, would start when little else was left and run alone at the end.
-    A serial run keeps the collection order (the same total, and its first verdict comes sooner).
-    Every worker sorts the same collection the same way, as xdist requires."""
+    """Under pytest-xdist the smoke case starts first, then the `slow` cases (longest first, the
+    classic fix for a schedule's tail), then the rest in collection order. xdist's worksteal hands
+    each worker a contiguous half of the collection, and an idle worker steals from the end of the
+    other's queue: the scan_layers loops, collected late and 10-40 s each on 2 cores, started when
+    little else was left and ran alone at the end. The smoke case (a fraction of a second once the
+    fork server is up) keeps the run's first verdict as early as before: the slow cases would
+    otherwise be the first a worker finishes. A serial run keeps the collection order (the same
+    total, and its first verdict comes first anyway). Every worker sorts the same collection the
+    same way, as xdist requires."""
     if getattr(config, "workerinput", None) is not None:
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        items.sort(key=lambda item: 0 if item.path.name == SMOKE_CASES else 1 if item.get_closest_marker("slow") else 2)
