@@ -12,7 +12,8 @@ Rows:
                           records of the serial forked run), summed; for -n 2, halved
   one bare process        import torch_xla, use_spmd, one sharded step, in one process
 --target-only measures only the two rows the time-to-verdict target compares (-n 2 forked, one
-bare process), --repeat times each, alternating, and prints their ratio.
+bare process), --repeat times each, alternating, and prints their ratio and the -n 2 run against
+its floor (its bodies over 2 workers plus one bare process); a run that recorded no case is not counted.
 Columns: wall time, time to the first verdict on disk, cases, peak memory (PSS) of the process tree.
 This is a benchmark, not a test: it asserts nothing and prints numbers.
 """
@@ -274,6 +275,8 @@ def main() -> int:
         ]
         print()
     print(table(list(measured.values()), floor, extra_rows))
+    if extra_rows[0].unreadable:
+        print(f"floor (bodies) leaves out {len(extra_rows[0].unreadable)} damaged record line(s): too low")
     print(f"\n-n 2 forked = {measured['-n 2, forked'].wall / bare.wall:.1f} x one bare torch_xla process")
     return 0
 
