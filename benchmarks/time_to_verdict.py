@@ -12,7 +12,8 @@ Rows:
                           records of the serial forked run), summed; for -n 2, halved
   one bare process        import torch_xla, use_spmd, one sharded step, in one process
 --target-only measures only the two rows the time-to-verdict target compares (-n 2 forked, one
-bare process), --repeat times each, alternating, and prints their ratio.
+bare process), --repeat times each, alternating, and prints their ratio and the -n 2 run against
+its floor (its bodies over 2 workers plus one bare process); a run that recorded no case is not counted.
 Columns: wall time, time to the first verdict on disk, cases, peak memory (PSS) of the process tree.
 This is a benchmark, not a test: it asserts nothing and prints numbers.
 """
@@ -78,6 +79,7 @@ class Measurement:
         self.peak_rss = 0
         self.cases = 0
         self.exit_code = 0
+        self.unreadable: list[str] = []  # damaged lines of its records (a run killed mid-write)
 
 
 def measure(label: str, argv: list[str], results_dir: Path | None) -> Measurement:
@@ -108,10 +110,17 @@ def measure(label: str, argv: list[str], results_dir: Path | None) -> Measuremen
     done.set()
     sampler.join()
     if results_dir is not None:
-        m.cases = sum(
-            1 for p in (results_dir / "latest").glob("verdicts-*.jsonl") for line in p.read_text().splitlines() if line
-        )
+        # The run's case records, not its lines: a late fault's amendment is a line of the case it amends.
+        m.cases = len(run_records(results_dir, m.unreadable))
     return m
+
+
+def run_records(results_dir: Path, unreadable: list[str]) -> list:
+    """The run's case records; a damaged line is listed in `unreadable`, not raised, so that one
+    cut record does not end a benchmark that has measured for minutes."""
+    from harness.records.results import read_records
+
+    return list(read_records(results_dir, unreadable=unreadable)) if results_dir.exists() else []
 
 
 def exit_column(m: Measurement, floor: Measurement) -> str:
@@ -156,10 +165,8 @@ BARE_STEP = (
 
 
 def bodies_floor(results_dir: Path, label: str, workers: int) -> Measurement:
-    from harness.records.results import read_records
-
     m = Measurement(label)
-    records = list(read_records(results_dir))
+    records = run_records(results_dir, m.unreadable)
     m.wall = sum(r.body_s for r in records) / workers
     m.cases = len(records)
     return m
@@ -170,27 +177,36 @@ def target_only(parallel: tuple[list[str], Path | None], bare: tuple[list[str], 
 
     Also the run against its floor: the cases' own bodies (body_s in its records) over the 2
     workers, plus one bare process for the fork server's start. What is above 1.00x is the
-    harness's (pytest, forks, pipes, records, judging, and the idle core at the schedule's end)."""
+    harness's (pytest, forks, pipes, records, judging, and the idle core at the schedule's end).
+    A run that recorded no case (refused, or nothing selected) is not counted: its wall time is
+    pytest's start alone, and would read as the target met."""
     ratios, lags, floors = [], [], []
     for attempt in range(repeat):
         n2, one = measure("-n 2, forked", *parallel), measure("one bare process", *bare)
+        first = f", first verdict {n2.first_verdict:.1f}s" if n2.first_verdict is not None else ""
+        head = (
+            f"run {attempt + 1}/{repeat}: -n 2 forked {n2.wall:.1f}s ({n2.cases} cases, exit {n2.exit_code}"
+            f"{first}), one bare process {one.wall:.1f}s"
+        )
+        if not n2.cases:
+            print(f"{head}: not counted, the run recorded no case", flush=True)
+            continue
         ratios.append(n2.wall / one.wall)
-        if parallel[1] is not None and n2.cases:
-            floors.append(n2.wall / (bodies_floor(parallel[1], "bodies", workers=2).wall + one.wall))
+        floor = run_floor(n2, bodies_floor(parallel[1], "bodies", workers=2), one) if parallel[1] else None
+        if isinstance(floor, float):
+            floors.append(floor)
         # The first verdict's target: one bare process (an import and a step) plus 1 s.
         if n2.first_verdict is not None:
             lags.append(n2.first_verdict - one.wall)
-        first = f", first verdict {n2.first_verdict:.1f}s" if n2.first_verdict is not None else ""
-        floor = f"; {floors[-1]:.2f}x its floor" if len(floors) == attempt + 1 else ""
-        print(
-            f"run {attempt + 1}/{repeat}: -n 2 forked {n2.wall:.1f}s ({n2.cases} cases, exit {n2.exit_code}"
-            f"{first}), one bare process {one.wall:.1f}s: {ratios[-1]:.2f}x{floor}",
-            flush=True,
-        )
+        shown = f"; {floor:.2f}x its floor" if isinstance(floor, float) else f"; {floor}" if floor else ""
+        print(f"{head}: {ratios[-1]:.2f}x{shown}", flush=True)
+    if not ratios:
+        print(f"\nno run of {repeat} recorded a case: no ratio (run the pytest command alone to see why)")
+        return 1
     ratios.sort()
     print(
         f"\n-n 2 forked = {ratios[len(ratios) // 2]:.2f} x one bare torch_xla process "
-        f"(median of {repeat}; min {ratios[0]:.2f}, max {ratios[-1]:.2f})"
+        f"(median of {len(ratios)}; min {ratios[0]:.2f}, max {ratios[-1]:.2f})"
     )
     if floors:
         floors.sort()
@@ -205,6 +221,14 @@ def target_only(parallel: tuple[list[str], Path | None], bare: tuple[list[str], 
             f"(median of {len(lags)}; min {lags[0]:+.1f}, max {lags[-1]:+.1f})"
         )
     return 0
+
+
+def run_floor(run: Measurement, bodies: Measurement, one: Measurement) -> float | str:
+    """The run's wall time over its floor (its bodies over the workers plus one bare process), or
+    why there is none: a floor summed from part of the records would be too low."""
+    if bodies.unreadable:
+        return f"no floor: {len(bodies.unreadable)} damaged record line(s) ({', '.join(bodies.unreadable[:3])})"
+    return run.wall / (bodies.wall + one.wall)
 
 
 def main() -> int:
@@ -251,6 +275,8 @@ def main() -> int:
         ]
         print()
     print(table(list(measured.values()), floor, extra_rows))
+    if extra_rows[0].unreadable:
+        print(f"floor (bodies) leaves out {len(extra_rows[0].unreadable)} damaged record line(s): too low")
     print(f"\n-n 2 forked = {measured['-n 2, forked'].wall / bare.wall:.1f} x one bare torch_xla process")
     return 0
 

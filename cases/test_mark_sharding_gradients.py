@@ -130,9 +130,10 @@ def test_mark_sharding_with_gradients_loop_holds_gradients_sharded_like_paramete
 def test_in_place_mark_sharding_function_of_8723_shows_in_the_step_graphs_outputs_and_peak(spmd) -> None:
     """Self-test (pytorch/xla#8809): the same loop and numbers with #8723's in-place function fail
     the cost comparison against the released function on the step graph's memory. Step 0 shows
-    it, so each loop runs that step only (two loops of 1 step, not of 5)."""
-    released = _run(spmd, steps=1)
-    in_place = _run(spmd, steps=1, reintroduce_in_place=True)
+    it; step 1's loss, the first after an update, is what shows that both functions give the same
+    gradients (step 0's loss is the forward's alone). So two loops of 2 steps, not of 5."""
+    released = _run(spmd, steps=2)
+    in_place = _run(spmd, steps=2, reintroduce_in_place=True)
     assert all(
         math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7)
         for a, b in zip(released.values["losses"], in_place.values["losses"])

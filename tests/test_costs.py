@@ -152,6 +152,18 @@ def test_a_step_that_compiles_again_is_a_steady_state_problem_after_the_warmup_o
     assert [str(c) for c in costs.compare(signature(), late)] == ["step2: compiles 0 -> 1"]
 
 
+def test_a_graph_per_step_names_every_step_after_the_warmup_that_compiled():
+    # A new graph on every step (a batch one token shorter each step): one line per step, none
+    # said to be once. The scan_layers self-test plants a single recompile (its compiles cost
+    # seconds), so this is where the detector is held to name each one without torch_xla.
+    per_step = signature(steps=((1, 0), (1, 0), (1, 0), (1, 0), (1, 0)))
+    for index, step in enumerate(per_step["steps"][2:], start=2):
+        step["differs"] = [f"parameter(0): s64[4,{10 - index}] '' -> s64[4,{9 - index}] ''"]
+    problems = costs.steady_state_problems(per_step)
+    assert [line.split(" ", 1)[0] for line in problems] == ["step2", "step3", "step4"], problems
+    assert "-> s64[4,5] ''" in problems[2] and not any("(once:" in line for line in problems), problems
+
+
 SIX_STEPS = ((1, 0),) + ((0, 1),) * 5
 
 
