@@ -299,17 +299,18 @@ def test_the_spmd_suite_alone_does_not_collect_the_self_tests():
     assert "deselected" not in alone[-1], alone[-1]  # before: 81/929 tests collected (848 deselected)
 
 
-def test_under_xdist_the_slow_cases_start_first_and_a_serial_run_keeps_the_collection_order(tmp_path):
-    """The repository's conftest.py: an xdist worker runs the `slow` cases first, the rest in
-    collection order after them; a serial run (and its --collect-only) keeps the collection order."""
+def test_under_xdist_the_smoke_then_the_slow_cases_start_first_and_a_serial_run_keeps_the_collection_order(tmp_path):
+    """The repository's conftest.py: an xdist worker runs the smoke case first, then the `slow`
+    cases, the rest in collection order after them; a serial run (and its --collect-only) keeps the
+    collection order."""
     import re
     import subprocess
     import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
-    # a file of quick cases collected before two of slow ones
-    files = ["cases/test_costs.py", "cases/test_readback.py", "cases/test_startup_order.py"]
+    # a file of quick cases collected before two of slow ones, the smoke case between those
+    files = ["cases/test_costs.py", "cases/test_readback.py", "cases/test_smoke.py", "cases/test_startup_order.py"]
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--spmd-backend=fake", *files]
 
     def pytest_lines(*args: str) -> list[str]:
@@ -322,7 +323,9 @@ def test_under_xdist_the_slow_cases_start_first_and_a_serial_run_keeps_the_colle
     assert slow and collected[: len(slow)] != slow, "the serial collection is sorted: it must keep its order"
     ran = pytest_lines("-m", "spmd", "-n", "1", "-v", f"--spmd-results-dir={tmp_path}")
     order = [m.group(1) for m in (re.match(r"\[gw0\] \[ *\d+%\] [A-Z]+ (\S+)", line) for line in ran) if m]
-    assert order == slow + [nodeid for nodeid in collected if nodeid not in slow], order
+    smoke = [nodeid for nodeid in collected if nodeid.startswith("cases/test_smoke.py::")]
+    assert smoke, collected
+    assert order == smoke + slow + [nodeid for nodeid in collected if nodeid not in slow + smoke], order
 
 
 OWN_SPMD_INI = """[pytest]
