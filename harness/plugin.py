@@ -19,7 +19,7 @@ from collections.abc import Generator, Iterator
 import pytest
 
 from harness.config import activation, options
-from harness.config.requirements import unmet_needs
+from harness.config.requirements import tier_skip_reason, unmet_needs
 from harness.isolation import files, processes
 from harness.isolation.case import SpmdRunner
 from harness.judges import registrycheck
@@ -44,6 +44,7 @@ MARKERS = (
     "needs(backend=None, devices=0, jax=False, multislice=False, xla=True, reason=''): what a case needs from the backend; unmet needs skip with the numbers",
     "known_bug(entry_id): judge this case against a known-bug registry entry; several markers: the entry whose carried_by holds the child's torch_xla judges it",
     "no_sharding_baseline(reason): keep this case out of the sharding baseline (its recorded tensors vary by design)",
+    "nightly: a case only the nightly tier runs (--spmd-tier=nightly); the PR tier skips it naming the tier",
 )
 
 
@@ -215,7 +216,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if not activation.is_spmd(item):
         return  # a foreign test's needs marker is its own
     harness = item.config.stash[SESSION_KEY]
-    reason = unmet_needs(item, harness.backend)
+    reason = unmet_needs(item, harness.backend) or tier_skip_reason(item, harness.tier)
     if reason:
         # Reported at the case (its file and line), as a skip marker would be, not at this hook.
         raise pytest.skip.Exception(reason, _use_item_location=True)
@@ -236,6 +237,7 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
         results.item_case_id(request.node),
         journal,
         late_faults=harness.charge_late_fault,
+        tier=harness.tier,
     )
     request.node.stash[RUNNER_KEY] = runner
     yield runner

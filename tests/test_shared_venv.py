@@ -56,7 +56,7 @@ def test_ini_keys_configure_the_run_and_the_header_says_so(pytester: pytest.Pyte
     pytester.makepyfile(test_project=PROJECT_TESTS.replace("def test_projects_own_options", "def _unused"))
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=120)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["spmd harness *: backend fake, 2 devices; *; results */out/run-*"])
+    result.stdout.fnmatch_lines(["spmd harness *: backend fake, 2 devices, pr tier; *; results */out/run-*"])
     assert list((pytester.path / "out").glob("run-*/verdicts-main.jsonl"))
 
 
@@ -273,7 +273,9 @@ def test_a_foreign_project_with_a_spmd_case_gets_the_header_after_collection(pyt
         "--spmd-backend=fake", "--spmd-devices=2", "-p", "no:cacheprovider", timeout=120
     )
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["collected 1 item", "spmd harness *: backend fake, 2 devices; *; results *run-*"])
+    result.stdout.fnmatch_lines(
+        ["collected 1 item", "spmd harness *: backend fake, 2 devices, pr tier; *; results *run-*"]
+    )
     assert list(pytester.path.glob("results/run-*/verdicts-main.jsonl"))
 
 

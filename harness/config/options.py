@@ -27,6 +27,10 @@ from harness.records.runfolder import check_run_id
 
 FORK_SERVER_CHOICES = ("auto", "on", "off")
 FORK_SERVER_ENV = "HARNESS_FORK_SERVER"
+# The two tiers (docs/tiers.md): `pr` is what every torch_xla PR and README's `pytest -m spmd` run,
+# sized to stay fast; `nightly` runs everything (`nightly`-marked cases, longer loops, larger sizes).
+TIERS = ("pr", "nightly")
+TIER_ENV = "SPMD_TIER"
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
@@ -139,6 +143,16 @@ OPTIONS = (
         ini=False,
         help="run only the cases whose known_bug markers name this registry entry (harness/known_bugs.toml), "
         "e.g. --spmd-bug=fsdpv2-scalar-param-spec.",
+    ),
+    Option(
+        "spmd_tier",
+        "pr",
+        choices=TIERS,
+        parse=_choice(TIERS),
+        env=TIER_ENV,
+        help="which tier of the suite runs: pr (the PR gate: every case at the size that keeps it fast) "
+        "or nightly (also the cases marked nightly, longer loops and larger sizes; docs/tiers.md). "
+        f"Default: ${TIER_ENV} if set, else pr.",
     ),
     Option(
         "spmd_fork_server",

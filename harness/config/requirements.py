@@ -47,3 +47,10 @@ def unmet_needs(item: pytest.Item, backend: Backend) -> str | None:
     if needs.get("multislice") and caps.slices < 2:
         return f"needs a multi-slice job (MEGASCALE_NUM_SLICES >= 2); backend {backend.name} sees {caps.slices} slice"
     return None
+
+
+def tier_skip_reason(item: pytest.Item, tier: str) -> str | None:
+    """A `nightly` case outside the nightly tier: skipped, naming how to run it."""
+    if tier != "nightly" and item.get_closest_marker("nightly") is not None:
+        return "nightly tier only: run with --spmd-tier=nightly (or SPMD_TIER=nightly) to include it"
+    return None

@@ -138,8 +138,12 @@ class SpmdRunner:
         case_id: str,
         journal: Path | None = None,
         late_faults: LateFaultSink | None = None,
+        tier: str = "pr",
     ) -> None:
         self.pool = pool
+        # The run's tier (--spmd-tier: pr or nightly): a case sizes its loops by it, e.g.
+        # `steps=20 if spmd.tier == "nightly" else 5`, and passes the size to its body.
+        self.tier = tier
         self.backend = backend
         self.case_timeout = case_timeout
         self.case_id = case_id

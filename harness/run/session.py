@@ -49,6 +49,7 @@ class HarnessSession:
             options.value(config, "spmd_backend"), options.value(config, "spmd_devices")
         )
         self.case_timeout: float = options.value(config, "spmd_case_timeout")
+        self.tier: str = options.value(config, "spmd_tier")
         workerinput = getattr(config, "workerinput", None)
         self.role: Role = role_of(config)
         self.worker = process_name(config)  # the name its logs and records go under
@@ -123,7 +124,7 @@ class HarnessSession:
         devices = f"{count} devices" if count else "this host's chips"
         compared = basecheck.report_header(self.compare)
         return [
-            f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}; "
+            f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}, {self.tier} tier; "
             f"{versions.describe(versions.stack())}; results {self.run.path}",
             caseuser.header_line(),
         ] + (compared.splitlines() if compared else [])
