@@ -13,6 +13,12 @@ as `name=value` lines to $GITHUB_OUTPUT when that is set: the reusable workflow'
 RESULTS_DIR is a results folder (its `latest` run is read), one run's folder, or a folder of
 per-host results folders (a GKE launch). See harness.records.runfolder.
 
+Every text from the results folder reaches the summary, the annotations and the outputs through
+one escaping path (harness.records.escaping); the counts and the annotations are written first,
+then the summary, capped under GitHub's 1 MiB per step (harness.records.capping, which says what
+it left out); a folder or link where the report writes is refused, named, and makes the run red
+(harness.records.reportwriting).
+
 A test pytest saw fail that has no case record (not an SPMD case, or its record was lost) is
 listed as a failed case.
 
@@ -42,18 +48,23 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import html
 import os
-import re
 import stat
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 from harness import cli
 from harness.isolation import files
 from harness.judges.basecompare import Comparison, read_comparison
-from harness.records import runfolder
+from harness.records import capping, reportwriting, runfolder
+from harness.records.escaping import (
+    markdown_cell,
+    markdown_name,
+    plain_line,
+    shorten,
+    workflow_command,
+)
 from harness.records.results import CaseRecord, contradicting, family_of, is_failure, read_records, suite_exit_problem
 
 # Long log tails would make the summary table unreadable; the full text is in the uploaded JSON.
@@ -225,31 +236,6 @@ def group_by_family(records: Iterable[CaseRecord]) -> dict[str, list[CaseRecord]
 # Markdown
 
 
-def shorten(text: str, limit: int) -> str:
-    """Keep the head (the exception line) and the tail (the end of a log) of long text."""
-    if len(text) <= limit:
-        return text
-    half = (limit - 20) // 2
-    return f"{text[:half]} … [{len(text) - 2 * half} chars cut] … {text[-half:]}"
-
-
-def markdown_cell(text: str | None, limit: int | None = None) -> str:
-    """Make arbitrary text safe inside one Markdown table cell."""
-    text = text or ""
-    if limit is not None:
-        text = shorten(text, limit)
-    # `<lambda>` or `{devices=[4,1]<=[4]}` would otherwise be read as HTML.
-    text = html.escape(text, quote=False)
-    # A pipe would split the cell; backticks, stars and brackets would restyle the text.
-    text = re.sub(r"([\\`*_\[\]|])", r"\\\1", text)
-    return "<br>".join(line for line in text.splitlines() if line.strip())
-
-
-def heading_safe(family: str) -> str:
-    # Families are file stems; anything else (a bad record) must not break out of the code span.
-    return re.sub(r"[^\w.-]", "?", family)
-
-
 def case_name(record: CaseRecord) -> str:
     # The family heading already names the file.
     return record.nodeid.split("::", 1)[-1]
@@ -264,7 +250,8 @@ def where(record: CaseRecord) -> str:
 def count_outcomes(records: Sequence[CaseRecord]) -> str:
     counts = collections.Counter(r.outcome for r in records)
     known = [f"{counts.pop(o, 0)} {o}" for o in ("passed", "failed", "xfailed", "skipped")]
-    others = [f"{n} {outcome}" for outcome, n in sorted(counts.items())]
+    # An outcome no judge writes is a record's text: escaped like any other.
+    others = [f"{n} {markdown_cell(outcome, 100)}" for outcome, n in sorted(counts.items())]
     return ", ".join(known + others)
 
 
@@ -297,7 +284,10 @@ def run_description(records: Sequence[CaseRecord]) -> str:
     return f"torch_xla {values('torch_xla')} · backend {values('backend')} · {values('devices')} devices"
 
 
-def render_summary(results: Results, title: str = "SPMD regression results") -> str:
+def render_summary(
+    results: Results, title: str = "SPMD regression results", left_out: Collection[int] = frozenset()
+) -> str:
+    """left_out: the id() of records whose rows are left out of the tables (harness.records.capping)."""
     records = results.records
     lines = [f"## {title}", ""]
     for problem in results.problems:
@@ -308,13 +298,16 @@ def render_summary(results: Results, title: str = "SPMD regression results") -> 
         lines += [run_description(records), ""]
         with_hosts = any(where(r) for r in records)
         for family, members in group_by_family(records).items():
-            lines += [f"### `{heading_safe(family)}` ({count_outcomes(members)})", ""]
-            lines += family_table(members, with_hosts) + [""]
+            lines += [f"### `{markdown_name(family)}` ({count_outcomes(members)})", ""]
+            rows = [r for r in members if id(r) not in left_out]
+            lines += (family_table(rows, with_hosts) if rows else ["(rows left out, see below)"]) + [""]
     for comparison in results.comparisons:
         lines += comparison_section(comparison)
     if results.unreadable:
         shown = ", ".join(results.unreadable[:10])
         lines += [f"⚠️ {len(results.unreadable)} unreadable record line(s): {markdown_cell(shown)}", ""]
+    if left_out:
+        lines += [capping.left_out_line([r for r in records if id(r) in left_out], len(records)), ""]
     lines.append(f"**Totals:** {totals_line(results)}")
     return "\n".join(lines) + "\n"
 
@@ -336,7 +329,7 @@ def totals_line(results: Results) -> str:
     # status) or where it counted more failures than the records hold.
     recorded_failures = sum(1 for r in results.records if is_failure(r))
     if results.pytest_exit is not None or counts(results)["failed"] > recorded_failures:
-        tallies = ", ".join(f"{n} {key}" for key, n in sorted(results.pytest_counts.items()))
+        tallies = ", ".join(f"{n} {markdown_cell(key, 100)}" for key, n in sorted(results.pytest_counts.items()))
         exited = f"exited {results.pytest_exit}" if results.pytest_exit is not None else "counted"
         line += f"; pytest {exited}" + (f" ({tallies})" if tallies else "")
     return line + (f"; {len(results.problems)} run problem(s)" if results.problems else "")
@@ -344,21 +337,6 @@ def totals_line(results: Results) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # GitHub workflow commands
-
-
-def escape_command_data(text: str) -> str:
-    """Escape a workflow command's message so it stays one command on one line."""
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def escape_command_property(text: str) -> str:
-    """Properties are `key=value` pairs separated by `,` and ended by `::`, so escape those too."""
-    return escape_command_data(text).replace(":", "%3A").replace(",", "%2C")
-
-
-def workflow_command(kind: str, message: str, title: str | None = None) -> str:
-    properties = f" title={escape_command_property(title)}" if title else ""
-    return f"::{kind}{properties}::{escape_command_data(message)}"
 
 
 def failure_message(record: CaseRecord) -> str:
@@ -497,25 +475,35 @@ def counts(results: Results) -> dict[str, int]:
     }
 
 
-def write_github_output(path: Path, values: dict[str, int]) -> None:
-    # Appended: earlier steps' outputs in the same file must stay. Integers only, so no value can
-    # carry a newline or a heredoc delimiter into the file.
-    with path.open("a", encoding="utf-8") as fh:
-        fh.writelines(f"{name}={value}\n" for name, value in values.items())
-
-
-def write_summary(text: str, summary: Path, step_summary: Path | None) -> None:
-    summary.parent.mkdir(parents=True, exist_ok=True)
-    # Replaced, never written through: a link planted under its name in a run folder (which the
-    # code under test can write) must not turn the report into a write to the link's target.
-    runfolder.replace_file(summary, text)
-    if step_summary is not None:
-        with step_summary.open("a", encoding="utf-8") as fh:  # other steps may have written to it
-            fh.write(text)
+def write_report(results: Results, args: argparse.Namespace, home: Path) -> bool:
+    """The outputs and the annotations first, then the summary (capped, harness.records.capping): a
+    summary that cannot be written must not take the rest with it. What is in the way of a write
+    (a folder or link a case put there) is refused and named, and makes the run red in what is
+    written after it; True when every write went through."""
+    summary = args.summary or home / runfolder.SUMMARY_NAME
+    appended = {"--step-summary": args.step_summary, "--github-output": args.github_output}
+    results.problems += reportwriting.problems(summary, appended)
+    failures = []
+    if args.github_output is not None:
+        failures.append(reportwriting.outputs(args.github_output, counts(results)))
+    if args.annotate:
+        for command in github_annotations(results):
+            print(command)
+    else:
+        for line in plain_failure_lines(results):
+            say(line)
+    limit = capping.budget(reportwriting.size_of(args.step_summary))
+    text = capping.fit(results.records, lambda left_out: render_summary(results, args.title, left_out), limit)
+    failures.append(reportwriting.replace(summary, text))
+    if args.step_summary is not None:  # appended: other steps may have written to it
+        failures.append(reportwriting.append(args.step_summary, text))
+    for failure in filter(None, failures):
+        say(f"error: {failure}", error=True)
+    return not any(failures)
 
 
 def say(text: str, error: bool = False) -> None:
-    print(cli.inert(text), file=sys.stderr if error else sys.stdout)
+    print(plain_line(text), file=sys.stderr if error else sys.stdout)
 
 
 def results_folder_problem(path: Path, held_to_a_run: bool) -> str | None:
@@ -561,15 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     runs = runfolder.find_runs(args.results_dir)
     home = runs[0] if len(runs) == 1 else args.results_dir  # the run's own folder when there is one
-    write_summary(render_summary(results, args.title), args.summary or home / runfolder.SUMMARY_NAME, args.step_summary)
-    if args.github_output is not None:
-        write_github_output(args.github_output, counts(results))
-    if args.annotate:
-        for command in github_annotations(results):
-            print(command)
-    else:
-        for line in plain_failure_lines(results):
-            say(line)
+    written = write_report(results, args, home)
     say(f"harness.report {home}: {totals_line(results)}")
     held = runfolder.runs_in(args.results_dir) if home != args.results_dir else []
     if len(held) > 1:  # two venvs, one results folder: say which run this is, and that others are there
@@ -592,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             error=True,
         )
         return EXIT_NO_RECORDS
-    if results.problems:
+    if results.problems or not written:
         return EXIT_RUN_PROBLEM
     return 0
 

@@ -15,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import Phase, settings
+
+# `--hypothesis-profile=find-only`: no shrinking, so code that breaks a property shows every failing
+# parameter quickly (how tests/test_report_hostile.py was shown to fail before its fixes).
+settings.register_profile("find-only", phases=[Phase.explicit, Phase.generate])
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout under test
 FAKE_RUN = ("--spmd-backend=fake", "-p", "no:cacheprovider")

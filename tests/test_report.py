@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness import report
+from harness.records import escaping
 from harness.records.results import CaseRecord, write_record
 from tests.conftest import REPO, run_fake, spmd_report
 
@@ -166,8 +167,8 @@ def test_empty_run_summary_says_so(tmp_path: Path):
     ],
 )
 def test_workflow_command_escaping(text: str, data: str, prop: str):
-    assert report.escape_command_data(text) == data
-    assert report.escape_command_property(text) == prop
+    assert escaping.command_data(text) == data
+    assert escaping.command_property(text) == prop
 
 
 def test_one_error_annotation_per_failure(mixed_run: Path):

@@ -270,7 +270,8 @@ def apply_amendment(records: dict[str, CaseRecord], data: dict[str, Any]) -> Non
     record.late_fault = data["late_fault"]
     if record.outcome in ("passed", "xfailed"):
         record.reason = (
-            f"its child failed after the verdict ({record.outcome} before that): {data['late_fault'].splitlines()[0]}"
+            f"its child failed after the verdict ({record.outcome} before that): "
+            f"{(data['late_fault'].splitlines() or [''])[0]}"  # a case's text: it may be empty
         )
         record.outcome = "failed"
 
