@@ -49,6 +49,9 @@
 # step's files ($GITHUB_OUTPUT, $GITHUB_ENV, ...) are put back as they were before it ran. The run's
 # folder is named here (--spmd-run-id), and the report reads exactly it, held to pytest's exit
 # status: nothing a case writes in the results folder (`latest`, records, run.json) makes it green.
+# The report's code is imported before the first case runs (harness/heldreport.py, a process that
+# then imports nothing more), so a case that rewrites harness/report.py in this checkout cannot
+# change what reports it; that process killed, the run is not reported and the script fails.
 # Exit status: pytest's, except that a run that ran nothing (pytest exit 5, or no case records)
 # always fails; 2 for a usage error (an unknown option, a missing --known-bugs file, wheels for
 # another Python).
@@ -236,6 +239,33 @@ give_back_to_host_owner() {
   return 0
 }
 
+# The report's code, imported before any case of this job runs (harness/heldreport.py), in a
+# process that then imports nothing more: a case that rewrites harness/report.py (or what it
+# imports, or their bytecode) in this checkout cannot change what reports its run. It waits on
+# the coproc HELD (whose descriptors no command this script starts inherits) for each report,
+# and prints to this script's stdout and stderr.
+hold_report() {
+  local job_out ready=''
+  exec {job_out}>&1
+  coproc HELD { exec "$venv/bin/python" -m harness.heldreport 3 3>&1 1>&"$job_out"; }
+  exec {job_out}>&-
+  read -r -t 600 -u "${HELD[0]}" ready || true
+  [[ $ready == ready ]] || die "the report (python -m harness.heldreport) did not load; see its error above"
+}
+
+# One report by the held process: its arguments (a count, then each, NUL-ended); its exit status.
+held_report() {
+  local code=''
+  if [[ -n ${HELD[1]:-} ]] && printf '%s\0' "$#" "$@" >&"${HELD[1]}"; then
+    read -r -u "${HELD[0]}" code || true
+  fi
+  if [[ ! $code =~ ^[0-9]+$ ]]; then
+    echo "ci-spmd: the report process loaded before the cases ended without reporting (killed?): not a pass" >&2
+    return 1
+  fi
+  return "$code"
+}
+
 # The report of this run's folder, held to the exit status pytest gave this script: a manifest
 # that disagrees, or a missing one, is a failure; a non-zero status is never reported green.
 # With --report-later it runs like the code under test (it is this job's checkout, which a case
@@ -254,10 +284,14 @@ report_here() {
   local title=(--title "SPMD regression results${label:+: $label}")
   # The base build's failures are not the PR's: only the PR's run annotates the job.
   [[ ${GITHUB_ACTIONS:-} == true && -z $label && $report_later == false ]] && annotate=(--annotate)
-  # python -m puts the working directory (the repo root) on sys.path, so harness imports even
-  # when the venv was set up by someone else.
-  "$venv/bin/python" -m harness.report "$results_dir/$run_id" --pytest-exit-status "$pytest_rc" \
-    "${annotate[@]}" "${title[@]}"
+  local args=("$results_dir/$run_id" --pytest-exit-status "$pytest_rc" "${annotate[@]}" "${title[@]}")
+  if [[ $report_later == false ]]; then
+    held_report "${args[@]}"
+  else
+    # python -m puts the working directory (the repo root) on sys.path, so harness imports even
+    # when the venv was set up by someone else.
+    "$venv/bin/python" -m harness.report "${args[@]}"
+  fi
 }
 
 # The suite on the base build, in a venv and a results folder of its own; sets base_run to the
@@ -355,8 +389,10 @@ main() {
   venv=${venv:-$PWD/.venv}
   resolve_case_user
   trap give_back_to_host_owner EXIT
-  [[ -n $base_wheels_dir || -n $base_venv ]] && run_base
   [[ $skip_install == true ]] || install
+  # Before any case of this job (the base build's too) runs: the report's code, loaded.
+  [[ $report_later == true ]] || hold_report
+  [[ -n $base_wheels_dir || -n $base_venv ]] && run_base
   mkdir -p "$results_dir"
 
   local pytest_rc=0 report_rc=0
