@@ -5,6 +5,8 @@ sides is a warning."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import shutil
 import sys
 
@@ -63,3 +65,55 @@ def test_no_fitting_base_run_is_refused_naming_each_candidate(suite, pytester):
         f"{compared.name} is itself a comparison",
     )
     refused(suite(f"--spmd-compare={compared}"), f"base run {compared} is itself a comparison")
+
+
+# --- which of several runs is the base: what the folders hold, never their names (#51 item 5) ----
+
+
+def set_finish(run, **shift) -> None:
+    """Move the run's manifest times by `shift` (datetime.timedelta's keywords), as a run made then."""
+    manifest = json.loads((run / "run.json").read_text())
+    for key in ("started", "finished"):
+        when = datetime.datetime.fromisoformat(manifest[key]) + datetime.timedelta(**shift)
+        manifest[key] = when.isoformat(timespec="seconds")
+    (run / "run.json").write_text(json.dumps(manifest))
+
+
+def test_the_run_that_finished_last_is_the_base_whatever_the_folders_are_named(suite, pytester):
+    """A wrapper names its runs as it likes (--spmd-run-id): an older base run whose name sorts
+    last is not taken over the newer one, and the header says which was taken, and why."""
+    suite("--spmd-run-id=run-zzz-older", version="2.10.0+git0000000", results="base", shardings={"w": TILED})
+    set_finish(pytester.path / "base" / "run-zzz-older", days=-1)
+    suite("--spmd-run-id=run-aaa-newer", version=BASE_BUILD, results="base")
+    result = suite("--spmd-compare=base")
+    result.assert_outcomes(passed=2, xfailed=1)  # the newer base agrees with this build; the older one does not
+    result.stdout.fnmatch_lines(
+        [
+            f"*compared with base run {pytester.path / 'base' / 'run-aaa-newer'} (torch_xla {BASE_BUILD}, *",
+            "*chosen as the last to finish of 2 fitting run(s), by their manifests: run-aaa-newer (finished *"
+            f"torch_xla {BASE_BUILD}); not run-zzz-older (finished *, torch_xla 2.10.0+git0000000). "
+            "WARNING: the fitting runs hold 2 builds*",
+        ]
+    )
+
+
+def test_a_planted_run_that_says_it_finished_in_the_future_is_not_the_base(suite, pytester):
+    """A run folder planted to sort newest, and to finish last, holding the shardings of a build
+    that would pass anything: refused by its finish time, named, and the real base run is taken."""
+    suite(version=BASE_BUILD, results="base", shardings={"w": TILED})
+    real = only_run(pytester.path / "base")
+    planted = real.with_name("run-99999999-999999-p1")
+    shutil.copytree(real, planted)
+    verdicts = next(planted.glob("verdicts-*.jsonl"))
+    verdicts.write_text(verdicts.read_text().replace('"w"', '"blocks.0:output"'))
+    manifest = json.loads((planted / "run.json").read_text())
+    manifest.update(run_id=planted.name, started="2999-01-01T00:00:00+00:00", finished="2999-01-01T00:00:01+00:00")
+    (planted / "run.json").write_text(json.dumps(manifest))
+    result = suite("--spmd-compare=base")
+    result.assert_outcomes(failed=1, passed=1, xfailed=1)  # held to the real base, whose shardings differ
+    result.stdout.fnmatch_lines(
+        [
+            f"*compared with base run {real} (*",
+            "*chosen as the last to finish of 1 fitting*passed over: run-99999999-999999-p1 says it finished at 2999-*, in the future*",
+        ]
+    )

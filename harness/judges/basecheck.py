@@ -110,6 +110,8 @@ def report_header(session: BaseRunJudge | None) -> str | None:
         return None
     base = session.base
     line = f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, {len(base.records)} case records)"
+    if base.chosen:
+        line += f"\n  chosen as {base.chosen}"
     if base.torch_xla is not None and base.torch_xla == _this_build(session.backend_name):
         line += "\n" + basecompare.same_build_warning(base.torch_xla)
     return line

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
 import json
 import os
 import re
@@ -55,6 +56,8 @@ CASE_PASSED = ("passed", "unexpected-pass")
 COMPARISON_SCHEMA = 1
 MAX_LINES_PER_CASE = 100  # a forged base could differ in every tensor: the failure stays readable
 MAX_NEW_LISTED = 10  # more items the base lacks are counted at the end of the run, not listed one per line
+# A finish time this far ahead of this host's clock is no clock skew: the manifest was made up.
+FUTURE_SLACK = datetime.timedelta(hours=1)
 
 
 class BaseRunError(HarnessUsageError):
@@ -75,12 +78,13 @@ class BaseRun:
     backend: str
     devices: int
     records: dict[str, CaseRecord]  # by case id
+    chosen: str = ""  # how the run was chosen among those in the folder --spmd-compare names (choose_run)
 
     @classmethod
     def load(cls, path: Path, backend: str, devices: int, own_run: Path | None = None) -> BaseRun:
         """The run `path` names (harness.records.runfolder: a run folder, or a results folder's newest
         finished run), validated for comparing a run of `backend` with `devices` devices."""
-        run = find_run(Path(path), own_run, backend, devices)
+        run, chosen = choose_run(Path(path), own_run, backend, devices)
         where = f"--spmd-compare: base run {run}"
         manifest = runfolder.read_manifest(run)
         try:
@@ -119,7 +123,7 @@ class BaseRun:
             raise BaseRunError(
                 f"{where} mixes torch_xla builds ({', '.join(builds)}): it is not one base build's run; {RERUN}"
             )
-        return cls(run, builds[0] if builds else None, backend, devices, records)
+        return cls(run, builds[0] if builds else None, backend, devices, records, chosen)
 
 
 RERUN = "run the suite on the base build again and point --spmd-compare at that run"
@@ -140,7 +144,15 @@ def _check_record(record: CaseRecord, where: str) -> None:
 
 
 def find_run(path: Path, own_run: Path | None = None, backend: str | None = None, devices: int | None = None) -> Path:
-    """The run folder `path` names: itself when it is one, else the newest run in it that can be a
+    """The run folder `path` names (choose_run, without saying why)."""
+    return choose_run(path, own_run, backend, devices)[0]
+
+
+def choose_run(
+    path: Path, own_run: Path | None = None, backend: str | None = None, devices: int | None = None
+) -> tuple[Path, str]:
+    """The run folder `path` names, and how it was chosen: itself when it is one, else the run in
+    it that finished last (by its manifest, never by its folder's name) of those that can be a
     base: finished, not itself a comparison (a PR's earlier run with --spmd-compare shares the
     folder and holds the PR's own build), taken on `backend` with `devices` devices. `latest` is
     not followed: it points at whichever run started last, finished or not (this very run, when
@@ -152,9 +164,9 @@ def find_run(path: Path, own_run: Path | None = None, backend: str | None = None
         problem = _unfinished(path) or _comparison_run(path)
         if problem:
             raise BaseRunError(f"--spmd-compare: base run {path} {problem}; point it at a run of the base build")
-        return path
-    skipped = []
-    for run in runfolder.runs_in(path):
+        return path, "the run folder --spmd-compare names"
+    skipped, fitting = [], []
+    for run in runfolder.newest_finished_first(runfolder.runs_in(path)):
         if own_run is not None and run.absolute() == own_run.absolute():
             continue
         if runfolder.is_run_folder(run):
@@ -162,8 +174,11 @@ def find_run(path: Path, own_run: Path | None = None, backend: str | None = None
         else:
             problem = "has no manifest"
         if problem is None:
-            return run
-        skipped.append(f"{run.name} {problem}")
+            fitting.append(run)
+        else:
+            skipped.append(f"{run.name} {problem}")
+    if fitting:
+        return fitting[0], _choice(fitting, skipped)
     setup = f", taken on backend {backend} with {devices} devices" if backend is not None else ""
     detail = f": {'; '.join(skipped[:8])}{'; ...' if len(skipped) > 8 else ''}" if skipped else ""
     raise BaseRunError(
@@ -171,6 +186,33 @@ def find_run(path: Path, own_run: Path | None = None, backend: str | None = None
         f"that can be a base run (not itself a comparison{setup}){detail}; run the suite on the base build with "
         f"--spmd-results-dir={path} first, or point --spmd-compare at that run's folder"
     )
+
+
+def _choice(fitting: list[Path], skipped: list[str]) -> str:
+    """Which of the fitting runs was taken and why, naming the others and those that could not be
+    a base: what a reader of the header needs to see that the base is the run they meant."""
+    described = [f"{run.name} (finished {runfolder.finished_at(run)}, torch_xla {_builds(run)})" for run in fitting]
+    text = f"the last to finish of {len(fitting)} fitting run(s), by their manifests: {described[0]}"
+    if len(fitting) > 1:
+        text += f"; not {', '.join(described[1:4])}{', ...' if len(fitting) > 4 else ''}"
+    if skipped:
+        text += f"; passed over: {'; '.join(skipped[:4])}{'; ...' if len(skipped) > 4 else ''}"
+    builds = {_builds(run) for run in fitting}
+    if len(builds) > 1:
+        text += (
+            f". WARNING: the fitting runs hold {len(builds)} builds ({', '.join(sorted(builds))}): point "
+            "--spmd-compare at the base build's run folder to choose"
+        )
+    return text
+
+
+def _builds(run: Path) -> str:
+    """The torch_xla build(s) a run's records name, as text ('?' when none does)."""
+    try:
+        found = sorted({r.torch_xla for r in read_records(run) if r.torch_xla is not None})
+    except (DamagedRecord, OSError):
+        return "unreadable"
+    return printable("/".join(found) or "?")
 
 
 def _comparison_run(run: Path) -> str | None:
@@ -210,6 +252,11 @@ def _unfinished(run: Path) -> str | None:
         return f"has an unreadable manifest ({printable(str(exc))})"
     if manifest.status != "finished":
         return "did not finish (killed, or still running)"
+    finished = runfolder.finished_at(run)
+    if finished is None:
+        return f"has no finish time a reader can order by ({printable(shown(manifest.finished))})"
+    if finished > datetime.datetime.now(datetime.timezone.utc) + FUTURE_SLACK:
+        return f"says it finished at {finished}, in the future: no pytest wrote that manifest"
     problem = suite_exit_problem(manifest.exitstatus)
     return f"is incomplete: {problem}" if problem else None
 

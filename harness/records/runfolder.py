@@ -483,6 +483,26 @@ def runs_in(path: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
+def finished_at(run: Path) -> datetime.datetime | None:
+    """When the run's manifest says pytest closed it (UTC); None when it did not, or cannot be read."""
+    try:
+        finished = read_manifest(run).finished
+        when = datetime.datetime.fromisoformat(finished) if finished else None
+    except (OSError, ValueError):
+        return None
+    if when is not None and when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return when
+
+
+def newest_finished_first(runs: list[Path]) -> list[Path]:
+    """runs ordered by the finish time their manifests hold, newest first; the unfinished last.
+    Not by name: a wrapper names a run as it likes (--spmd-run-id), and a folder named to sort
+    newest says nothing about when it ran."""
+    never = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+    return sorted(runs, key=lambda run: finished_at(run) or never, reverse=True)
+
+
 def find_runs(path: Path) -> list[Path]:
     """The run `path` means, else one run per subfolder (a GKE launch: a folder per host)."""
     own = resolve(path)
