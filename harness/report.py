@@ -57,7 +57,7 @@ from pathlib import Path
 from harness import cli
 from harness.isolation import files
 from harness.judges.basecompare import Comparison, read_comparison
-from harness.records import capping, reportwriting, runfolder
+from harness.records import capping, reportwriting, runfolder, vouching
 from harness.records.escaping import (
     markdown_cell,
     markdown_name,
@@ -182,6 +182,9 @@ def cross_check_run(run: Path, results: Results, manifest_required: bool = False
             f"{run.name}/{runfolder.MANIFEST_NAME} names run {manifest.run_id}: not the manifest pytest wrote there"
         )
     results.problems += [f"run {manifest.run_id}: {problem}" for problem in manifest.problems]
+    results.problems += [
+        f"run {manifest.run_id}: {problem}" for problem in vouching.problems(run, manifest.record_digests)
+    ]
     if manifest.status != "finished":
         results.problems.append(
             f"run {manifest.run_id} did not finish: pytest (pid {manifest.pid} on {manifest.host}, started "

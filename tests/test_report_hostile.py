@@ -25,6 +25,7 @@ from harness import report
 from harness.judges.basecompare import Comparison
 from harness.records import escaping, runfolder
 from harness.records.results import CaseRecord
+from tests.conftest import only_run_folder, run_fake, spmd_report
 
 pytestmark = pytest.mark.selftest
 
@@ -280,3 +281,46 @@ def test_three_thousand_records_make_a_summary_under_one_mib_that_says_what_it_l
     assert "test\\_fails" in summary and "test\\_10 " in summary, "a failure was left out before the passes"
     assert summary.rstrip().endswith("run problem(s)") or "**Totals:** 3002 cases" in summary
     assert_inert_summary(summary)
+
+
+# --- a record rewritten after its case ended -------------------------------------------------------
+
+REWRITES_AN_EARLIER_RECORD = """
+import json, pathlib
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_ok(ctx):
+    pass
+
+def body_rewrites_the_earlier_record(ctx, results):
+    for path in pathlib.Path(results).glob("run-*/verdicts-*.jsonl"):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        for record in lines:
+            if record.get("nodeid", "").endswith("test_a_fails"):
+                record.update(reason="runner lost (infrastructure), not a regression", evidence="")
+        path.write_text("".join(json.dumps(record) + "\\n" for record in lines))
+
+def test_a_fails(spmd):
+    spmd.run(body_ok)
+    assert False, "the real failure"
+
+def test_b_rewrites(spmd):
+    spmd.run(body_rewrites_the_earlier_record, results=str(pathlib.Path("results").absolute()))
+"""
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "1")], ids=["serial", "xdist"])
+def test_a_record_a_later_case_rewrote_is_named_and_the_run_is_red(pytester, workers):
+    """The digest of each record reaches the controlling pytest process with its case's report
+    (from an xdist worker too), and its manifest holds the run's records to it."""
+    pytester.makepyfile(test_rewriter=REWRITES_AN_EARLIER_RECORD)
+    assert run_fake(pytester, "--spmd-results-dir=results", *workers).ret == 1
+    run = only_run_folder(pytester)
+    assert "runner lost (infrastructure)" in "".join(p.read_text() for p in run.glob("verdicts-*")), "no rewrite"
+    proc = spmd_report(str(run), "--pytest-exit-status", "1", "--annotate")
+    assert proc.returncode == report.EXIT_RUN_PROBLEM, proc.stdout + proc.stderr
+    said = "the record of test_rewriter.py::test_a_fails was rewritten after its case ended (by a later case?)"
+    assert said in proc.stdout, proc.stdout
+    assert "the record of test_rewriter.py::test_b_rewrites" not in proc.stdout  # its own record is as written

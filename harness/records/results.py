@@ -10,6 +10,7 @@ verdict. The run folder's whole layout: harness.records.runfolder.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -188,6 +189,12 @@ def bounded_evidence(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters in the child log ...]"
 
 
+def record_digest(record: CaseRecord) -> str:
+    """What the process that judged a case keeps of its record: a later case that rewrites the
+    line cannot make it match (harness.records.vouching)."""
+    return hashlib.sha256(record.to_json().encode("utf-8", "backslashreplace")).hexdigest()
+
+
 def write_record(results_dir: Path, record: CaseRecord, worker: str = "main") -> None:
     _append(results_dir / runfolder.verdicts_name(worker), record.to_json())
 
@@ -203,7 +210,10 @@ def write_amendment(results_dir: Path, nodeid: str, late_fault: str, worker: str
 
 
 def read_records(
-    results_dir: Path, unreadable: list[str] | None = None, recursive: bool = False
+    results_dir: Path,
+    unreadable: list[str] | None = None,
+    recursive: bool = False,
+    digests: dict[str, str] | None = None,
 ) -> Iterator[CaseRecord]:
     """Every case's record, with later amendments (late faults) folded into it.
 
@@ -211,7 +221,8 @@ def read_records(
     harness.records.runfolder). unreadable: when given, a damaged line (cut by a crash mid-write, or not
     a record of the right shape) is listed there as "verdicts-gw1.jsonl:7"; without it,
     DamagedRecord is raised naming the file, the line and what is wrong. recursive: a folder of
-    per-host results folders (GKE) is read as one run per host.
+    per-host results folders (GKE) is read as one run per host. digests: when given, each record's
+    record_digest as read, before amendments, by case id.
     """
     root = Path(results_dir)
     runs = runfolder.find_runs(root) if recursive else [runfolder.resolve(root) or root]
@@ -240,6 +251,8 @@ def read_records(
                     else:
                         record = CaseRecord.from_dict(data)
                         records[record.nodeid] = record
+                        if digests is not None:
+                            digests[record.nodeid] = record_digest(record)
                 except (ValueError, TypeError, KeyError, AttributeError) as exc:
                     if unreadable is None:
                         why = (

@@ -141,6 +141,10 @@ class Manifest:
     # (its manifest deleted or changed while cases ran): each one makes the report red.
     problems: list[str] = dataclasses.field(default_factory=list)
     schema: int = MANIFEST_SCHEMA
+    # Each case record's digest (harness.records.results.record_digest) as the process that judged
+    # the case wrote it, before any later case could touch it (harness.records.vouching); empty in
+    # a manifest of an older harness.
+    record_digests: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=1, allow_nan=False)
@@ -163,6 +167,9 @@ class Manifest:
             isinstance(v, int) for v in kwargs.get("counts", {}).values()
         ):
             raise ValueError("field 'counts' is not an object of integers")
+        digests = kwargs.get("record_digests", {})
+        if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+            raise ValueError("field 'record_digests' is not an object of strings")
         for name in ("failed_ids", "problems", "argv"):
             if not isinstance(kwargs.get(name, []), list) or not all(isinstance(v, str) for v in kwargs.get(name, [])):
                 raise ValueError(f"field {name!r} is not a list of strings")
@@ -360,6 +367,7 @@ class RunFolder:
         failed_ids: list[str],
         junitxml: str | None,
         problems: list[str] | None = None,
+        record_digests: dict[str, str] | None = None,
     ) -> None:
         """Close the run's manifest (controller only), if the run made its folder at all.
 
@@ -378,6 +386,7 @@ class RunFolder:
         manifest.counts = dict(counts)
         manifest.failed_ids = failed_ids[:MAX_FAILED_IDS]
         manifest.junitxml = junitxml
+        manifest.record_digests = dict(record_digests or {})
         self._closed_text = manifest.to_json()
         replace_file(self.manifest_path, self._closed_text)
 

@@ -22,6 +22,9 @@ from harness.run.findings import first_item
 from harness.run.session import PYTEST_SESSION_KEY, SESSION_KEY, HarnessSession
 
 CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
+# A report's user property: the digest of the case record its process wrote (results.record_digest),
+# which reaches the controlling pytest process with the report, out of any case's reach.
+RECORD_DIGEST_PROPERTY = "spmd_record_digest"
 # A write into the results folder that fails with one of these cannot succeed for the next case
 # either: the run stops with a message instead of an INTERNALERROR.
 RESULTS_WRITE_FATAL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
@@ -63,6 +66,7 @@ def write_case_record(case: JudgedCase, report: pytest.TestReport) -> None:
             results.keep_texts(folder / runfolder.HLO_DIR, case.case_id, result.hlo, ".txt")
         costcheck.keep_dumps(folder, case, report.failed)
         results.write_record(folder, record, harness.worker)
+        report.user_properties.append((RECORD_DIGEST_PROPERTY, results.record_digest(record)))
 
     _write_results(harness, item.config, write)
 
@@ -91,6 +95,12 @@ def close_run(session: pytest.Session, harness: HarnessSession) -> None:
         for key, reports in stats.items()
         if key in ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
     }
+    digests = {
+        _case_id_of_report(r): digest
+        for reports in stats.values()
+        for r in reports
+        if (digest := _record_digest_of_report(r)) is not None
+    }
     failed_ids = list(
         dict.fromkeys(
             _case_id_of_report(r)
@@ -113,6 +123,7 @@ def close_run(session: pytest.Session, harness: HarnessSession) -> None:
             failed_ids,
             str(Path(xmlpath).absolute()) if xmlpath else None,
             problems,
+            digests,
         )
     except (OSError, ValueError) as exc:
         session.config.get_terminal_writer().line(
@@ -156,6 +167,14 @@ def _write_results(harness: HarnessSession, config: pytest.Config, write: Callab
 def _case_id_of_report(report: Any) -> str:
     """A report's case name; set by the worker that ran it (the xdist controller has no items)."""
     return dict(getattr(report, "user_properties", ())).get(CASE_ID_PROPERTY, report.nodeid)
+
+
+def _record_digest_of_report(report: Any) -> str | None:
+    """The digest of the record the report's process wrote, if it wrote one."""
+    for prop in getattr(report, "user_properties", ()):
+        if isinstance(prop, tuple) and len(prop) == 2 and prop[0] == RECORD_DIGEST_PROPERTY:
+            return str(prop[1])
+    return None
 
 
 def _outcome_of(report: pytest.TestReport) -> str:
