@@ -181,10 +181,8 @@ def cross_check_run(run: Path, results: Results, manifest_required: bool = False
         results.problems.append(
             f"{run.name}/{runfolder.MANIFEST_NAME} names run {manifest.run_id}: not the manifest pytest wrote there"
         )
-    results.problems += [f"run {manifest.run_id}: {problem}" for problem in manifest.problems]
-    results.problems += [
-        f"run {manifest.run_id}: {problem}" for problem in vouching.problems(run, manifest.record_digests)
-    ]
+    found = [*manifest.problems, *vouching.problems(run, manifest.record_digests)]  # records held to their digests
+    results.problems += [f"run {manifest.run_id}: {problem}" for problem in found]
     if manifest.status != "finished":
         results.problems.append(
             f"run {manifest.run_id} did not finish: pytest (pid {manifest.pid} on {manifest.host}, started "
