@@ -2,7 +2,7 @@
 case, list what changed at the end of the run and leave it in the run's folder.
 
 The last judge (harness.judges.judging), after the registry and the committed baselines: a case whose body
-passed and that is not an xfail is compared with its record in the base run, and fails (or, when
+passed, or that reproduced its known bug as the base run did, is compared with its record in the base run, and fails (or, when
 a committed baseline failed it already, gets a section) with one line per item that differs.
 
 Under xdist the controller loads the base run once, at configure time (a bad base is a usage
@@ -29,7 +29,7 @@ from harness.errors import HarnessError
 from harness.isolation import protocol
 from harness.judges import basecompare, checked, costcheck
 from harness.judges.basecompare import BaseRun, Comparison
-from harness.judges.judging import Judge, JudgedCase, is_xfail
+from harness.judges.judging import BESIDES, Judge, JudgedCase, fail_besides, is_xfail, reproduced_bug
 from harness.records import runfolder, versions
 from harness.records.results import CaseRecord
 
@@ -134,10 +134,11 @@ def judge(session: BaseRunJudge, case: JudgedCase, report: pytest.TestReport) ->
         "known_bug": (judgement.entry or case.entries[0].id) if judgement and case.entries else None,
         "registry_verdict": judgement.kind.value if judgement else None,
     }
-    if case.body_passed and not is_xfail(report) and not report.skipped:
+    entry = reproduced_bug(case, report)
+    if (case.body_passed and not is_xfail(report) and not report.skipped) or entry is not None:
         signatures = None if case.has_marker("no_cost_check") else costcheck.recorded_signatures(case)
         judged = None if case.has_marker("no_sharding_baseline") else case.shardings
-        comparison = basecompare.compare_case(session.base, case.case_id, judged, signatures)
+        comparison = basecompare.compare_case(session.base, case.case_id, judged, signatures, entry)
         if comparison.not_compared is None:
             checked.mark(report, checked.BASE_RUN)
         finding.update(
@@ -148,7 +149,10 @@ def judge(session: BaseRunJudge, case: JudgedCase, report: pytest.TestReport) ->
         )
         if comparison.not_compared:
             finding["not_compared"] = comparison.not_compared
-        if comparison.differences:
+        if comparison.differences and entry is not None:  # the bug excuses its own failure, not these
+            fail_besides(report, entry, comparison.differences, f"the base run {session.base.path}")
+            finding["failure"] = [f"{BESIDES} known bug {entry}: {line}" for line in comparison.differences]
+        elif comparison.differences:
             finding["failure"] = _fail(report, basecompare.failure_text(session.base, case.torch_xla, comparison))
             _drop_reported_sections(report)
         if comparison.new:

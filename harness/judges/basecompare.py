@@ -236,15 +236,18 @@ def compare_case(
     case: str,
     shardings: Mapping[str, str] | None,
     signatures: Mapping[str, Mapping[str, Any]] | None,
+    known_bug: str | None = None,
 ) -> CaseComparison:
     """Compare a passing case's shardings and cost signatures (None: not judged here, e.g. a
-    no_sharding_baseline or no_cost_check case) with its record in the base run."""
+    no_sharding_baseline or no_cost_check case) with its record in the base run. `known_bug`: the
+    entry the case reproduced (an xfail), compared with a base record that reproduced it too."""
     result = CaseComparison(case)
     record = base.records.get(case)
     if record is None:
         result.not_compared = "the base run has no record of it"
         return result
-    if record.outcome != "passed":
+    same_bug = known_bug is not None and record.outcome == "xfailed" and record.known_bug == known_bug
+    if record.outcome != "passed" and not same_bug:
         reason = headline(record.reason or record.late_fault or "", 300)
         result.not_compared = f"the base run's record says {record.outcome}" + (
             f": {printable(reason)}" if reason else ""

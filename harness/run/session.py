@@ -94,7 +94,7 @@ class HarnessSession:
 
     @property
     def judges(self) -> list[Judge]:
-        """In the order they judge a case: the registry (an xfail is never compared), the sharding
+        """In the order they judge a case: the registry (a reproduced bug excuses its failure only), the sharding
         baseline, the cost baseline, the base build's run (it reads the first and the third)."""
         ordered: list[Judge] = [self.registry_judge, self.sharding, self.costs]
         return ordered + ([self.compare] if self.compare is not None else [])
