@@ -30,7 +30,7 @@ from harness.isolation import protocol
 from harness.judges import basecompare, checked, costcheck
 from harness.judges.basecompare import BaseRun, Comparison
 from harness.judges.judging import BESIDES, Judge, JudgedCase, fail_besides, is_xfail, reproduced_bug
-from harness.records import runfolder, versions
+from harness.records import buildid, runfolder, versions
 from harness.records.results import CaseRecord
 
 WORKERINPUT_KEY = "spmd_base_run"  # the base run the controller read, handed to each xdist worker
@@ -105,12 +105,22 @@ def from_workerinput(data: dict[str, Any]) -> BaseRun:
     )
 
 
-def report_header(session: BaseRunJudge | None) -> str | None:
+def report_header(session: BaseRunJudge | None, this_build: dict[str, Any] | None = None) -> str | None:
+    """The base run, its build, and (once, here) how the two builds relate where their labels agree."""
     if session is None:
         return None
     base = session.base
-    line = f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, {len(base.records)} case records)"
-    if base.torch_xla is not None and base.torch_xla == _this_build(session.backend_name):
+    base_build = buildid.read(base.path)
+    session.comparison.base_build = base_build.get("id") if base_build else None
+    session.comparison.this_build = this_build.get("id") if this_build else None
+    line = (
+        f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, {buildid.describe(base_build)}, "
+        f"{len(base.records)} case records)"
+    )
+    relation = buildid.relation(base_build, this_build)
+    if relation is not None:
+        line += "\n" + relation
+    elif base.torch_xla is not None and base.torch_xla == _this_build(session.backend_name):
         line += "\n" + basecompare.same_build_warning(base.torch_xla)
     return line
 

@@ -372,6 +372,8 @@ class Comparison:
     registry: list[str] = dataclasses.field(default_factory=list)  # registry_change lines
     schema: int = COMPARISON_SCHEMA
     moved: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # case -> byte moves (listed)
+    base_build: str | None = None  # each side's build id (harness.records.buildid), where recorded
+    this_build: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=1, allow_nan=False)
@@ -399,16 +401,25 @@ class Comparison:
         moved = data.get("moved", {})
         if not (isinstance(moved, dict) and all(_strings(x) for x in moved.values())):
             raise ValueError(f"field 'moved' is {shown(moved)}")
-        return cls(**{name: data[name] for name in (*checks, "schema")}, moved=moved)
+        for name in ("base_build", "this_build"):  # came later too
+            if not (data.get(name) is None or isinstance(data[name], str)):
+                raise ValueError(f"field {name!r} is {shown(data[name])}")
+        comparison = cls(**{name: data[name] for name in (*checks, "schema")}, moved=moved)
+        comparison.base_build, comparison.this_build = data.get("base_build"), data.get("this_build")
+        return comparison
 
     def lines(self) -> list[str]:
         """The end-of-run listing (also the report's, in Markdown there)."""
+        base = f" (build {self.base_build})" if self.base_build else ""
+        this = f" (build {self.this_build})" if self.this_build else ""
         out = [
-            f"base torch_xla {self.base_torch_xla or '?'} -> this build {', '.join(self.this_torch_xla) or '?'}; "
-            f"{self.compared} case(s) compared, {len(self.differ)} differ"
+            f"base torch_xla {self.base_torch_xla or '?'}{base} -> this build {', '.join(self.this_torch_xla) or '?'}"
+            f"{this}; {self.compared} case(s) compared, {len(self.differ)} differ"
         ]
-        if self.base_torch_xla is not None and self.base_torch_xla in self.this_torch_xla:
-            out.append(same_build_warning(self.base_torch_xla))
+        if self.base_build and self.base_build == self.this_build:
+            out.append(f"WARNING: both sides ran the same build ({self.base_build}): nothing was compared with another")
+        elif not (self.base_build and self.this_build) and self.base_torch_xla in self.this_torch_xla:
+            out.append(same_build_warning(str(self.base_torch_xla)))
         out += [f"differs: {case}: {lines[0] if lines else ''}" for case, lines in sorted(self.differ.items())]
         out += list(self.registry)  # what failed first; what is only listed after
         new = [f"{case}: {item}" for case, items in sorted(self.new.items()) for item in items]
