@@ -22,9 +22,10 @@ same user). A caller that ran pytest itself (scripts/ci-spmd.sh) passes the run'
 never below what the controlling pytest process counted (from its manifest), nor 0 when N is
 not, and the totals line shows pytest's own tallies.
 
-Exit codes: 0 case records were read, not all of them skipped, and the run's manifest agrees
-with them; failed cases alone do not change the exit status (pytest's exit code already says
-that, and the CI script keeps it). 1 the manifest shows a problem the records do not: the run
+Exit codes: 0 case records were read, not all of them skipped, the run's manifest agrees with
+them and no case failed. 1 a case failed (a failed, regressed or unexpectedly passing case, or
+pytest counted a failure), unless --exit-zero-on-failures (the report of a run whose failures
+its caller judges, such as the base build's); or the manifest shows a problem the records do not: the run
 never finished, pytest exited with another code than 0 or 1 (interrupted, internal or usage
 error, nothing collected, a signal), the manifest cannot be read, a test pytest saw fail has a
 record that says otherwise, or pytest exited 1 and no failure was recorded; a run folder without
@@ -72,6 +73,7 @@ VERDICT_LABELS = {
 }
 EXIT_NO_RECORDS = 2
 EXIT_RUN_PROBLEM = 1
+EXIT_CASES_FAILED = 1  # as pytest's own "tests failed"
 
 
 @dataclasses.dataclass
@@ -470,6 +472,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the exit status of the pytest that made RESULTS_DIR (one run's folder), as its caller got it "
         "(scripts/ci-spmd.sh passes it): the run's manifest must agree, and a non-zero N is never green",
     )
+    parser.add_argument(
+        "--exit-zero-on-failures",
+        action="store_true",
+        help="exit 0 when cases failed (the report alone is wanted); a run with problems, or that ran nothing, "
+        "still exits 1 or 2",
+    )
     parser.add_argument("--title", default="SPMD regression results", help="heading of the summary")
     cli.add_version(parser, "spmd-report")
     return parser.parse_args(argv)
@@ -594,6 +602,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_NO_RECORDS
     if results.problems:
         return EXIT_RUN_PROBLEM
+    failed = counts(results)["failed"]
+    if failed and not args.exit_zero_on_failures:
+        say(
+            f"error: {failed} case(s) failed in the run reported (--exit-zero-on-failures: exit 0 all the same)",
+            error=True,
+        )
+        return EXIT_CASES_FAILED
     return 0
 
 

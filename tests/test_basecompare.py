@@ -326,7 +326,7 @@ def test_the_report_shows_the_comparison_and_refuses_a_damaged_one(suite, pytest
     suite("--spmd-compare=base", costs=signature(all_gather=5), fixed=True).assert_outcomes(failed=2, passed=1)
     report = pytester.run(sys.executable, "-m", "harness.report", "pr")
     summary = (only_run(pytester.path / "pr") / "summary.md").read_text()
-    assert report.ret == 0, report.stdout.str() + report.stderr.str()
+    assert report.ret == 1, report.stdout.str() + report.stderr.str()  # the run it reports failed
     assert "### ❌ Compared with the base build" in summary
     assert "this build 2.10.0+git2222222: step0: all-gather 3 -&gt; 5 (+64 KiB per device)" in summary  # HTML-escaped
     assert "fixed by this build: mark-sharding-list-spec" in summary
