@@ -51,7 +51,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from harness import cli
+from harness import cli, findings
 from harness.isolation import files
 from harness.judges.basecompare import Comparison, read_comparison
 from harness.records import runfolder
@@ -59,6 +59,7 @@ from harness.records.results import CaseRecord, contradicting, family_of, is_fai
 
 # Long log tails would make the summary table unreadable; the full text is in the uploaded JSON.
 EVIDENCE_LIMIT = 400
+MAX_FINDING_LINES = 400
 ANNOTATION_EVIDENCE_LIMIT = 1000
 # GitHub shows at most 10 error annotations per step; the last slot says how many were left out.
 MAX_ERROR_ANNOTATIONS = 10
@@ -96,6 +97,7 @@ class Results:
     pytest_exit: int | None = None
     # What each run found against its base build's run (--spmd-compare; harness.judges.basecompare).
     comparisons: list[Comparison] = dataclasses.field(default_factory=list)
+    findings: list[str] = dataclasses.field(default_factory=list)  # the runs' failures by cause (harness.findings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,6 +152,10 @@ def read_run_comparison(run: Path, results: Results) -> None:
         return
     if comparison is not None:
         results.comparisons.append(comparison)
+    try:  # what the run's end said, by cause: the summary leads with it (a case could write it: escaped, capped)
+        results.findings += files.read_text(run / findings.FILE_NAME).splitlines()[:MAX_FINDING_LINES]
+    except (OSError, ValueError):
+        pass
 
 
 def cross_check_run(run: Path, results: Results, manifest_required: bool = False) -> None:
@@ -308,6 +314,7 @@ def render_summary(results: Results, title: str = "SPMD regression results") -> 
         lines += ["❌ **No case records were found: the run executed nothing.**", ""]
     else:
         lines += [run_description(records), ""]
+        lines += findings_section(results.findings)
         with_hosts = any(where(r) for r in records)
         for family, members in group_by_family(records).items():
             lines += [f"### `{heading_safe(family)}` ({count_outcomes(members)})", ""]
@@ -319,6 +326,14 @@ def render_summary(results: Results, title: str = "SPMD regression results") -> 
         lines += [f"⚠️ {len(results.unreadable)} unreadable record line(s): {markdown_cell(shown)}", ""]
     lines.append(f"**Totals:** {totals_line(results)}")
     return "\n".join(lines) + "\n"
+
+
+def findings_section(found: list[str]) -> list[str]:
+    """The run's failed cases by cause (harness.findings), as the end of the run printed them."""
+    if not found:
+        return []
+    items = [f"{'  ' if line.startswith(' ') else ''}- {markdown_cell(line.strip(), 300)}" for line in found]
+    return ["### Findings by cause", "", *items, ""]
 
 
 def comparison_section(comparison: Comparison) -> list[str]:

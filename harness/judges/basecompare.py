@@ -36,7 +36,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from harness import costs, shardingcompare
+from harness import costs, findings, shardingcompare
 from harness.errors import DamagedRecord, HarnessUsageError
 from harness.isolation import files
 from harness.isolation.evidence import headline
@@ -262,7 +262,9 @@ def compare_case(
             for label in sorted(signatures)
             if label not in record.costs
         ]
-        changes = costs.compare_loops(record.costs, measured, reference="base run")
+        changes = findings.no_improvement_beside_growth(
+            costs.compare_loops(record.costs, measured, reference="base run")
+        )
         result.differences += [printable(str(c)) for c in costs.failing(changes)]
         result.moved += [printable(str(c)) for c in costs.listed(changes)]
         for label, signature in sorted(measured.items()):  # native growth: judged per step against the base's

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from harness import costs
+from harness import costs, findings
 from harness.baselinefile import BaselineCheck
 from harness.config import options
 from harness.costbaseline import CostBaseline
@@ -90,6 +90,7 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
         if base is None:
             return
         changes = base.compare(case.case_id, signatures)
+        changes = None if changes is None else findings.no_improvement_beside_growth(changes)
         if changes is None:
             self.cases_without_entry.append(case.case_id)
             return

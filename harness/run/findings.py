@@ -19,8 +19,10 @@ from typing import Any
 
 import pytest
 
+from harness import findings as causes
 from harness.judges import basecheck, basecompare, checked
-from harness.run.session import SESSION_KEY
+from harness.records import results, runfolder
+from harness.run.session import SESSION_KEY, HarnessSession
 
 MAX_ITEMS_SHOWN = 6  # lines of one finding; the rest is in each failure and in comparison.json
 # `step0:parameter(3)` and `parameter(7)`: the numbers XLA gives a step graph's parameters move
@@ -95,6 +97,51 @@ def checked_line(reports: Iterable[pytest.TestReport]) -> str:
     return "spmd checked: " + "; ".join(parts)
 
 
+def cause_lines(harness: HarnessSession, failed: list[pytest.TestReport]) -> list[str]:
+    """The run's failed cases by cause (harness.findings), with their records' signatures and the
+    base run's beside them for the diagnoses."""
+    records = {}
+    if harness.run.exists():
+        records = {r.nodeid: r for r in results.read_records(harness.run.path, unreadable=[])}
+    base = harness.compare.base.records if harness.compare is not None else {}
+    cases = []
+    for report in failed:
+        case_id = str(dict(report.user_properties).get("spmd_case_id", report.nodeid))
+        record = records.get(case_id)
+        items = list(finding_of(report))
+        if record is not None and len(items) == 1:  # its own lines, where no base run listed them
+            items += list(record.cost_changes) + list(record.sharding_changes)
+        if record is None:
+            cases.append(causes.FailedCase(case_id, items))
+        else:
+            cases.append(causes.from_record(record, items, base.get(case_id)))
+    hint = "--spmd-update-costs / --spmd-update-shardings (the committed baselines), or a new base run"
+    return [basecompare.printable(line) for line in causes.lines(cases, hint)]
+
+
+def _asked_for_xfails(config: pytest.Config) -> bool:
+    """-rx, -ra or -rA on the command line itself (the project's addopts' -ra is not asking)."""
+    args = [str(a) for a in config.invocation_params.args]
+    chars = "".join(a[2:] for a in args if a.startswith("-r") and not a.startswith("--")) + "".join(
+        args[i + 1] for i, a in enumerate(args[:-1]) if a == "-r"
+    )
+    return any(c in chars for c in "xaA")
+
+
+def _expected_xfails(terminalreporter: Any, config: pytest.Config) -> None:
+    """Known bugs that behaved as expected: one line per registry entry with its count, in place of
+    pytest's XFAIL line per case (which pushes the failures out of a terminal's view), unless asked."""
+    xfailed = terminalreporter.stats.get("xfailed", [])
+    if not xfailed or _asked_for_xfails(config):
+        return
+    terminalreporter.reportchars = terminalreporter.reportchars.replace("x", "")
+    entries = collections.Counter(
+        str(dict(r.user_properties).get("known_bug", "not a registry entry (pytest.mark.xfail)")) for r in xfailed
+    )
+    listing = ", ".join(f"{entry} x{n}" for entry, n in sorted(entries.items(), key=lambda e: (-e[1], e[0])))
+    terminalreporter.write_line(f"known bugs reproduced as expected ({len(xfailed)} xfail, -rx lists them): {listing}")
+
+
 class Findings:
     """Registered by the plugin for the controlling process: the section at the end of the run."""
 
@@ -104,11 +151,15 @@ class Findings:
         if harness is None or not (harness.active or harness.run.exists()):
             return
         failed = [r for r in terminalreporter.stats.get("failed", []) if getattr(r, "when", "") == "call"]
-        if len(failed) > 1:  # one failure is its own finding
-            shown = lines(failed)
-            changes = sum(1 for line in shown if not line.startswith(" "))
-            terminalreporter.section(f"spmd findings: {len(failed)} failed case(s), {changes} change(s)", red=True)
+        if failed:
+            shown = cause_lines(harness, failed)
+            changes = sum(1 for line in shown if not line.startswith((" ", "if ")))
+            title = f"spmd findings: {len(failed)} failed case(s), {changes} finding(s) by cause"
+            terminalreporter.section(title, red=True)
             for line in shown:
                 terminalreporter.line(line, red=not line.startswith(" "))
+            if harness.run.exists():  # for spmd-report's summary.md, which leads with them
+                runfolder.replace_file(harness.run.path / causes.FILE_NAME, "\n".join(shown) + "\n")
+        _expected_xfails(terminalreporter, config)
         reports = [r for key in ("passed", "failed", "xfailed", "xpassed") for r in terminalreporter.stats.get(key, [])]
         terminalreporter.write_line(checked_line(reports))
