@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 MAX_CASES_SHOWN = 6
+EXAMPLE_CHARACTERS = 160  # of one case's line: the rest is in its failure
 FILE_NAME = "findings.txt"  # in the run folder: the end of the run's findings, for spmd-report
 _BYTES_TOLERANCE = 0.02  # "by the parameters' bytes": within 2% (XLA pads a scalar or two)
 
@@ -111,7 +112,7 @@ def lines(cases: list[FailedCase], update_hint: str = "") -> list[str]:
             )
         example = next((item for item in members[0].items if classify(item) == (kind, direction)), "")
         if example:
-            out.append(f"  e.g. {members[0].case}: {example}")
+            out.append(f"  e.g. {members[0].case}: {example[:EXAMPLE_CHARACTERS]}")
         beside = _beside(members, (kind, direction))
         if beside:
             out.append(f"  beside it: {beside}")
@@ -225,11 +226,13 @@ def native_leak(members: list[FailedCase]) -> list[str]:
     if not rates:
         return []
     shown = f"+{_kib(min(rates))}" + (f" to +{_kib(max(rates))}" if max(rates) > min(rates) else "")
+    ratios = sorted({round(rate / min(rates), 1) for rate in rates}) if min(rates) > 0 else []
     head = f"diagnosis: native memory kept on every step, {shown} per step across {len(rates)} loop(s)"
     head += (
         ": about the same amount in every loop, one allocation kept per call of something each step calls once"
         if max(rates) <= min(rates) * 1.15
-        else ": rates in proportion to how often each step calls what leaks (compare the loops' spmd calls)"
+        else f": rates x{', x'.join(map(str, ratios[:6]))} of the least, in proportion to how often each step "
+        "calls what leaks (compare the loops' spmd calls per step)"
     )
     return [head, "  memray's stacks (under each case) show only allocations it tracks: read the rate, not the stack"]
 

@@ -76,10 +76,13 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
         ]
         if problems:
             case.cost_changes = [f"steady state: {p}" for p in problems]
+            # The cause first (a FAILED line shows the first line): the rule it breaks after it.
             _fail(
                 report,
-                "steady state: a step after the warm-up compiled a new graph (every step pays a compilation) "
-                "or left more alive than the step before (every step leaks):\n" + "\n".join(f"  {p}" for p in problems),
+                f"steady state: {problems[0]}\n"
+                + "".join(f"  {p}\n" for p in problems[1:])
+                + "(steady state: a step after the warm-up that compiled a new graph pays a compilation every step; "
+                "one that left more alive than the step before leaks every step)",
             )
         if self.update:
             if not problems and report.passed:

@@ -95,9 +95,10 @@ def is_xfail(report: pytest.TestReport) -> bool:
 
 
 def reproduced_bug(case: JudgedCase, report: pytest.TestReport) -> str | None:
-    """The registry entry a case reproduced (its xfail), None for any other outcome."""
-    judgement = case.judgement
-    if not is_xfail(report) or judgement is None or judgement.kind is not JudgementKind.REPRODUCED:
+    """The registry entry a case reproduced (its xfail, unless an earlier judge failed it besides),
+    None for any other outcome."""
+    judgement = case.judgement  # reproduced: an xfail, or a failure an earlier judge found besides the bug
+    if judgement is None or judgement.kind is not JudgementKind.REPRODUCED:
         return None
     return judgement.entry or (case.entries[0].id if case.entries else None)
 
