@@ -332,7 +332,7 @@ def findings_section(found: list[str]) -> list[str]:
     """The run's failed cases by cause (harness.findings), as the end of the run printed them."""
     if not found:
         return []
-    items = [f"{'  ' if line.startswith(' ') else ''}- {markdown_cell(line.strip(), 300)}" for line in found]
+    items = [f"{'  ' if line.startswith(' ') else ''}- {markdown_cell(line.strip(), 600)}" for line in found]
     return ["### Findings by cause", "", *items, ""]
 
 
