@@ -62,7 +62,6 @@ def suite(pytester, monkeypatch):
             "no:cacheprovider",
             f"--spmd-results-dir={results}",
             "--spmd-costs-baseline=costs.json",
-            "-rA",
             *args,
             timeout=120,
         )
@@ -70,8 +69,14 @@ def suite(pytester, monkeypatch):
     return run
 
 
-def test_the_known_bug_alone_is_an_xfail(suite):
-    suite(leaking()).assert_outcomes(xfailed=1)
+def test_the_known_bug_alone_is_an_xfail_said_once_per_entry_unless_asked(suite, pytester):
+    pytester.makeini("[pytest]\naddopts = -ra\n")  # as the project's pyproject.toml: -ra there is not asking
+    result = suite(leaking())
+    result.assert_outcomes(xfailed=1)
+    result.stdout.fnmatch_lines([f"known bugs reproduced as expected (1 xfail, -rx lists them): {ENTRY} x1"])
+    assert "XFAIL test_cases.py::test_gradients" not in result.stdout.str()
+    asked = suite(leaking(), "-rx")
+    asked.stdout.fnmatch_lines(["XFAIL test_cases.py::test_gradients - known bug*"])
 
 
 def test_native_growth_beside_the_known_bug_fails_the_run_naming_both(suite):

@@ -1,12 +1,15 @@
-"""The end of an SPMD run: one finding per change, not one per failed case.
+"""The end of an SPMD run: one finding per cause, not one per failed case.
 
 One change in torch_xla (an extra mark_step in every training step) fails every case that trains,
-each with the same lines: 18 failures, read one by one, bury the one thing that changed. This
-section, the last before pytest's short summary, groups the failed cases by what failed them (the
-items that differ from the base run, else the failure's first line), the largest group first:
+each in its own words: 18 failures, read one by one, bury the one thing that changed. This
+section, the last before pytest's short summary, groups the failed cases by cause (harness.findings:
+the kind of figure that moved and its direction, with what the records say of it), the largest
+group first, and leaves the lines in the run folder for spmd-report's summary.md:
 
-    18 case(s): step0: compiles 1 -> 4, executions 1 -> 4
-      cases/test_functionalization.py::test_fsdpv2_vit_train_steps_match_cpu[func-on, func-off], ...
+    18 case(s): compilations per step grew
+      diagnosis: the step graph split: each step now runs more graphs ...
+
+Known bugs that behaved as expected are one line per registry entry, not an XFAIL line per case.
 """
 
 from __future__ import annotations
@@ -49,36 +52,6 @@ def finding_of(report: pytest.TestReport) -> tuple[str, ...]:
     longrepr = report.longrepr
     crash = getattr(longrepr, "reprcrash", None)
     return (first_item(crash.message if crash is not None else str(longrepr)),)
-
-
-def case_names(nodeids: Iterable[str]) -> list[str]:
-    """`file::test[a]`, `file::test[b]` as `file::test[a, b]`."""
-    params: dict[str, list[str]] = collections.defaultdict(list)
-    for nodeid in nodeids:
-        base, _, param = nodeid.partition("[")
-        params[base].append(param.rstrip("]"))
-    return [base + (f"[{', '.join(p for p in ps)}]" if any(ps) else "") for base, ps in params.items()]
-
-
-def lines(failed: Iterable[pytest.TestReport]) -> list[str]:
-    """Cases grouped by their finding's first item (the counts, when a step compiles more: what
-    changed), the items every case of the group shares after it, then the cases."""
-    groups: dict[str, list[tuple[str, tuple[str, ...]]]] = collections.defaultdict(list)
-    for report in failed:
-        case = dict(report.user_properties).get("spmd_case_id", report.nodeid)
-        finding = finding_of(report)
-        groups[finding[0]].append((str(case), finding[1:]))
-    out = []
-    for headline, members in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
-        out.append(f"{len(members)} case(s): {headline}")
-        shared = [item for item in members[0][1] if all(item in rest for _, rest in members[1:])]
-        out += [f"  and: {item}" for item in shared[:MAX_ITEMS_SHOWN]]
-        varying = max(len(rest) for _, rest in members) - len(shared[:MAX_ITEMS_SHOWN])
-        if varying > 0:
-            out.append(f"  and up to {varying} more item(s), by case (in each failure above)")
-        names = case_names(case for case, _ in members)
-        out.append("  " + ", ".join(names[:4]) + (f", and {len(names) - 4} more test(s)" if len(names) > 4 else ""))
-    return [basecompare.printable(line) for line in out]
 
 
 def checked_line(reports: Iterable[pytest.TestReport]) -> str:
