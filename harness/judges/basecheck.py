@@ -114,8 +114,9 @@ def report_header(session: BaseRunJudge | None, this_build: dict[str, Any] | Non
     session.comparison.base_build = base_build.get("id") if base_build else None
     session.comparison.this_build = this_build.get("id") if this_build else None
     line = (
-        f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, {buildid.describe(base_build)}, "
-        f"{len(base.records)} case records)"
+        f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, "
+        + (f"{buildid.describe(base_build)}, " if base_build else "")
+        + f"{len(base.records)} case records)"
     )
     relation = buildid.relation(base_build, this_build)
     if relation is not None:

@@ -124,10 +124,13 @@ class HarnessSession:
         count = getattr(self.backend, "devices", None)  # a TPU host's chips are probed at the first case
         devices = f"{count} devices" if count else "this host's chips"
         compared = basecheck.report_header(self.compare, self.build)
+        build = (
+            [f"torch_xla {self.build.get('torch_xla') or '?'}: {buildid.describe(self.build)}"] if self.build else []
+        )
         return [
             f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}, {self.tier} tier; "
             f"{versions.describe(versions.stack())}; results {self.run.path}",
-            f"torch_xla {(self.build or {}).get('torch_xla') or '?'}: {buildid.describe(self.build)}",
+            *build,
             caseuser.header_line(),
         ] + (compared.splitlines() if compared else [])
 
