@@ -75,7 +75,10 @@ def cause_lines(harness: HarnessSession, failed: list[pytest.TestReport]) -> lis
     base run's beside them for the diagnoses."""
     records = {}
     if harness.run.exists():
-        records = {r.nodeid: r for r in results.read_records(harness.run.path, unreadable=[])}
+        try:  # the records the run wrote (a case can damage them: then the findings go without signatures)
+            records = {r.nodeid: r for r in results.read_records(harness.run.path, unreadable=[])}
+        except (OSError, ValueError):
+            records = {}
     base = harness.compare.base.records if harness.compare is not None else {}
     cases = []
     for report in failed:
@@ -132,7 +135,10 @@ class Findings:
             for line in shown:
                 terminalreporter.line(line, red=not line.startswith(" "))
             if harness.run.exists():  # for spmd-report's summary.md, which leads with them
-                runfolder.replace_file(harness.run.path / causes.FILE_NAME, "\n".join(shown) + "\n")
+                try:
+                    runfolder.replace_file(harness.run.path / causes.FILE_NAME, "\n".join(shown) + "\n")
+                except OSError as exc:  # a full disk: the run's end says so, the terminal has them
+                    terminalreporter.line(f"spmd harness: could not keep the findings ({exc})", red=True)
         _expected_xfails(terminalreporter, config)
         reports = [r for key in ("passed", "failed", "xfailed", "xpassed") for r in terminalreporter.stats.get(key, [])]
         terminalreporter.write_line(checked_line(reports))
