@@ -28,9 +28,10 @@ same user). A caller that ran pytest itself (scripts/ci-spmd.sh) passes the run'
 never below what the controlling pytest process counted (from its manifest), nor 0 when N is
 not, and the totals line shows pytest's own tallies.
 
-Exit codes: 0 case records were read, not all of them skipped, and the run's manifest agrees
-with them; failed cases alone do not change the exit status (pytest's exit code already says
-that, and the CI script keeps it). 1 the manifest shows a problem the records do not: the run
+Exit codes: 0 case records were read, not all of them skipped, the run's manifest agrees with
+them and no case failed. 1 a case failed (a failed, regressed or unexpectedly passing case, or
+pytest counted a failure), unless --exit-zero-on-failures (the report of a run whose failures
+its caller judges, such as the base build's); or the manifest shows a problem the records do not: the run
 never finished, pytest exited with another code than 0 or 1 (interrupted, internal or usage
 error, nothing collected, a signal), the manifest cannot be read, a test pytest saw fail has a
 record that says otherwise, or pytest exited 1 and no failure was recorded; a run folder without
@@ -54,7 +55,7 @@ import sys
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
-from harness import cli
+from harness import cli, findings
 from harness.isolation import files
 from harness.judges.basecompare import Comparison, read_comparison
 from harness.records import capping, reportwriting, runfolder, vouching
@@ -69,6 +70,7 @@ from harness.records.results import CaseRecord, contradicting, family_of, is_fai
 
 # Long log tails would make the summary table unreadable; the full text is in the uploaded JSON.
 EVIDENCE_LIMIT = 400
+MAX_FINDING_LINES = 400
 ANNOTATION_EVIDENCE_LIMIT = 1000
 # GitHub shows at most 10 error annotations per step; the last slot says how many were left out.
 MAX_ERROR_ANNOTATIONS = 10
@@ -83,6 +85,7 @@ VERDICT_LABELS = {
 }
 EXIT_NO_RECORDS = 2
 EXIT_RUN_PROBLEM = 1
+EXIT_CASES_FAILED = 1  # as pytest's own "tests failed"
 
 
 @dataclasses.dataclass
@@ -105,6 +108,7 @@ class Results:
     pytest_exit: int | None = None
     # What each run found against its base build's run (--spmd-compare; harness.judges.basecompare).
     comparisons: list[Comparison] = dataclasses.field(default_factory=list)
+    findings: list[str] = dataclasses.field(default_factory=list)  # the runs' failures by cause (harness.findings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,6 +163,10 @@ def read_run_comparison(run: Path, results: Results) -> None:
         return
     if comparison is not None:
         results.comparisons.append(comparison)
+    try:  # what the run's end said, by cause: the summary leads with it (a case could write it: escaped, capped)
+        results.findings += files.read_text(run / findings.FILE_NAME).splitlines()[:MAX_FINDING_LINES]
+    except (OSError, ValueError):
+        pass
 
 
 def cross_check_run(run: Path, results: Results, manifest_required: bool = False) -> None:
@@ -297,6 +305,7 @@ def render_summary(
         lines += ["❌ **No case records were found: the run executed nothing.**", ""]
     else:
         lines += [run_description(records), ""]
+        lines += findings_section(results.findings)
         with_hosts = any(where(r) for r in records)
         for family, members in group_by_family(records).items():
             lines += [f"### `{markdown_name(family)}` ({count_outcomes(members)})", ""]
@@ -311,6 +320,14 @@ def render_summary(
         lines += [capping.left_out_line([r for r in records if id(r) in left_out], len(records)), ""]
     lines.append(f"**Totals:** {totals_line(results)}")
     return "\n".join(lines) + "\n"
+
+
+def findings_section(found: list[str]) -> list[str]:
+    """The run's failed cases by cause (harness.findings), as the end of the run printed them."""
+    if not found:
+        return []
+    items = [f"{'  ' if line.startswith(' ') else ''}- {markdown_cell(line.strip(), 600)}" for line in found]
+    return ["### Findings by cause", "", *items, ""]
 
 
 def comparison_section(comparison: Comparison) -> list[str]:
@@ -449,6 +466,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the exit status of the pytest that made RESULTS_DIR (one run's folder), as its caller got it "
         "(scripts/ci-spmd.sh passes it): the run's manifest must agree, and a non-zero N is never green",
     )
+    parser.add_argument(
+        "--exit-zero-on-failures",
+        action="store_true",
+        help="exit 0 when cases failed (the report alone is wanted); a run with problems, or that ran nothing, "
+        "still exits 1 or 2",
+    )
     parser.add_argument("--title", default="SPMD regression results", help="heading of the summary")
     cli.add_version(parser, "spmd-report")
     return parser.parse_args(argv)
@@ -575,6 +598,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_NO_RECORDS
     if results.problems or not written:
         return EXIT_RUN_PROBLEM
+    failed = counts(results)["failed"]
+    if failed and not args.exit_zero_on_failures:
+        say(
+            f"error: {failed} case(s) failed in the run reported (--exit-zero-on-failures: exit 0 all the same)",
+            error=True,
+        )
+        return EXIT_CASES_FAILED
     return 0
 
 

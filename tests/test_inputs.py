@@ -300,7 +300,7 @@ def test_the_report_names_and_counts_a_record_of_the_wrong_shape(tmp_path: Path,
     folder = results_folder(tmp_path / "results", json.dumps({**RECORD, "outcome": "failed"}), json.dumps(damaged))
     proc = cli("-m", "harness.report", str(folder), cwd=tmp_path)
     assert "Traceback" not in proc.stderr, proc.stderr
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the readable record is a failed case
     assert "verdicts-main.jsonl:2" in proc.stderr
     summary = (folder / "summary.md").read_text()
     assert "1 unreadable record line(s): verdicts-main.jsonl:2" in summary

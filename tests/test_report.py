@@ -198,7 +198,7 @@ def test_unknown_outcomes_count_as_failures(tmp_path: Path):
 def test_cli_writes_summary_and_appends_to_step_summary(mixed_run: Path, tmp_path: Path, capsys):
     step_summary = tmp_path / "step-summary.md"
     step_summary.write_text("earlier step\n")
-    assert report.main([str(mixed_run), "--step-summary", str(step_summary), "--annotate"]) == 0
+    assert report.main([str(mixed_run), "--step-summary", str(step_summary), "--annotate"]) == report.EXIT_CASES_FAILED
     written = (mixed_run / "summary.md").read_text()
     assert "### `scalar_specs`" in written
     assert step_summary.read_text() == "earlier step\n" + written
@@ -207,11 +207,19 @@ def test_cli_writes_summary_and_appends_to_step_summary(mixed_run: Path, tmp_pat
 
 def test_cli_without_annotate_prints_a_plain_failure_list(mixed_run: Path, capsys, monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    assert report.main([str(mixed_run)]) == 0
-    assert capsys.readouterr().out == (
+    assert report.main([str(mixed_run)]) == report.EXIT_CASES_FAILED
+    out, err = capsys.readouterr()
+    assert out == (
         "FAILED cases/test_scalar_specs.py::test_wrap[func-off]: spec lost on scalar\n"
         f"harness.report {mixed_run}: 4 cases: 1 passed, 1 failed, 1 xfailed, 1 skipped\n"
     )
+    assert "1 case(s) failed in the run reported" in err
+
+
+def test_the_exit_status_follows_the_run_unless_told_not_to(mixed_run: Path, tmp_path: Path, capsys):
+    assert report.main([str(mixed_run), "--exit-zero-on-failures"]) == 0
+    write_record(tmp_path, record("cases/test_x.py::test_a", "passed"))
+    assert report.main([str(tmp_path)]) == 0, "a run whose cases passed exits 0"
 
 
 def test_cli_fails_when_the_run_produced_no_records(tmp_path: Path, capsys, monkeypatch):
@@ -232,7 +240,7 @@ def test_module_runs_as_a_script(mixed_run: Path):
     proc = spmd_report(
         str(mixed_run), "--summary", str(mixed_run / "out.md"), env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == report.EXIT_CASES_FAILED, proc.stderr  # the run has a failed case
     assert (mixed_run / "out.md").read_text().startswith("## SPMD regression results")
 
 

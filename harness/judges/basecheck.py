@@ -2,7 +2,7 @@
 case, list what changed at the end of the run and leave it in the run's folder.
 
 The last judge (harness.judges.judging), after the registry and the committed baselines: a case whose body
-passed and that is not an xfail is compared with its record in the base run, and fails (or, when
+passed, or that reproduced its known bug as the base run did, is compared with its record in the base run, and fails (or, when
 a committed baseline failed it already, gets a section) with one line per item that differs.
 
 Under xdist the controller loads the base run once, at configure time (a bad base is a usage
@@ -29,8 +29,8 @@ from harness.errors import HarnessError
 from harness.isolation import protocol
 from harness.judges import basecompare, checked, costcheck
 from harness.judges.basecompare import BaseRun, Comparison
-from harness.judges.judging import Judge, JudgedCase, is_xfail
-from harness.records import runfolder, versions
+from harness.judges.judging import BESIDES, Judge, JudgedCase, fail_besides, is_xfail, reproduced_bug
+from harness.records import buildid, runfolder, versions
 from harness.records.results import CaseRecord
 
 WORKERINPUT_KEY = "spmd_base_run"  # the base run the controller read, handed to each xdist worker
@@ -105,14 +105,25 @@ def from_workerinput(data: dict[str, Any]) -> BaseRun:
     )
 
 
-def report_header(session: BaseRunJudge | None) -> str | None:
+def report_header(session: BaseRunJudge | None, this_build: dict[str, Any] | None = None) -> str | None:
+    """The base run, its build, and (once, here) how the two builds relate where their labels agree."""
     if session is None:
         return None
     base = session.base
-    line = f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, {len(base.records)} case records)"
+    base_build = buildid.read(base.path)
+    session.comparison.base_build = base_build.get("id") if base_build else None
+    session.comparison.this_build = this_build.get("id") if this_build else None
+    line = (
+        f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, "
+        + (f"{buildid.describe(base_build)}, " if base_build else "")
+        + f"{len(base.records)} case records)"
+    )
     if base.chosen:
         line += f"\n  chosen as {base.chosen}"
-    if base.torch_xla is not None and base.torch_xla == _this_build(session.backend_name):
+    relation = buildid.relation(base_build, this_build)
+    if relation is not None:
+        line += "\n" + relation
+    elif base.torch_xla is not None and base.torch_xla == _this_build(session.backend_name):
         line += "\n" + basecompare.same_build_warning(base.torch_xla)
     return line
 
@@ -136,10 +147,11 @@ def judge(session: BaseRunJudge, case: JudgedCase, report: pytest.TestReport) ->
         "known_bug": (judgement.entry or case.entries[0].id) if judgement and case.entries else None,
         "registry_verdict": judgement.kind.value if judgement else None,
     }
-    if case.body_passed and not is_xfail(report) and not report.skipped:
+    entry = reproduced_bug(case, report)
+    if (case.body_passed and not is_xfail(report) and not report.skipped) or entry is not None:
         signatures = None if case.has_marker("no_cost_check") else costcheck.recorded_signatures(case)
         judged = None if case.has_marker("no_sharding_baseline") else case.shardings
-        comparison = basecompare.compare_case(session.base, case.case_id, judged, signatures)
+        comparison = basecompare.compare_case(session.base, case.case_id, judged, signatures, entry)
         if comparison.not_compared is None:
             checked.mark(report, checked.BASE_RUN)
         finding.update(
@@ -150,7 +162,10 @@ def judge(session: BaseRunJudge, case: JudgedCase, report: pytest.TestReport) ->
         )
         if comparison.not_compared:
             finding["not_compared"] = comparison.not_compared
-        if comparison.differences:
+        if comparison.differences and entry is not None:  # the bug excuses its own failure, not these
+            fail_besides(report, entry, comparison.differences, f"the base run {session.base.path}")
+            finding["failure"] = [f"{BESIDES} known bug {entry}: {line}" for line in comparison.differences]
+        elif comparison.differences:
             finding["failure"] = _fail(report, basecompare.failure_text(session.base, case.torch_xla, comparison))
             _drop_reported_sections(report)
         if comparison.new:

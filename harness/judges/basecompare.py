@@ -37,7 +37,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from harness import costs, shardingcompare
+from harness import costs, findings, shardingcompare
 from harness.errors import DamagedRecord, HarnessUsageError
 from harness.isolation import files
 from harness.isolation.evidence import headline
@@ -283,15 +283,18 @@ def compare_case(
     case: str,
     shardings: Mapping[str, str] | None,
     signatures: Mapping[str, Mapping[str, Any]] | None,
+    known_bug: str | None = None,
 ) -> CaseComparison:
     """Compare a passing case's shardings and cost signatures (None: not judged here, e.g. a
-    no_sharding_baseline or no_cost_check case) with its record in the base run."""
+    no_sharding_baseline or no_cost_check case) with its record in the base run. `known_bug`: the
+    entry the case reproduced (an xfail), compared with a base record that reproduced it too."""
     result = CaseComparison(case)
     record = base.records.get(case)
     if record is None:
         result.not_compared = "the base run has no record of it"
         return result
-    if record.outcome != "passed":
+    same_bug = known_bug is not None and record.outcome == "xfailed" and record.known_bug == known_bug
+    if record.outcome != "passed" and not same_bug:
         reason = headline(record.reason or record.late_fault or "", 300)
         result.not_compared = f"the base run's record says {record.outcome}" + (
             f": {printable(reason)}" if reason else ""
@@ -306,7 +309,9 @@ def compare_case(
             for label in sorted(signatures)
             if label not in record.costs
         ]
-        changes = costs.compare_loops(record.costs, measured, reference="base run")
+        changes = findings.no_improvement_beside_growth(
+            costs.compare_loops(record.costs, measured, reference="base run")
+        )
         result.differences += [printable(str(c)) for c in costs.failing(changes)]
         result.moved += [printable(str(c)) for c in costs.listed(changes)]
         for label, signature in sorted(measured.items()):  # native growth: judged per step against the base's
@@ -416,6 +421,8 @@ class Comparison:
     registry: list[str] = dataclasses.field(default_factory=list)  # registry_change lines
     schema: int = COMPARISON_SCHEMA
     moved: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # case -> byte moves (listed)
+    base_build: str | None = None  # each side's build id (harness.records.buildid), where recorded
+    this_build: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=1, allow_nan=False)
@@ -443,16 +450,25 @@ class Comparison:
         moved = data.get("moved", {})
         if not (isinstance(moved, dict) and all(_strings(x) for x in moved.values())):
             raise ValueError(f"field 'moved' is {shown(moved)}")
-        return cls(**{name: data[name] for name in (*checks, "schema")}, moved=moved)
+        for name in ("base_build", "this_build"):  # came later too
+            if not (data.get(name) is None or isinstance(data[name], str)):
+                raise ValueError(f"field {name!r} is {shown(data[name])}")
+        comparison = cls(**{name: data[name] for name in (*checks, "schema")}, moved=moved)
+        comparison.base_build, comparison.this_build = data.get("base_build"), data.get("this_build")
+        return comparison
 
     def lines(self) -> list[str]:
         """The end-of-run listing (also the report's, in Markdown there)."""
+        base = f" (build {self.base_build})" if self.base_build else ""
+        this = f" (build {self.this_build})" if self.this_build else ""
         out = [
-            f"base torch_xla {self.base_torch_xla or '?'} -> this build {', '.join(self.this_torch_xla) or '?'}; "
-            f"{self.compared} case(s) compared, {len(self.differ)} differ"
+            f"base torch_xla {self.base_torch_xla or '?'}{base} -> this build {', '.join(self.this_torch_xla) or '?'}"
+            f"{this}; {self.compared} case(s) compared, {len(self.differ)} differ"
         ]
-        if self.base_torch_xla is not None and self.base_torch_xla in self.this_torch_xla:
-            out.append(same_build_warning(self.base_torch_xla))
+        if self.base_build and self.base_build == self.this_build:
+            out.append(f"WARNING: both sides ran the same build ({self.base_build}): nothing was compared with another")
+        elif not (self.base_build and self.this_build) and self.base_torch_xla in self.this_torch_xla:
+            out.append(same_build_warning(str(self.base_torch_xla)))
         out += [f"differs: {case}: {lines[0] if lines else ''}" for case, lines in sorted(self.differ.items())]
         out += list(self.registry)  # what failed first; what is only listed after
         new = [f"{case}: {item}" for case, items in sorted(self.new.items()) for item in items]

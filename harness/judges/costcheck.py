@@ -1,7 +1,8 @@
 """The plugin's side of cost signatures: steady state, the cost baseline, records and dumps.
 
-The third judge (harness.judges.judging): the registry judges first (an xfail is never compared),
-then shardings, then costs. For every case whose body recorded signatures (harness.stepcosts):
+The third judge (harness.judges.judging): the registry judges first, then shardings, then costs.
+A case that reproduced its known bug (an xfail) is held to the figures its bug does not name
+(harness.judges.excused) and to the cost baseline; a change there fails it. For every case whose body recorded signatures (harness.stepcosts):
 
 1. Steady state, whatever the baseline says: a step after the loop's warm-up that compiled a new
    graph fails the case, naming the step and what differs between the two graphs; so does one
@@ -20,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from harness import costs
+from harness import costs, findings
 from harness.baselinefile import BaselineCheck
 from harness.config import options
 from harness.costbaseline import CostBaseline
 from harness.isolation.backend import Backend
-from harness.judges import checked
-from harness.judges.judging import Judge, JudgedCase, is_xfail
+from harness.judges import checked, excused
+from harness.judges.judging import Judge, JudgedCase, fail_besides, is_xfail, reproduced_bug
 from harness.records import results, runfolder
 
 NO_COST_CHECK_MARKER = (
@@ -53,7 +54,15 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
             if case.body_passed and not is_xfail(report):
                 _fail(report, f"cost signature unreadable: {exc}")
             return
-        if not case.body_passed or is_xfail(report) or report.skipped or case.has_marker("no_cost_check"):
+        if case.has_marker("no_cost_check"):
+            return
+        entry = reproduced_bug(case, report)
+        if entry is not None and self.update:
+            if case.costs and not self._besides(case, with_baseline=False):  # kept if its teardown passes
+                self.updates.observe(case.item.nodeid, case.case_id, case.costs, case.torch_xla)
+        elif entry is not None:
+            fail_besides(report, entry, self._besides(case), "its steady state and the cost baseline")
+        if not case.body_passed or is_xfail(report) or report.skipped:
             return
         signatures = case.costs
         if not signatures:
@@ -67,10 +76,13 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
         ]
         if problems:
             case.cost_changes = [f"steady state: {p}" for p in problems]
+            # The cause first (a FAILED line shows the first line): the rule it breaks after it.
             _fail(
                 report,
-                "steady state: a step after the warm-up compiled a new graph (every step pays a compilation) "
-                "or left more alive than the step before (every step leaks):\n" + "\n".join(f"  {p}" for p in problems),
+                f"steady state: {problems[0]}\n"
+                + "".join(f"  {p}\n" for p in problems[1:])
+                + "(steady state: a step after the warm-up that compiled a new graph pays a compilation every step; "
+                "one that left more alive than the step before leaks every step)",
             )
         if self.update:
             if not problems and report.passed:
@@ -81,6 +93,7 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
         if base is None:
             return
         changes = base.compare(case.case_id, signatures)
+        changes = None if changes is None else findings.no_improvement_beside_growth(changes)
         if changes is None:
             self.cases_without_entry.append(case.case_id)
             return
@@ -88,6 +101,21 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
         if changes:
             case.cost_changes += [str(c) for c in changes]
             self._report_changes(case, report, base, changes)
+
+    def _besides(self, case: JudgedCase, with_baseline: bool = True) -> list[str]:
+        """A reproduced known bug's case: the steady-state figures its entry does not name, and the
+        cost baseline's failing items."""
+        lines = [
+            f"steady state: {problem}"
+            for label, signature in sorted(case.costs.items())
+            for problem in excused.unexcused_problems(signature, label, case.entries)
+        ]
+        base = self.baseline() if with_baseline else None
+        if base is not None and case.costs:
+            changes = base.compare(case.case_id, case.costs) or []
+            lines += [f"{c} (cost baseline {base.path.name})" for c in costs.failing(changes)]
+        case.cost_changes += lines
+        return lines
 
     def _report_changes(
         self, case: JudgedCase, report: pytest.TestReport, base: CostBaseline, changes: list[costs.CostChange]

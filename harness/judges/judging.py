@@ -5,8 +5,10 @@ A judge takes the judged case and pytest's report of its call, may change the re
 nowhere else: the case's record is written from the case alone (harness.run.writing), and a
 later judge reads an earlier one's finding from the case (the base run's judge reads the
 registry's judgement and the cost judge's signatures there). The run holds its judges in the
-order they judge (HarnessSession.judges): the known-bug registry first (an xfail is never
-compared), then the sharding baseline, the cost baseline and the base build's run.
+order they judge (HarnessSession.judges): the known-bug registry first, then the sharding
+baseline, the cost baseline and the base build's run. A reproduced known bug (an xfail) excuses
+its own failure only: the cost judge and the base run's judge still hold the case to what else it
+measured, and a change there fails it (fail_besides).
 
     judge(case, report)      every process that runs cases, once per case
     collect(report)          the process that owns the run: each case's report, whichever
@@ -25,7 +27,7 @@ import pytest
 from harness.errors import CaseError
 from harness.isolation.case import CaseResult, SpmdRunner
 from harness.records import results
-from harness.registry import Judgement, KnownBug
+from harness.registry import Judgement, JudgementKind, KnownBug
 
 RUNNER_KEY = pytest.StashKey[SpmdRunner]()  # the case's runner, set by the spmd fixture
 ENTRIES_KEY = pytest.StashKey[list[KnownBug]]()  # the entries the case names, read at collection
@@ -90,6 +92,36 @@ def evidence_of(call: pytest.CallInfo[None]) -> str | None:
 
 def is_xfail(report: pytest.TestReport) -> bool:
     return hasattr(report, "wasxfail")
+
+
+def reproduced_bug(case: JudgedCase, report: pytest.TestReport) -> str | None:
+    """The registry entry a case reproduced (its xfail, unless an earlier judge failed it besides),
+    None for any other outcome."""
+    judgement = case.judgement  # reproduced: an xfail, or a failure an earlier judge found besides the bug
+    if judgement is None or judgement.kind is not JudgementKind.REPRODUCED:
+        return None
+    return judgement.entry or (case.entries[0].id if case.entries else None)
+
+
+BESIDES = "and besides"  # the words that lead a reproduced bug's other changes (harness.findings reads them)
+
+
+def fail_besides(report: pytest.TestReport, entry: str, changes: list[str], against: str) -> None:
+    """A case that reproduced its known bug and changed besides: the bug excuses its own failure,
+    not the change, which fails the case (and the run) like any other, the bug named first."""
+    if not changes:
+        return
+    listing = "\n".join(f"  {line}" for line in changes)
+    if not is_xfail(report):  # an earlier judge failed it already: this finding goes beside it
+        report.sections.append((f"{BESIDES} ({against})", listing))
+        return
+    del report.wasxfail
+    report.outcome = "failed"
+    report.longrepr = (
+        f"XFAIL {entry} {BESIDES}: {changes[0]}\n"
+        f"known bug {entry} reproduced as expected; besides it, against {against}:\n{listing}\n"
+        "(a known bug excuses its own failure only: what else the case measured is judged as in a passing case)"
+    )
 
 
 class Judge:

@@ -1,8 +1,8 @@
 """The plugin's side of the sharding baseline: which file, each passing case held to its entry,
 and the rewrite of an update run.
 
-The second judge (harness.judges.judging): after the known-bug registry (an xfail is never
-compared) and before the cost check (harness.judges.costcheck), which has the same shape. Whether
+The second judge (harness.judges.judging): after the known-bug registry (a case that reproduced
+its known bug is held to the shardings it recorded, harness.judges.judging.fail_besides) and before the cost check (harness.judges.costcheck), which has the same shape. Whether
 a change fails a case, and how it is shown: harness.judges.baseline.
 """
 
@@ -15,7 +15,7 @@ from harness.config import options
 from harness.isolation.backend import Backend
 from harness.judges import checked
 from harness.judges.baseline import Baseline
-from harness.judges.judging import Judge, JudgedCase, is_xfail
+from harness.judges.judging import Judge, JudgedCase, fail_besides, is_xfail, reproduced_bug
 
 
 class ShardingJudge(BaselineCheck[Baseline], Judge):
@@ -27,9 +27,10 @@ class ShardingJudge(BaselineCheck[Baseline], Judge):
         """A passing case's shardings against its baseline entry, or kept for the rewrite of an
         update run; the changes found, a line per tensor, go on the case (its record's
         `sharding_changes`)."""
+        entry = reproduced_bug(case, report)
         if (
-            report.outcome != "passed"
-            or is_xfail(report)
+            (report.outcome != "passed" or is_xfail(report))
+            and entry is None
             or case.runner is None
             or case.has_marker("no_sharding_baseline")
             or not case.shardings
@@ -47,7 +48,11 @@ class ShardingJudge(BaselineCheck[Baseline], Judge):
             self.cases_without_entry.append(case.case_id)
             return
         checked.mark(report, checked.SHARDING_BASELINE)
-        if check.failure is not None:
+        if entry is not None:  # the bug excuses its failure, not a drift
+            drift = [str(c) for c in check.changes if c.before is not None]
+            if check.failure is not None:
+                fail_besides(report, entry, drift, f"the sharding baseline {base.path.name}")
+        elif check.failure is not None:
             report.outcome = "failed"
             report.longrepr = check.failure
         elif check.changes:

@@ -1,12 +1,15 @@
-"""The end of an SPMD run: one finding per change, not one per failed case.
+"""The end of an SPMD run: one finding per cause, not one per failed case.
 
 One change in torch_xla (an extra mark_step in every training step) fails every case that trains,
-each with the same lines: 18 failures, read one by one, bury the one thing that changed. This
-section, the last before pytest's short summary, groups the failed cases by what failed them (the
-items that differ from the base run, else the failure's first line), the largest group first:
+each in its own words: 18 failures, read one by one, bury the one thing that changed. This
+section, the last before pytest's short summary, groups the failed cases by cause (harness.findings:
+the kind of figure that moved and its direction, with what the records say of it), the largest
+group first, and leaves the lines in the run folder for spmd-report's summary.md:
 
-    18 case(s): step0: compiles 1 -> 4, executions 1 -> 4
-      cases/test_functionalization.py::test_fsdpv2_vit_train_steps_match_cpu[func-on, func-off], ...
+    18 case(s): compilations per step grew
+      diagnosis: the step graph split: each step now runs more graphs ...
+
+Known bugs that behaved as expected are one line per registry entry, not an XFAIL line per case.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from typing import Any
 
 import pytest
 
+from harness import findings as causes
 from harness.judges import basecheck, basecompare, checked
-from harness.run.session import SESSION_KEY
+from harness.records import results, runfolder
+from harness.run.session import SESSION_KEY, HarnessSession
 
 MAX_ITEMS_SHOWN = 6  # lines of one finding; the rest is in each failure and in comparison.json
 # `step0:parameter(3)` and `parameter(7)`: the numbers XLA gives a step graph's parameters move
@@ -49,36 +54,6 @@ def finding_of(report: pytest.TestReport) -> tuple[str, ...]:
     return (first_item(crash.message if crash is not None else str(longrepr)),)
 
 
-def case_names(nodeids: Iterable[str]) -> list[str]:
-    """`file::test[a]`, `file::test[b]` as `file::test[a, b]`."""
-    params: dict[str, list[str]] = collections.defaultdict(list)
-    for nodeid in nodeids:
-        base, _, param = nodeid.partition("[")
-        params[base].append(param.rstrip("]"))
-    return [base + (f"[{', '.join(p for p in ps)}]" if any(ps) else "") for base, ps in params.items()]
-
-
-def lines(failed: Iterable[pytest.TestReport]) -> list[str]:
-    """Cases grouped by their finding's first item (the counts, when a step compiles more: what
-    changed), the items every case of the group shares after it, then the cases."""
-    groups: dict[str, list[tuple[str, tuple[str, ...]]]] = collections.defaultdict(list)
-    for report in failed:
-        case = dict(report.user_properties).get("spmd_case_id", report.nodeid)
-        finding = finding_of(report)
-        groups[finding[0]].append((str(case), finding[1:]))
-    out = []
-    for headline, members in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
-        out.append(f"{len(members)} case(s): {headline}")
-        shared = [item for item in members[0][1] if all(item in rest for _, rest in members[1:])]
-        out += [f"  and: {item}" for item in shared[:MAX_ITEMS_SHOWN]]
-        varying = max(len(rest) for _, rest in members) - len(shared[:MAX_ITEMS_SHOWN])
-        if varying > 0:
-            out.append(f"  and up to {varying} more item(s), by case (in each failure above)")
-        names = case_names(case for case, _ in members)
-        out.append("  " + ", ".join(names[:4]) + (f", and {len(names) - 4} more test(s)" if len(names) > 4 else ""))
-    return [basecompare.printable(line) for line in out]
-
-
 def checked_line(reports: Iterable[pytest.TestReport]) -> str:
     """What the run held its cases to: the registry entries judged, the references compared."""
     calls = [r for r in reports if getattr(r, "when", "") == "call"]
@@ -95,6 +70,54 @@ def checked_line(reports: Iterable[pytest.TestReport]) -> str:
     return "spmd checked: " + "; ".join(parts)
 
 
+def cause_lines(harness: HarnessSession, failed: list[pytest.TestReport]) -> list[str]:
+    """The run's failed cases by cause (harness.findings), with their records' signatures and the
+    base run's beside them for the diagnoses."""
+    records = {}
+    if harness.run.exists():
+        try:  # the records the run wrote (a case can damage them: then the findings go without signatures)
+            records = {r.nodeid: r for r in results.read_records(harness.run.path, unreadable=[])}
+        except (OSError, ValueError):
+            records = {}
+    base = harness.compare.base.records if harness.compare is not None else {}
+    cases = []
+    for report in failed:
+        case_id = str(dict(report.user_properties).get("spmd_case_id", report.nodeid))
+        record = records.get(case_id)
+        items = list(finding_of(report))
+        if record is not None and len(items) == 1:  # its own lines, where no base run listed them
+            items += list(record.cost_changes) + list(record.sharding_changes)
+        if record is None:
+            cases.append(causes.FailedCase(case_id, items))
+        else:
+            cases.append(causes.from_record(record, items, base.get(case_id)))
+    hint = "--spmd-update-costs / --spmd-update-shardings (the committed baselines), or a new base run"
+    return [basecompare.printable(line) for line in causes.lines(cases, hint)]
+
+
+def _asked_for_xfails(config: pytest.Config) -> bool:
+    """-rx, -ra or -rA on the command line itself (the project's addopts' -ra is not asking)."""
+    args = [str(a) for a in config.invocation_params.args]
+    chars = "".join(a[2:] for a in args if a.startswith("-r") and not a.startswith("--")) + "".join(
+        args[i + 1] for i, a in enumerate(args[:-1]) if a == "-r"
+    )
+    return any(c in chars for c in "xaA")
+
+
+def _expected_xfails(terminalreporter: Any, config: pytest.Config) -> None:
+    """Known bugs that behaved as expected: one line per registry entry with its count, in place of
+    pytest's XFAIL line per case (which pushes the failures out of a terminal's view), unless asked."""
+    xfailed = terminalreporter.stats.get("xfailed", [])
+    if not xfailed or _asked_for_xfails(config):
+        return
+    terminalreporter.reportchars = terminalreporter.reportchars.replace("x", "")
+    entries = collections.Counter(
+        str(dict(r.user_properties).get("known_bug", "not a registry entry (pytest.mark.xfail)")) for r in xfailed
+    )
+    listing = ", ".join(f"{entry} x{n}" for entry, n in sorted(entries.items(), key=lambda e: (-e[1], e[0])))
+    terminalreporter.write_line(f"known bugs reproduced as expected ({len(xfailed)} xfail, -rx lists them): {listing}")
+
+
 class Findings:
     """Registered by the plugin for the controlling process: the section at the end of the run."""
 
@@ -104,11 +127,18 @@ class Findings:
         if harness is None or not (harness.active or harness.run.exists()):
             return
         failed = [r for r in terminalreporter.stats.get("failed", []) if getattr(r, "when", "") == "call"]
-        if len(failed) > 1:  # one failure is its own finding
-            shown = lines(failed)
-            changes = sum(1 for line in shown if not line.startswith(" "))
-            terminalreporter.section(f"spmd findings: {len(failed)} failed case(s), {changes} change(s)", red=True)
+        if failed:
+            shown = cause_lines(harness, failed)
+            changes = sum(1 for line in shown if not line.startswith((" ", "if ")))
+            title = f"spmd findings: {len(failed)} failed case(s), {changes} finding(s) by cause"
+            terminalreporter.section(title, red=True)
             for line in shown:
                 terminalreporter.line(line, red=not line.startswith(" "))
+            if harness.run.exists():  # for spmd-report's summary.md, which leads with them
+                try:
+                    runfolder.replace_file(harness.run.path / causes.FILE_NAME, "\n".join(shown) + "\n")
+                except OSError as exc:  # a full disk: the run's end says so, the terminal has them
+                    terminalreporter.line(f"spmd harness: could not keep the findings ({exc})", red=True)
+        _expected_xfails(terminalreporter, config)
         reports = [r for key in ("passed", "failed", "xfailed", "xpassed") for r in terminalreporter.stats.get(key, [])]
         terminalreporter.write_line(checked_line(reports))

@@ -5,6 +5,7 @@ stash keys the plugin keeps it under."""
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 from pathlib import Path
@@ -26,7 +27,7 @@ from harness.judges.costcheck import CostJudge
 from harness.judges.judging import Judge
 from harness.judges.registrycheck import RegistryJudge
 from harness.judges.shardingcheck import ShardingJudge
-from harness.records import results, runfolder, versions
+from harness.records import buildid, results, runfolder, versions
 from harness.registry import REGISTRY_PATH, load_registry
 from harness.run import caseuser
 from harness.run.dumproot import share_dump_root
@@ -94,7 +95,7 @@ class HarnessSession:
 
     @property
     def judges(self) -> list[Judge]:
-        """In the order they judge a case: the registry (an xfail is never compared), the sharding
+        """In the order they judge a case: the registry (a reproduced bug excuses its failure only), the sharding
         baseline, the cost baseline, the base build's run (it reads the first and the third)."""
         ordered: list[Judge] = [self.registry_judge, self.sharding, self.costs]
         return ordered + ([self.compare] if self.compare is not None else [])
@@ -122,12 +123,22 @@ class HarnessSession:
         """What the run uses: backend and devices, the torch_xla stack, where results go, the base run."""
         count = getattr(self.backend, "devices", None)  # a TPU host's chips are probed at the first case
         devices = f"{count} devices" if count else "this host's chips"
-        compared = basecheck.report_header(self.compare)
+        compared = basecheck.report_header(self.compare, self.build)
+        build = (
+            [f"torch_xla {self.build.get('torch_xla') or '?'}: {buildid.describe(self.build)}"] if self.build else []
+        )
         return [
             f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}, {self.tier} tier; "
             f"{versions.describe(versions.stack())}; results {self.run.path}",
+            *build,
             caseuser.header_line(),
         ] + (compared.splitlines() if compared else [])
+
+    @functools.cached_property
+    def build(self) -> dict[str, str | None] | None:
+        """The torch_xla build this run uses, by its files (harness.records.buildid): the process
+        that owns the run reads it once, for its header and the run folder's build.json."""
+        return buildid.identify(fake=self.backend.name == "fake")
 
     def charge_late_fault(self, fault: LateFault) -> None:
         """A child misbehaved after a case's verdict: that case's record says so, and the run fails."""

@@ -15,7 +15,7 @@ import pytest
 from harness.isolation.evidence import headline
 from harness.judges import basecheck, costcheck
 from harness.judges.judging import JudgedCase
-from harness.records import results, runfolder, versions
+from harness.records import buildid, results, runfolder, versions
 from harness.registry import Judgement, JudgementKind
 from harness.run import checkoutwatch
 from harness.run.findings import first_item
@@ -111,6 +111,7 @@ def close_run(session: pytest.Session, harness: HarnessSession) -> None:
     )
     xmlpath = getattr(session.config.option, "xmlpath", None)
     problems = harness.run.manifest_problems() + basecheck.planted_comparison(harness.compare, harness.run.path)
+    problems += _record_build(harness)
     problems += checkoutwatch.problems(session.config)
     for problem in problems:
         session.config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
@@ -129,6 +130,20 @@ def close_run(session: pytest.Session, harness: HarnessSession) -> None:
         session.config.get_terminal_writer().line(
             f"spmd harness: could not close the run manifest in {harness.run.path}: {exc}", red=True
         )
+
+
+def _record_build(harness: HarnessSession) -> list[str]:
+    """The run's build.json (harness.records.buildid), for a later run that compares with this one;
+    one already there was put by a case, naming a build that may not have run: the run fails."""
+    if not harness.run.exists():
+        return []
+    try:
+        buildid.write(harness.run.path, harness.build)
+    except FileExistsError:
+        return [f"{buildid.FILE_NAME} in {harness.run.path.name} was not made by this run (written by a case?)"]
+    except OSError as exc:
+        return [f"could not write {buildid.FILE_NAME}: {exc}"]
+    return []
 
 
 def recheck_run(config: pytest.Config, harness: HarnessSession) -> None:

@@ -1,0 +1,264 @@
+"""One finding per cause: failed cases grouped by what changed, with what the records say it is.
+
+One change in torch_xla fails many cases, each in its own words: a step that stopped donating
+its parameters fails 12 loops with `step0: outputs 36.5 KiB -> 55.2 KiB per device`, the peak
+beside it going down; a leak per `xs.mark_sharding` call fails every loop that marks, as
+steady state in one case, against the base run in another. Grouping by exact text gives many
+groups; this groups by the kind of figure that moved and its direction (the case's first cause,
+in the order below), then says what the records allow about the cause:
+
+    donation lost      the step graph's outputs grew by the parameters' bytes (the record holds both)
+    a step graph split compilations or executions per step went up (and the step graph's
+                       parameters renumbered: their sharding lines are a consequence, not a cause)
+    a native leak      the native heap grew by the same amount per step in every loop
+
+Pure functions over plain data: the pytest process (harness.run.findings) and spmd-report use it.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+MAX_CASES_SHOWN = 6
+EXAMPLE_CHARACTERS = 160  # of one case's line: the rest is in its failure
+FILE_NAME = "findings.txt"  # in the run folder: the end of the run's findings, for spmd-report
+_BYTES_TOLERANCE = 0.02  # "by the parameters' bytes": within 2% (XLA pads a scalar or two)
+
+
+@dataclasses.dataclass
+class FailedCase:
+    """A failed case as the findings see it."""
+
+    case: str
+    items: list[str]  # what failed it, one line per item (base-run differences, else its own lines)
+    costs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # this run's signatures, by loop
+    base_costs: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the base run's, where compared
+    known_bug: str | None = None  # the entry it reproduced besides (an "XFAIL ... and besides" case)
+
+
+# (kind, pattern, direction from the match): the first kind a case's items show is its cause.
+_NUMBERS = r"(?P<before>[\d.]+ ?[KMG]?i?B|\d+) -> (?P<after>[\d.]+ ?[KMG]?i?B|\d+)"
+KINDS: list[tuple[str, re.Pattern[str]]] = [
+    ("compilations per step", re.compile(rf"\bcompiles {_NUMBERS}|compiled \d+ new graph")),
+    ("executions per step", re.compile(rf"\bexecutions {_NUMBERS}")),
+    ("native memory per step", re.compile(r"native heap|resident set")),
+    ("step graph outputs", re.compile(rf"\boutputs {_NUMBERS}")),
+    ("step graph arguments", re.compile(rf"\barguments {_NUMBERS}")),
+    (
+        "collectives",
+        re.compile(rf"\b(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)\S* {_NUMBERS}"),
+    ),
+    ("kept alive per step", re.compile(r"XLA tensors|host objects|device footprint|left more alive")),
+    ("step graph temp and peak", re.compile(rf"\b(temp|peak) {_NUMBERS}")),
+    ("shardings", re.compile(r"\{[^}]*\} -> \{|sharding drift|: gone|: new, ")),
+]
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def _amount(text: str) -> float:
+    number, _, unit = text.replace(" ", " ").partition(" ")
+    if not unit and text[-1:] == "B":
+        number, unit = text[:-3] if text.endswith("iB") else text[:-1], text[-3:] if text.endswith("iB") else "B"
+    return float(number) * _UNITS.get(unit.strip(), 1)
+
+
+def classify(item: str) -> tuple[str, str]:
+    """(kind of figure, direction): ("step graph outputs", "grew"); ("other", first words) otherwise."""
+    for kind, pattern in KINDS:
+        found = pattern.search(item)
+        if not found:
+            continue
+        groups = found.groupdict()
+        if groups.get("before") and groups.get("after"):
+            before, after = _amount(groups["before"]), _amount(groups["after"])
+            return kind, "grew" if after > before else "went down" if after < before else "moved"
+        return kind, "changed" if kind == "shardings" else "grew"
+    return "other", " ".join(item.split()[:8])
+
+
+def cause_of(case: FailedCase) -> tuple[str, str]:
+    """The case's first cause, in KINDS' order (a split graph before the sharding lines it renumbers)."""
+    found = [classify(item) for item in case.items] or [("other", "no item recorded")]
+    order = {kind: index for index, (kind, _) in enumerate(KINDS)}
+    growths = [f for f in found if f[1] != "went down"] or found  # a decrease never leads a growth
+    return min(growths, key=lambda f: order.get(f[0], len(order)))
+
+
+def group(cases: Iterable[FailedCase]) -> list[tuple[tuple[str, str], list[FailedCase]]]:
+    groups: dict[tuple[str, str], list[FailedCase]] = collections.defaultdict(list)
+    for case in cases:
+        groups[cause_of(case)].append(case)
+    return sorted(groups.items(), key=lambda g: (-len(g[1]), g[0]))
+
+
+def lines(cases: list[FailedCase], update_hint: str = "") -> list[str]:
+    """The findings, each: `N case(s): <kind> <direction>` then its diagnosis, what else moved, its cases."""
+    out: list[str] = []
+    for (kind, direction), members in group(cases):
+        loops = sum(max(1, len(c.costs)) for c in members)
+        headline = (
+            f"{len(members)} case(s): {kind} {direction}" if kind != "other" else f"{len(members)} case(s): {direction}"
+        )
+        out.append(headline + (f" ({loops} loop(s))" if kind != "other" and loops != len(members) else ""))
+        out += [f"  {line}" for line in diagnose(kind, direction, members)]
+        bugs = sorted({c.known_bug for c in members if c.known_bug})
+        if bugs:
+            out.append(
+                f"  in case(s) that also reproduced their known bug: {', '.join(bugs)} (the bug does not excuse this)"
+            )
+        example = next((item for item in members[0].items if classify(item) == (kind, direction)), "")
+        if example:
+            out.append(f"  e.g. {members[0].case}: {example[:EXAMPLE_CHARACTERS]}")
+        beside = _beside(members, (kind, direction))
+        if beside:
+            out.append(f"  beside it: {beside}")
+        names = [c.case for c in members]
+        out.append(
+            "  cases: "
+            + ", ".join(names[:MAX_CASES_SHOWN])
+            + (f" and {len(names) - MAX_CASES_SHOWN} more" if len(names) > MAX_CASES_SHOWN else "")
+        )
+    if out and update_hint:
+        out.append(f"if these changes are intended (and only then): {update_hint}")
+    return out
+
+
+def _beside(members: list[FailedCase], cause: tuple[str, str]) -> str:
+    """The other kinds of figure that moved in these cases, a decrease beside a growth said as such."""
+    counts = collections.Counter(
+        found
+        for c in members
+        for found in {classify(item) for item in c.items}
+        if found != cause and found[0] != "other"
+    )
+    parts = [f"{kind} {direction} in {n}" for (kind, direction), n in sorted(counts.items(), key=lambda p: -p[1])]
+    if any(direction == "went down" for _, direction in counts) and cause[1] == "grew":
+        parts.append("(a figure that went down beside a growth is not an improvement)")
+    return ", ".join(parts)
+
+
+def diagnose(kind: str, direction: str, members: list[FailedCase]) -> list[str]:
+    if kind == "step graph outputs" and direction == "grew":
+        return donation_lost(members)
+    if kind in ("compilations per step", "executions per step") and direction == "grew":
+        return graph_split(members)
+    if kind == "native memory per step":
+        return native_leak(members)
+    return []
+
+
+def _loops(members: list[FailedCase]) -> Iterable[tuple[FailedCase, str, Mapping[str, Any], Mapping[str, Any]]]:
+    for case in members:
+        for label, signature in sorted(case.costs.items()):
+            base = case.base_costs.get(label)
+            if isinstance(signature, Mapping) and isinstance(base, Mapping):
+                yield case, label, base, signature
+
+
+def _graph_memory(signature: Mapping[str, Any], field: str) -> dict[str, int]:
+    graphs = signature.get("graphs") or {}
+    return {
+        name: g["memory"][field]
+        for name, g in graphs.items()
+        if isinstance(g, Mapping) and isinstance(g.get("memory"), Mapping) and isinstance(g["memory"].get(field), int)
+    }
+
+
+def donation_lost(members: list[FailedCase]) -> list[str]:
+    """Outputs that grew by the parameters' bytes: the updated parameters are no longer written
+    into their input buffers (aliased, donated), so a device holds old and new ones."""
+    matched, measured, example = 0, 0, ""
+    for case, label, base, this in _loops(members):
+        parameters = (this.get("memory") or {}).get("parameters")
+        before, after = _graph_memory(base, "outputs"), _graph_memory(this, "outputs")
+        for graph in sorted(set(before) & set(after)):
+            grew = after[graph] - before[graph]
+            if grew <= 0 or not isinstance(parameters, int) or parameters <= 0:
+                continue
+            measured += 1
+            if abs(grew - parameters) <= parameters * _BYTES_TOLERANCE:
+                matched += 1
+                example = example or f"{case.case} {label} {graph}: outputs +{grew:,} B, parameters {parameters:,} B"
+    if not measured:
+        return []
+    if matched == measured:
+        return [
+            f"diagnosis: donation lost? in {matched} of {measured} loop(s) the outputs grew by the parameters' "
+            f"bytes ({example}): the step no longer aliases the updated parameters onto their input buffers, "
+            "so a device holds old and new parameters during every step (look for input_output_alias in the "
+            "step module, kept under costs/)"
+        ]
+    return [f"the outputs grew by the parameters' bytes in {matched} of {measured} loop(s) only"]
+
+
+def graph_split(members: list[FailedCase]) -> list[str]:
+    """Compilations and executions per step that went up: the step graph is cut into more graphs."""
+    shown = []
+    for case, label, base, this in _loops(members):
+        warmup = this.get("warmup", 2)
+        steps_before, steps_after = base.get("steps") or [], this.get("steps") or []
+        if len(steps_before) > warmup and len(steps_after) > warmup:
+            b, a = steps_before[warmup], steps_after[warmup]
+            shown.append(f"{case.case} {label}: executions per step {b.get('executions')} -> {a.get('executions')}")
+    lines = [
+        "diagnosis: the step graph split: each step now runs more graphs (a sync or a graph break inside the "
+        "step); the step graph's parameters are renumbered, so their sharding lines in these cases follow from "
+        "the split (matched by sharding, never by position: see basecompare)"
+    ]
+    return lines + [f"  {line}" for line in shown[:3]]
+
+
+_PER_STEP = re.compile(r"native heap \(malloc in use\) \+(?P<amount>[\d.]+ ?[KMG]?i?B) per step")
+
+
+def native_leak(members: list[FailedCase]) -> list[str]:
+    """Native heap growth per step, loop by loop: about one rate everywhere is one allocation kept
+    per call of something every loop calls once per step; rates in ratio are calls per step."""
+    rates = []
+    for case in members:
+        found = next((m for m in map(_PER_STEP.search, case.items) if m), None)
+        if found:
+            rates.append(_amount(found.group("amount")))
+    if not rates:
+        return []
+    shown = f"+{_kib(min(rates))}" + (f" to +{_kib(max(rates))}" if max(rates) > min(rates) else "")
+    ratios = sorted({round(rate / min(rates), 1) for rate in rates}) if min(rates) > 0 else []
+    head = f"diagnosis: native memory kept on every step, {shown} per step across {len(rates)} loop(s)"
+    head += (
+        ": about the same amount in every loop, one allocation kept per call of something each step calls once"
+        if max(rates) <= min(rates) * 1.15
+        else f": rates x{', x'.join(map(str, ratios[:6]))} of the least, in proportion to how often each step "
+        "calls what leaks (compare the loops' spmd calls per step)"
+    )
+    return [head, "  memray's stacks (under each case) show only allocations it tracks: read the rate, not the stack"]
+
+
+def _kib(count: float) -> str:
+    return f"{count / 1024:.1f} KiB" if count < 1 << 20 else f"{count / (1 << 20):.1f} MiB"
+
+
+BESIDE_A_GROWTH = "went down beside a growth: not an improvement"
+
+
+def no_improvement_beside_growth(changes: list[Any]) -> list[Any]:
+    """harness.costs.CostChange list: where a figure grew beyond the band, a figure that went down
+    beside it is not called an improvement (build A's peak and temp went down as its outputs grew
+    by the parameters' bytes: the growth is the finding, the decrease its side effect)."""
+    if not any(c.fails for c in changes):
+        return changes
+    return [dataclasses.replace(c, judgement=BESIDE_A_GROWTH) if c.judgement == "improvement" else c for c in changes]
+
+
+def from_record(record: Any, items: list[str], base_record: Any = None) -> FailedCase:
+    """A FailedCase from a harness.records.results.CaseRecord (and its base run's record)."""
+    return FailedCase(
+        case=record.nodeid,
+        items=items,
+        costs=record.costs or {},
+        base_costs=(base_record.costs or {}) if base_record is not None else {},
+        known_bug=record.known_bug if "and besides" in (record.reason or "") else None,
+    )

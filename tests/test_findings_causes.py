@@ -1,0 +1,79 @@
+"""harness.findings: failed cases grouped by the kind of figure that moved and its direction, with
+the diagnoses the records allow (unit tests on plain data; tests/test_findings.py runs them end to end)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import costs, findings
+from harness.findings import FailedCase
+
+pytestmark = pytest.mark.selftest
+
+PARAMETERS = 19176
+
+
+def loop(outputs: int, executions: int = 1) -> dict:
+    steps = [{"compiles": 1 if i == 0 else 0, "executions": executions} for i in range(5)]
+    return {
+        "warmup": 2,
+        "steps": steps,
+        "graphs": {"step0": {"memory": {"outputs": outputs, "temp": 9000, "peak": 60000}}},
+        "memory": {"parameters": PARAMETERS},
+    }
+
+
+def donated(case: str) -> FailedCase:
+    """Build A: outputs grew by the parameters' bytes; temp and peak went down beside it."""
+    return FailedCase(
+        case,
+        ["step0: outputs 36.5 KiB -> 55.2 KiB per device", "step0: temp 8.8 KiB -> 4.1 KiB per device"],
+        costs={"train": loop(37376 + PARAMETERS)},
+        base_costs={"train": loop(37376)},
+    )
+
+
+def test_outputs_that_grew_by_the_parameters_bytes_are_one_finding_diagnosed_as_donation_lost():
+    shown = findings.lines([donated(f"cases/test_{i}.py::test_loop") for i in range(12)], "--spmd-update-costs")
+    assert shown[0] == "12 case(s): step graph outputs grew"
+    assert "donation lost? in 12 of 12 loop(s) the outputs grew by the parameters' bytes" in shown[1]
+    assert f"outputs +{PARAMETERS:,} B, parameters {PARAMETERS:,} B" in shown[1]
+    assert any("not an improvement" in line for line in shown), shown
+    assert shown[-1].startswith("if these changes are intended (and only then): --spmd-update-costs")
+    assert sum(1 for line in shown if not line.startswith(" ")) == 2  # one finding, then the advice
+
+
+def test_outputs_that_grew_by_other_bytes_are_not_called_donation():
+    case = donated("c::t")
+    case.costs = {"train": loop(37376 + 4000)}
+    assert "donation" not in "\n".join(findings.lines([case]))
+
+
+def test_a_split_step_leads_the_sharding_lines_it_renumbers():
+    split = FailedCase(
+        "cases/test_vit.py::test_train",
+        ["sharding drift: 80 tensor(s) differ", "step2: compiles 1 -> 4, executions 1 -> 4"],
+        costs={"train": loop(100, executions=4)},
+        base_costs={"train": loop(100)},
+    )
+    shown = findings.lines([split, split])
+    assert shown[0] == "2 case(s): compilations per step grew"
+    assert "the step graph split" in shown[1] and "executions per step 1 -> 4" in shown[2]
+
+
+def test_native_growth_at_one_rate_in_every_loop_is_one_leak_per_call():
+    leak = "steady state: step2..step4 each left more alive than the step before: native heap (malloc in use) +256 KiB per step"
+    shown = findings.lines([FailedCase("a::t", [leak]), FailedCase("b::t", [leak])])
+    assert shown[0] == "2 case(s): native memory per step grew"
+    assert "+256.0 KiB per step across 2 loop(s): about the same amount in every loop" in shown[1]
+
+
+def test_a_decrease_beside_a_growth_is_not_labelled_an_improvement():
+    changes = [
+        costs.CostChange("step0", "outputs 36.5 KiB -> 55.2 KiB per device"),
+        costs.CostChange("step0", "peak 70 KiB -> 60 KiB per device", costs.IMPROVEMENT),
+    ]
+    relabelled = findings.no_improvement_beside_growth(changes)
+    assert "improvement" not in str(relabelled[1]).replace("not an improvement", "") and not relabelled[1].fails
+    alone = [costs.CostChange("step0", "peak 70 KiB -> 60 KiB per device", costs.IMPROVEMENT)]
+    assert findings.no_improvement_beside_growth(alone) == alone
