@@ -478,7 +478,13 @@ def body(ctx, pid, targets):
             tried[what] = "done"
         except OSError as exc:
             tried[what] = errno.errorcode.get(exc.errno, str(exc))
-    ctx.record("seen", {"uid": os.geteuid(), "tried": tried})
+    keeper = os.getppid()  # the fork server's keeper of this child; its parent is the server
+    server = int(open(f"/proc/{keeper}/stat").read().rsplit(")", 1)[1].split()[1])
+    uid = lambda pid: int(next(l for l in open(f"/proc/{pid}/status") if l.startswith("Uid:")).split()[1])
+    import ctypes
+    dumpable = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+    ctx.record("seen", {"uid": os.geteuid(), "tried": tried, "server_uid": uid(server), "home": os.environ["HOME"],
+                        "dumpable": dumpable})
 
 def test_u(spmd):
     (folder,) = [p for p in os.scandir("results") if p.name.startswith("run-") and not p.is_symlink()]
@@ -566,8 +572,12 @@ def test_a_case_run_as_the_case_user_cannot_write_the_runs_files_nor_signal_it(
         env={**os.environ, "SPMD_TEST_BASELINE": str(baseline)},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "cases run as user nobody (uid 65534): isolated" in proc.stdout
+    assert "cases and the fork servers that import torch_xla run as user nobody (uid 65534)" in proc.stdout
+    assert "not isolated from each other" in proc.stdout  # the header says what does not hold too
     seen = json.loads((world_readable_folder / "seen.json").read_text())
+    assert seen["server_uid"] != 0, "the fork server that imports the build ran as root"
+    assert seen["dumpable"] == 0, "another case of the same uid could read this case's memory"
+    assert not Path(seen["home"]).exists(), f"the case's HOME {seen['home']} was left behind"
     assert seen["tried"] == {
         "results": "EACCES",
         "checkout": "EACCES",

@@ -208,7 +208,8 @@ def test_a_body_that_rewrites_the_harness_in_the_checkout_fails_the_run(pytester
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
-            "*spmd harness: the harness's code changed while the run's cases ran (by a case?): harness/isolation/child.py;*"
+            "*spmd harness: the harness's code or the run's case files changed while the run's cases ran (by a case?): "
+            "harness/isolation/child.py;*"
         ]
     )
 

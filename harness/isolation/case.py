@@ -10,13 +10,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import inspect
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,22 @@ class Recorded(dict[str, Any]):  # subclassed for __missing__
         raise KeyError(f"the case recorded no {self.kind} named {name!r}; recorded: {recorded}")
 
 
+# Case module file -> its SHA-256 when this process collected it (hold_sources), before any case
+# ran: a body that rewrites a later case's module cannot change what that case's child runs.
+HELD_SOURCES: dict[str, str] = {}
+
+
+def hold_sources(folders: Iterable[Path]) -> None:
+    """Take the content of every Python file in the folders of the collected cases (their modules
+    and the helpers beside them), once, at the end of collection."""
+    for folder in folders:
+        for path in sorted(folder.glob("*.py")):
+            key = str(path.resolve())
+            if key not in HELD_SOURCES:
+                with contextlib.suppress(OSError):
+                    HELD_SOURCES[key] = hashlib.sha256(files.read_bytes(path)).hexdigest()
+
+
 def body_ref(body: Callable[..., Any]) -> BodyRef:
     """Where a child can import `body` from; it must be a module-level function of a file."""
     name = getattr(body, "__qualname__", repr(body))
@@ -90,7 +108,7 @@ def body_ref(body: Callable[..., Any]) -> BodyRef:
     path = Path(inspect.getfile(body)).resolve()
     # The folder to put on sys.path: one level up per dotted part (two for a package __init__).
     root = path.parents[module_name.count(".") + (1 if path.name == "__init__.py" else 0)]
-    return BodyRef(module_name, name, str(root))
+    return BodyRef(module_name, name, str(root), HELD_SOURCES.get(str(path), ""))
 
 
 def checked_kwargs(body: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:

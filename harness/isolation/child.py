@@ -21,20 +21,23 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import hashlib
 import importlib
+import importlib.machinery
 import importlib.metadata
+import importlib.util
 import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
+import types
 from collections.abc import Callable
 from typing import Any
 
-from harness.isolation import processes, protocol
+from harness.isolation import dropuser, files, processes, protocol
 from harness.isolation.context import CaseContext
 
 WATCHDOG_PID: int | None = None  # the harness's own process; not a helper the body left running
@@ -91,7 +94,50 @@ def resolve(spec: str) -> Callable[..., Any]:
 def load_body(ref: dict[str, str]) -> Callable[..., Any]:
     if ref["root"] and ref["root"] not in sys.path:
         sys.path.insert(0, ref["root"])
+    if ref.get("sha256") and ref["module"] not in sys.modules:
+        import_held(ref["module"], ref["sha256"])
     return resolve(f"{ref['module']}:{ref['qualname']}")
+
+
+class ChangedSinceCollection(Exception):
+    """The case's module on disk is not what the run collected (a case before it rewrote it?)."""
+
+
+class _HeldSource(importlib.machinery.SourceFileLoader):
+    """Compiles the bytes that were checked, never a `.pyc` beside them (one could be planted)."""
+
+    def __init__(self, fullname: str, path: str, data: bytes) -> None:
+        super().__init__(fullname, path)
+        self.data = data
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        return compile(self.data, self.path, "exec", dont_inherit=True)
+
+
+def import_held(name: str, sha256: str) -> None:
+    """Import module `name` from the bytes whose hash the run took at collection, or refuse."""
+    parent, _, leaf = name.rpartition(".")
+    parent_module = importlib.import_module(parent) if parent else None
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin or not spec.has_location:
+        return  # not a file: imported the usual way
+    data = files.read_bytes(spec.origin)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ChangedSinceCollection(
+            f"{spec.origin} changed after the run collected it (by an earlier case?): the case is not run "
+            "from a file the run did not read; run it again from a clean checkout"
+        )
+    spec = importlib.util.spec_from_file_location(name, spec.origin, loader=_HeldSource(name, spec.origin, data))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    if parent_module is not None:
+        setattr(parent_module, leaf, module)
 
 
 def run_preload_hooks() -> list[str]:
@@ -289,18 +335,18 @@ def linger() -> None:
 def drop_to_case_user() -> None:
     """Become the case user the run names (--spmd-case-user), before anything of the case runs:
     it can write nothing the run reads and signal none of the run's processes. The descriptors
-    the child needs (stdio, its log, the result pipe, the lifeline) are open already. HOME
-    becomes a folder of its own: root's is not the case user's to write (caches, jax's config)."""
-    user = os.environ.get(protocol.CASE_USER_ENV, "")
-    if not user:
+    the child needs (stdio, its log, the result pipe, the lifeline) are open already. A forked
+    child is that user already (its server dropped before importing); its keeper gave it a HOME
+    of its own (harness.isolation.forkserver.keep_child). Not dumpable: another case's process
+    of the same uid cannot read its memory or environment."""
+    user = dropuser.case_user()
+    if user is None:
         return
-    uid, gid = (int(part) for part in user.split(":"))
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-    home = tempfile.mkdtemp(prefix="spmd-case-home-")
-    os.environ["HOME"] = home
-    os.environ.pop("XDG_CACHE_HOME", None)
+    dropuser.become(*user)
+    dropuser.not_dumpable()
+    if not os.path.basename(os.environ.get("HOME", "")).startswith(dropuser.HOME_PREFIX):
+        os.environ["HOME"] = dropuser.make_home(*user)
+        os.environ.pop("XDG_CACHE_HOME", None)
 
 
 def main() -> int:

@@ -55,11 +55,13 @@ class ProtocolError(HarnessError):
 
 @dataclasses.dataclass(frozen=True)
 class BodyRef:
-    """Where the child finds a case body: import `module` with `root` on sys.path."""
+    """Where the child finds a case body: import `module` with `root` on sys.path. `sha256`: the
+    module file's content when the run collected it; the child imports exactly that or refuses."""
 
     module: str
     qualname: str
     root: str
+    sha256: str = ""
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
