@@ -42,6 +42,7 @@ from harness.isolation import processes
 from harness.isolation.evidence import terminal_safe
 from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 
+HARNESS_HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder holding harness/
 CAPTURE_NAME = "step.memray"
 STACKS_NAME = "stacks.json"
 # Reading resolves native symbols, of torch_xla's ~1 GB _XLAC.so among others: bounded.
@@ -151,8 +152,10 @@ def _read_in_child(folder: str) -> dict[str, Any] | str:
     capture = os.path.join(folder, CAPTURE_NAME)
     out = os.path.join(folder, STACKS_NAME)
     with open(os.path.join(folder, "reader.log"), "w+b") as log:
+        # From the checkout's root, not the scratch folder: `-m` puts its cwd first on sys.path, and
+        # a case can write the scratch folder (a planted harness/ would answer for the reader).
         proc = processes.start_in_session(
-            [sys.executable, "-m", "harness.nativestacks", capture, out], stdout=log, cwd=folder
+            [sys.executable, "-m", "harness.nativestacks", capture, out], stdout=log, cwd=HARNESS_HOME
         )
         try:
             code: int | None = proc.wait(READ_TIMEOUT_S)

@@ -21,7 +21,7 @@ import pytest
 from harness.config import activation, options
 from harness.config.requirements import tier_skip_reason, unmet_needs
 from harness.isolation import files, processes
-from harness.isolation.case import SpmdRunner
+from harness.isolation.case import SpmdRunner, hold_sources
 from harness.judges import registrycheck
 from harness.judges.judging import RUNNER_KEY, JudgedCase, judge_case
 from harness.records import results, runfolder
@@ -191,6 +191,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly or not spmd_items:
         return
     harness.activate(session.config)
+    hold_sources({item.path.parent for item in spmd_items})  # before any case: what their children import
     if not harness.backend.capabilities().has_xla:
         return
     harness.sharding.baseline()  # read at configure time, except a TPU's (see session.load_inputs)

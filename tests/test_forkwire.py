@@ -96,6 +96,8 @@ def test_post_fork_variables_are_the_protocols_names():
         protocol.LIFELINE_FD_ENV,
     } <= forkwire.POST_FORK_VARIABLES
     assert protocol.KEEPER_PID_ENV not in forkwire.POST_FORK_VARIABLES  # the server sets it
+    # The case user keys the server, which drops to it before it imports the build (issue 51).
+    assert protocol.CASE_USER_ENV not in forkwire.POST_FORK_VARIABLES
 
 
 def test_a_live_server_answers_a_malformed_request_with_spawn_failed_and_goes_on(tmp_path):

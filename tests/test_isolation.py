@@ -151,7 +151,7 @@ def test_check_false_returns_the_result(spmd):
     )
 
 
-def test_warm_child_is_reused_and_a_crash_gets_a_fresh_one_for_the_next_case(pytester):
+def test_every_body_gets_a_child_of_its_own_and_a_crash_takes_only_its_own(pytester):
     write_cases(
         pytester,
         """
@@ -159,10 +159,12 @@ PIDS = []
 
 def test_a(spmd):
     PIDS.append(spmd.run(body_ok).values["pid"])
+    PIDS.append(spmd.run(body_ok).values["pid"])
+    assert PIDS[0] != PIDS[1], "a second body of the same case in the first one's process"
 
 def test_b(spmd):
     PIDS.append(spmd.run(body_ok).values["pid"])
-    assert PIDS[0] == PIDS[1], "same environment should reuse the warm child"
+    assert PIDS[2] not in PIDS[:2], "the same environment's child was reused"
 
 def test_c_crash(spmd):
     spmd.run(body_abort)

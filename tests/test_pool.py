@@ -13,15 +13,16 @@ pytestmark = pytest.mark.selftest
 
 
 def spec(functionalization: bool) -> ChildSpec:
-    return ChildSpec.build(FakeBackend(devices=4).child_env(functionalization))
+    backend = FakeBackend(devices=4)
+    return ChildSpec.build(backend.child_env(functionalization), fork_imports=backend.fork_imports(True))
 
 
 @pytest.fixture
 def pool(tmp_path):
     pools = []
 
-    def make(exclusive: bool, spares: bool = False) -> ChildPool:
-        pools.append(ChildPool(tmp_path / "logs", startup_timeout=60, exclusive=exclusive, spares=spares))
+    def make(exclusive: bool, spares: bool = False, fork: bool = False) -> ChildPool:
+        pools.append(ChildPool(tmp_path / "logs", startup_timeout=60, exclusive=exclusive, spares=spares, fork=fork))
         return pools[-1]
 
     yield make
@@ -29,51 +30,35 @@ def pool(tmp_path):
         p.close()
 
 
-@pytest.mark.parametrize(
-    "exclusive, first_alive",
-    [
-        # CPU: both configurations stay warm side by side.
-        pytest.param(False, True, id="shared-device"),
-        # TPU: one process holds the chips, so the idle child is closed before another starts.
-        pytest.param(True, False, id="exclusive-device"),
-    ],
-)
-def test_starting_another_configuration(pool, exclusive, first_alive):
-    children = pool(exclusive)
-    first = children.acquire(spec(True), fresh=False)
-    children.release(first, reusable=True)
-    second = children.acquire(spec(False), fresh=False)
-    assert first.is_alive() is first_alive
-    assert second.is_alive()
-    children.release(second, reusable=True)
-
-
-def test_same_configuration_reuses_and_fresh_does_not(pool):
-    children = pool(False)
-    first = children.acquire(spec(True), fresh=False)
-    children.release(first, reusable=True)
-    again = children.acquire(spec(True), fresh=False)
-    assert again is first
-    fresh = children.acquire(spec(True), fresh=True)
-    assert fresh is not first
-    children.release(fresh, reusable=False)
-    assert fresh.ended and wait_for_exit(fresh.proc, 10) is not None
-    children.release(again, reusable=True)
-    assert children.started == 2
-
-
-def test_fresh_cases_get_a_spare_that_has_run_no_case(pool):
-    children = pool(False, spares=True)
-    first = children.acquire(spec(True), fresh=True)
-    spare = children.spares[spec(True)]
+def test_every_acquire_is_a_child_that_ran_no_case(pool):
+    children = pool(False, fork=True)
+    first = children.acquire(spec(True))
+    spare = children.spares[spec(True)]  # forked: a spare even without `spares` (xdist)
     assert spare is not first and spare.cases_run == 0
-    children.release(first, reusable=False)
-    assert children.acquire(spec(True), fresh=True) is spare
-    children.release(spare, reusable=False)
+    children.release(first)
+    assert first.ended and wait_for_exit(first.proc, 10) is not None
+    assert children.acquire(spec(True)) is spare
+    other = children.acquire(spec(False))
+    assert other is not spare and other.cases_run == 0
+    children.release(spare)
+    children.release(other)
+    assert children.started == 5  # first, spare, the spare's spare, other and its spare
 
 
-def test_exclusive_devices_never_get_spares(pool):
+def test_exclusive_devices_never_get_spares_and_close_one_child_before_the_next(pool):
     children = pool(True, spares=True)
-    child = children.acquire(spec(True), fresh=True)
+    child = children.acquire(spec(True))
     assert children.spares == {}
-    children.release(child, reusable=False)
+    children.release(child)
+    other = children.acquire(spec(False))
+    assert child.ended and children.spares == {}
+    children.release(other)
+
+
+def test_exec_children_get_spares_only_where_a_core_is_free(pool):
+    busy = pool(False)  # xdist: every core runs a worker, and an exec'd spare imports
+    busy.release(busy.acquire(spec(True)))
+    assert busy.spares == {}
+    free = pool(False, spares=True)
+    free.release(free.acquire(spec(True)))
+    assert spec(True) in free.spares

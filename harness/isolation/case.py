@@ -10,13 +10,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import inspect
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +44,7 @@ class CaseResult:
     observations: dict[str, Any] = dataclasses.field(default_factory=dict)
     log_tail: str = ""
     error: CaseError | None = None  # the parent-side error for anything but "ok"
-    reusable: bool = False  # the child may run another case (only after a verdict that says so)
-    poisoned: str = ""  # why not, when the child said so
+    poisoned: str = ""  # what the body said of its process (ctx.poison), or left running
 
     @property
     def shardings(self) -> dict[str, str]:
@@ -76,6 +77,22 @@ class Recorded(dict[str, Any]):  # subclassed for __missing__
         raise KeyError(f"the case recorded no {self.kind} named {name!r}; recorded: {recorded}")
 
 
+# Case module file -> its SHA-256 when this process collected it (hold_sources), before any case
+# ran: a body that rewrites a later case's module cannot change what that case's child runs.
+HELD_SOURCES: dict[str, str] = {}
+
+
+def hold_sources(folders: Iterable[Path]) -> None:
+    """Take the content of every Python file in the folders of the collected cases (their modules
+    and the helpers beside them), once, at the end of collection."""
+    for folder in folders:
+        for path in sorted(folder.glob("*.py")):
+            key = str(path.resolve())
+            if key not in HELD_SOURCES:
+                with contextlib.suppress(OSError):
+                    HELD_SOURCES[key] = hashlib.sha256(files.read_bytes(path)).hexdigest()
+
+
 def body_ref(body: Callable[..., Any]) -> BodyRef:
     """Where a child can import `body` from; it must be a module-level function of a file."""
     name = getattr(body, "__qualname__", repr(body))
@@ -91,7 +108,7 @@ def body_ref(body: Callable[..., Any]) -> BodyRef:
     path = Path(inspect.getfile(body)).resolve()
     # The folder to put on sys.path: one level up per dotted part (two for a package __init__).
     root = path.parents[module_name.count(".") + (1 if path.name == "__init__.py" else 0)]
-    return BodyRef(module_name, name, str(root))
+    return BodyRef(module_name, name, str(root), HELD_SOURCES.get(str(path), ""))
 
 
 def checked_kwargs(body: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -168,28 +185,30 @@ class SpmdRunner:
         check: bool = True,
         **kwargs: Any,
     ) -> CaseResult:
-        """Run `body(ctx, **kwargs)` in a child.
+        """Run `body(ctx, **kwargs)` in a child of its own: a process that ran no other body.
 
-        fresh: the body poisons or inspects process-wide state (JAX start-up, a reintroduced bug,
-            an expected crash), so it gets a child of its own that is discarded afterwards.
+        Every body gets a new child, forked from a server that imported torch_xla and ran no case
+        code: what a body leaves in its process (a replaced function or `__code__`, a mode left
+        entered, a hook, a global mesh) dies with it. Nothing is put back because nothing is reused.
+        fresh: kept for the cases that say so; every child is fresh now.
         preload: run the backend's set-up (import torch_xla, use_spmd) before the body; a body
-            that must see the process before torch_xla is imported passes False (implies fresh).
+            that must see the process before torch_xla is imported passes False.
         """
         __tracebackhide__ = True  # a failing case's traceback starts at the case's own line
-        fresh = fresh or not preload
+        del fresh  # every body's child is fresh (see above)
         spec = self.spec(functionalization, preload, env)
         ref = body_ref(body).to_dict()
         kwargs = checked_kwargs(body, kwargs)
-        self._log_request(spec, {"case": self.case_id, "body": ref, "kwargs": kwargs}, fresh)
-        for fault in self.pool.settle():  # children released unfit end before this case starts
+        self._log_request(spec, {"case": self.case_id, "body": ref, "kwargs": kwargs}, True)
+        for fault in self.pool.settle():  # children released unquiet end before this case starts
             self.late_faults(fault)
-        child = self.pool.acquire(spec, fresh=fresh)
+        child = self.pool.acquire(spec)
         try:
             result, child = self._run_in(child, spec, ref, kwargs, timeout or self.case_timeout)
         except BaseException:
             self.pool.discard(child)  # Ctrl-C or an error of ours: never leave a busy child behind
             raise
-        self.pool.release(child, reusable=not fresh and result.reusable)
+        self.pool.release(child)
         self.results.append(result)
         return result.raise_for_outcome() if check else result
 
@@ -229,7 +248,6 @@ class SpmdRunner:
             exception=ChildException.from_dict(answer.exception),
             observations=answer.observations,
             log_tail=tail,
-            reusable=answer.reusable,
             poisoned=answer.poisoned,
         )
         if result.outcome == "error":

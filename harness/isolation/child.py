@@ -1,38 +1,35 @@
-"""The child process: runs case bodies one at a time.
+"""The child process: runs one case body, then ends.
 
 A fork server's keeper starts it for harness.isolation.child_process, in a session of its own
 with an explicit environment (harness.isolation.forkserver): forked from the server, which then
 calls `main()`, or exec'd fresh as `python -m harness.isolation.child`. At start it forks a
 watchdog (below), runs the backend's set-up hooks (for XLA backends: import torch_xla and switch
-SPMD on, once per process), says "ready", then for each request on stdin says "started", runs the
-body and answers with a verdict on the result pipe (harness.isolation.protocol.ChildAnswer). A body
-that raises is reported as an exception and the child lives on; a body that kills the process
-(SIGABRT from a C++ CHECK, a segfault) is noticed by the parent, which owns the attribution.
+SPMD on), says "ready", then for its one request on stdin says "started", runs the body and
+answers with a verdict on the result pipe (harness.isolation.protocol.ChildAnswer). A body that
+raises is reported as an exception; a body that kills the process (SIGABRT from a C++ CHECK, a
+segfault) is noticed by the parent, which owns the attribution.
 
-After each body the child checks that the process is still fit for the next case (stdio open,
-resource limits and signal handlers as they were, the working directory back where it was);
-what it cannot undo makes the verdict non-reusable, and the parent discards the child. It also
-checks that the process is quiet: torch_xla's pending device work is waited for before the
-verdict (a failure there belongs to this case), and threads or processes the body left running
-make the child unfit, so it is ended before the next case starts and whatever they do later
-cannot be charged to an innocent case.
+A process that ran a body never runs another (issue 51): whatever the body changed of its process
+(a function's `__code__`, a mode left entered, a hook, the default device, a global mesh) cannot
+reach another case, and nothing has to be put back. The child still checks that the process is
+quiet: torch_xla's pending device work is waited for before the verdict (a failure there belongs
+to this case), and a thread or process the body left running keeps the child until the next case
+begins, so that what it does meanwhile is charged to this case, never to an innocent one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import faulthandler
-import gc
+import hashlib
 import importlib
+import importlib.machinery
 import importlib.metadata
-import itertools
+import importlib.util
 import json
 import os
-import resource
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -40,9 +37,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from harness.isolation import processes, protocol
+from harness.isolation import dropuser, files, processes, protocol
 from harness.isolation.context import CaseContext
-from harness.isolation.leftovers import Leftovers
 
 WATCHDOG_PID: int | None = None  # the harness's own process; not a helper the body left running
 KEEPER_PID: int | None = None  # the process that adopts this child's helpers that leave its session
@@ -98,7 +94,50 @@ def resolve(spec: str) -> Callable[..., Any]:
 def load_body(ref: dict[str, str]) -> Callable[..., Any]:
     if ref["root"] and ref["root"] not in sys.path:
         sys.path.insert(0, ref["root"])
+    if ref.get("sha256") and ref["module"] not in sys.modules:
+        import_held(ref["module"], ref["sha256"])
     return resolve(f"{ref['module']}:{ref['qualname']}")
+
+
+class ChangedSinceCollection(Exception):
+    """The case's module on disk is not what the run collected (a case before it rewrote it?)."""
+
+
+class _HeldSource(importlib.machinery.SourceFileLoader):
+    """Compiles the bytes that were checked, never a `.pyc` beside them (one could be planted)."""
+
+    def __init__(self, fullname: str, path: str, data: bytes) -> None:
+        super().__init__(fullname, path)
+        self.data = data
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        return compile(self.data, self.path, "exec", dont_inherit=True)
+
+
+def import_held(name: str, sha256: str) -> None:
+    """Import module `name` from the bytes whose hash the run took at collection, or refuse."""
+    parent, _, leaf = name.rpartition(".")
+    parent_module = importlib.import_module(parent) if parent else None
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin or not spec.has_location:
+        return  # not a file: imported the usual way
+    data = files.read_bytes(spec.origin)
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ChangedSinceCollection(
+            f"{spec.origin} changed after the run collected it (by an earlier case?): the case is not run "
+            "from a file the run did not read; run it again from a clean checkout"
+        )
+    spec = importlib.util.spec_from_file_location(name, spec.origin, loader=_HeldSource(name, spec.origin, data))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    if parent_module is not None:
+        setattr(parent_module, leaf, module)
 
 
 def run_preload_hooks() -> list[str]:
@@ -114,35 +153,15 @@ def describe_exception(exc: BaseException) -> dict[str, str]:
     return {"type": name, "message": str(exc), "traceback": "".join(traceback.format_exception(exc))}
 
 
-class ProcessState:
-    """What a body may change that the next case in this process must not inherit: a verdict must
-    never depend on which case ran before in the same child. What can be put back is (the
-    working directory, umask, environment, sys.path, signal handlers and mask, resource limits,
-    the collector); what cannot (a replaced function of a watched module, a lowered hard limit,
-    a closed stdio descriptor) makes the child unfit, and it is not reused."""
+class ThreadsAtStart:
+    """The threads the process had before the body: one it started and left running could act
+    (crash, answer) after the verdict, which would then be charged to nobody."""
 
     def __init__(self) -> None:
-        self.cwd = os.getcwd()
-        self.umask = _umask()
-        self.environ = dict(os.environ)
-        self.c_environ = _c_environ()
-        self.path = list(sys.path)
-        self.limits = {name: resource.getrlimit(getattr(resource, name)) for name in _LIMIT_NAMES}
-        self.handlers = _signal_handlers()
-        self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
         self.threads = set(threading.enumerate())
-        self.collector = (gc.isenabled(), gc.get_threshold())
-        self.modules = _watched_modules()
-        self.leftovers = Leftovers(_watched_module_objects())
-
-    def watch_again(self) -> None:
-        """Take the watched modules again (one was just imported), before the body runs."""
-        self.modules = _watched_modules()
-        self.leftovers.watch_classes(_watched_module_objects())
 
     def unquiet(self) -> list[str]:
-        """What the body left running: a thread or a process could act (crash, answer) during the
-        next case, which would then be charged with it."""
+        """What the body left running: threads, and processes (ours, or adopted by our keeper)."""
         problems = []
         threads = [t.name for t in threading.enumerate() if t not in self.threads and t.is_alive()]
         if threads:
@@ -151,176 +170,6 @@ class ProcessState:
         if helpers:
             problems.append(f"processes the body started are still running: {', '.join(map(str, helpers))}")
         return problems
-
-    def restore(self) -> list[str]:
-        """Put back what can be put back; return what cannot (the child is then not reusable)."""
-        problems = self.leftovers.restore(_watched_module_objects())
-        try:
-            os.chdir(self.cwd)
-        except OSError as exc:
-            problems.append(f"cannot return to {self.cwd}: {exc}")
-        os.umask(self.umask)
-        self._restore_environment()
-        sys.path[:] = self.path
-        for name, (soft, hard) in self.limits.items():
-            now = resource.getrlimit(getattr(resource, name))
-            if now == (soft, hard):
-                continue
-            try:
-                resource.setrlimit(getattr(resource, name), (soft, hard))
-            except (ValueError, OSError):
-                problems.append(f"{name} changed from {(soft, hard)} to {now} and cannot be raised back")
-        # The collector as the body found it: a body that turns it off (or retunes it) would
-        # change what the next case in this process keeps alive and how long its steps take.
-        enabled, thresholds = self.collector
-        gc.set_threshold(*thresholds)
-        if enabled:
-            gc.enable()
-        else:
-            gc.disable()
-        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
-        for sig, handler in self.handlers.items():
-            if handler is not None and signal.getsignal(sig) != handler:
-                try:
-                    signal.signal(sig, handler)
-                except (ValueError, OSError, TypeError):
-                    pass  # checked below
-        if _signal_handlers() != self.handlers:
-            problems.append("signal handlers changed")
-        for fd in (0, 1, 2):
-            try:
-                os.fstat(fd)
-            except OSError:
-                problems.append(f"file descriptor {fd} was closed")
-        problems += _replaced(self.modules, _watched_modules())
-        return problems
-
-    def _restore_environment(self) -> None:
-        """os.environ as it was, and the C library's environment (what native code reads with
-        getenv, which a native setenv changes behind os.environ's back)."""
-        for name in set(os.environ) - set(self.environ):
-            del os.environ[name]
-        for name, value in self.environ.items():
-            if os.environ.get(name) != value:
-                os.environ[name] = value
-        now = _c_environ()
-        if self.c_environ is None or now is None:
-            return
-        for key in set(now) - set(self.c_environ):
-            os.unsetenv(key)
-        for key, data in self.c_environ.items():
-            if now.get(key) != data:
-                os.putenv(key, data)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _c_environ() -> dict[bytes, bytes] | None:
-    """The C library's environment (`environ`), None where it cannot be read."""
-    try:
-        import ctypes
-
-        entries = ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
-    except (OSError, ValueError, AttributeError):
-        return None
-    found = {}
-    for index in itertools.count():
-        entry = entries[index]
-        if entry is None:
-            break
-        name, _, value = entry.partition(b"=")
-        found[name] = value
-    return found
-
-
-# Modules whose functions and classes a body could replace (monkeypatch) to change a later case's
-# verdict: the harness's own, torch_xla's API the cases use, and what the child itself relies on.
-# Not every module: with torch_xla loaded that is 3000 modules and ~0.7 s per case.
-WATCHED_MODULES = frozenset(
-    {
-        "torch",
-        "torch_xla",
-        "torch_xla.core.xla_model",
-        "torch_xla.runtime",
-        "torch_xla.debug.metrics",
-        "torch_xla._XLAC",
-        "jax",
-        "builtins",
-        "gc",  # what the cost meter reads (harness.stepcosts binds its functions, the next case's code may not)
-        "os",
-        "sys",
-        "signal",
-        "time",
-        "random",
-        "json",
-        "threading",
-        "subprocess",
-    }
-)
-
-
-# The modules of the bodies this process has loaded: a body that replaces a later case's body
-# function (or a helper it calls) in its module would decide that case's verdict.
-BODY_MODULES: set[str] = set()
-
-
-def _is_watched(name: str) -> bool:
-    return (
-        name in WATCHED_MODULES or name in BODY_MODULES or name.startswith(("harness.", "torch_xla.distributed.spmd"))
-    )
-
-
-def _watched_module_objects() -> list[types.ModuleType]:
-    return [m for name, m in list(sys.modules.items()) if _is_watched(name) and isinstance(m, types.ModuleType)]
-
-
-def _watched_modules() -> dict[str, tuple[int, dict[str, int]]]:
-    """Each watched module loaded now: its identity, and that of each function, class and module it holds."""
-    found = {}
-    for name, module in list(sys.modules.items()):
-        if not _is_watched(name):
-            continue
-        names = getattr(module, "__dict__", None)
-        if isinstance(names, dict):
-            found[name] = (id(module), {k: id(v) for k, v in list(names.items()) if isinstance(v, _WATCHED_KINDS)})
-    return found
-
-
-_WATCHED_KINDS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
-
-
-def _replaced(before: dict[str, tuple[int, dict[str, int]]], after: dict[str, tuple[int, dict[str, int]]]) -> list[str]:
-    """What the body replaced or removed in watched modules (monkeypatching): it cannot be put back."""
-    changed = []
-    for name, (module, names) in before.items():
-        now = after.get(name)
-        if now is None or now[0] != module:
-            changed.append(f"module {name} was removed or replaced")
-            continue
-        changed += [f"{name}.{attr}" for attr, value in names.items() if now[1].get(attr) != value]
-    if not changed:
-        return []
-    return [f"the body replaced what later cases would use (monkeypatched?): {', '.join(changed[:5])}"]
-
-
-_LIMIT_NAMES = tuple(
-    n
-    for n in (
-        "RLIMIT_AS",
-        "RLIMIT_DATA",
-        "RLIMIT_NOFILE",
-        "RLIMIT_CPU",
-        "RLIMIT_FSIZE",
-        "RLIMIT_STACK",
-        "RLIMIT_CORE",
-        "RLIMIT_NPROC",
-    )
-    if hasattr(resource, n)
-)
 
 
 def _helpers_left() -> list[int]:
@@ -341,50 +190,30 @@ def wait_for_device_work() -> None:
         wait()
 
 
-def _signal_handlers() -> dict[int, Any]:
-    handlers = {}
-    for sig in signal.valid_signals():
-        try:
-            handlers[int(sig)] = signal.getsignal(sig)
-        except (ValueError, OSError):
-            continue
-    return handlers
-
-
 # Bodies this process has run so far (CaseContext.bodies_before).
 BODIES_RUN = 0
 
 
 def run_request(request: protocol.Request) -> protocol.ChildAnswer:
+    """Run the one body this process runs; nothing of it is put back (the process ends after)."""
     started = time.monotonic()
-    state = ProcessState()
+    threads = ThreadsAtStart()
     global BODIES_RUN
     ctx = CaseContext(bodies_before=BODIES_RUN)
     BODIES_RUN += 1
     outcome, exception = "ok", None
     try:
         body = load_body(request.body)
-        if request.body["module"] not in BODY_MODULES:  # just imported: watched from now on
-            BODY_MODULES.add(request.body["module"])
-            state.watch_again()
         print(f"[harness] case {request.case} starts", file=sys.stderr, flush=True)
         body(ctx, **request.kwargs)
     except BaseException as exc:  # the body's failure is the verdict, whatever its type
         outcome, exception = "error", describe_exception(exc)
-        if isinstance(exc, MemoryError):
-            ctx.poison("the body ran out of memory (MemoryError); the heap may be fragmented or limits lowered")
     try:
         wait_for_device_work()
     except BaseException as exc:  # asynchronous work the body queued failed: this case's failure
         if outcome == "ok":
             outcome, exception = "error", describe_exception(exc)
-        ctx.poison(f"waiting for the body's device work raised {type(exc).__name__}")
-    unquiet = state.unquiet()
-    problems = state.restore() + unquiet + ctx.poisoned
-    if problems:  # in the child's log: why the next case gets a new child (when the body left stderr open)
-        with contextlib.suppress(OSError, ValueError):
-            print(f"[harness] case {request.case}: this child is not reused: {'; '.join(problems)}", file=sys.stderr)
-            sys.stderr.flush()
+    unquiet = threads.unquiet()
     return protocol.ChildAnswer(
         id=request.id,
         case=request.case,
@@ -392,8 +221,7 @@ def run_request(request: protocol.Request) -> protocol.ChildAnswer:
         exception=exception,
         observations=ctx.observations(),
         duration_s=round(time.monotonic() - started, 3),
-        reusable=not problems,
-        poisoned="; ".join(problems),
+        poisoned="; ".join(unquiet + ctx.poisoned),
         quiet=not unquiet,
     )
 
@@ -460,7 +288,6 @@ def _replace_observations(answer: protocol.ChildAnswer, error_type: str, message
         exception={"type": f"harness.errors.{error_type}", "message": message, "traceback": message + "\n"},
         observations={"shardings": {}, "hlo": {}, "values": {}},
         duration_s=answer.duration_s,
-        reusable=answer.reusable,
         poisoned=answer.poisoned,
         quiet=answer.quiet,
     )
@@ -481,7 +308,7 @@ class ResultChannel:
 
 
 def serve(channel: ResultChannel) -> None:
-    """Answer requests until stdin ends (the parent closed it) or a body left the process unfit."""
+    """Answer one request, then take no other: a process that ran a body never runs another."""
     for line in sys.stdin.buffer:
         if not line.strip():
             continue
@@ -489,15 +316,13 @@ def serve(channel: ResultChannel) -> None:
         if not isinstance(request, protocol.Request):
             raise protocol.ProtocolError(f"expected a request on stdin, got {request!r}")
         channel.send(protocol.Started(id=request.id))
-        answer = run_request(request)
-        channel.send_bytes(encode_answer(answer))
-        if not answer.reusable:
-            linger()
-            return
+        channel.send_bytes(encode_answer(run_request(request)))
+        linger()
+        return
 
 
 def linger() -> None:
-    """An unfit child takes no more requests but stays until the parent ends it (stdin closed):
+    """A child that answered takes no more requests but stays until the parent ends it (stdin closed):
     what the body left running (a thread that crashes later) then shows, forked or exec'd alike,
     and is charged to the case that left it."""
     try:
@@ -510,18 +335,18 @@ def linger() -> None:
 def drop_to_case_user() -> None:
     """Become the case user the run names (--spmd-case-user), before anything of the case runs:
     it can write nothing the run reads and signal none of the run's processes. The descriptors
-    the child needs (stdio, its log, the result pipe, the lifeline) are open already. HOME
-    becomes a folder of its own: root's is not the case user's to write (caches, jax's config)."""
-    user = os.environ.get(protocol.CASE_USER_ENV, "")
-    if not user:
+    the child needs (stdio, its log, the result pipe, the lifeline) are open already. A forked
+    child is that user already (its server dropped before importing); its keeper gave it a HOME
+    of its own (harness.isolation.forkserver.keep_child). Not dumpable: another case's process
+    of the same uid cannot read its memory or environment."""
+    user = dropuser.case_user()
+    if user is None:
         return
-    uid, gid = (int(part) for part in user.split(":"))
-    os.setgroups([])
-    os.setgid(gid)
-    os.setuid(uid)
-    home = tempfile.mkdtemp(prefix="spmd-case-home-")
-    os.environ["HOME"] = home
-    os.environ.pop("XDG_CACHE_HOME", None)
+    dropuser.become(*user)
+    dropuser.not_dumpable()
+    if not os.path.basename(os.environ.get("HOME", "")).startswith(dropuser.HOME_PREFIX):
+        os.environ["HOME"] = dropuser.make_home(*user)
+        os.environ.pop("XDG_CACHE_HOME", None)
 
 
 def main() -> int:

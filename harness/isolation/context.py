@@ -44,7 +44,8 @@ class CaseContext:
         return value
 
     def poison(self, reason: str) -> None:
-        """Say that this process must not run another case (the parent discards it afterwards)."""
+        """Say what this body did to its process (kept in the verdict). No process runs a second
+        body any more (issue 51); cases that said so before still may."""
         self.poisoned.append(reason)
 
     def observations(self) -> dict[str, Any]:

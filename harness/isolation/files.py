@@ -95,6 +95,18 @@ def read_text(path: str | os.PathLike[str]) -> str:
         return fh.read()
 
 
+def read_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The file's bytes, on the terms of read_text: a regular file, not a link, within READ_LIMIT."""
+    fd = open_file(path, os.O_RDONLY)
+    try:
+        check_size(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
 def create_new(path: str | os.PathLike[str], text: str) -> None:
     """Create path with text; FileExistsError if any entry (a link, a pipe) has that name. What
     UTF-8 cannot hold (a lone surrogate from the code under test's text) is written escaped."""

@@ -53,7 +53,7 @@ import time
 
 import harness
 from harness.errors import HarnessError
-from harness.isolation import forkwire, processes
+from harness.isolation import dropuser, forkwire, processes
 from harness.isolation.forkwire import (
     CONTROL_FD_ENV,
     FIXED_FDS,
@@ -343,11 +343,13 @@ def keep_child(request: forkwire.SpawnRequest, fds: list[int], pid_write: int) -
     end every process this keeper adopted (the child's helpers that left its session)."""
     stdin_fd, log_fd, status_fd, *passed = fds
     processes.become_subreaper()  # where it cannot be, the server's ready message says so
+    user = dropuser.case_user(request.env) or dropuser.case_user()
+    home = dropuser.make_home(*user) if user else None  # the child's own; removed below
     child = os.fork()
     if child == 0:
         os.close(pid_write)
         os.close(status_fd)
-        become_child(request, stdin_fd, log_fd, passed)  # never returns
+        become_child(request, stdin_fd, log_fd, passed, home)  # never returns
     os.write(pid_write, str(child).encode())
     os.close(pid_write)
     for fd in (stdin_fd, log_fd, *passed):
@@ -355,6 +357,8 @@ def keep_child(request: forkwire.SpawnRequest, fds: list[int], pid_write: int) -
     _, status = os.waitpid(child, 0)
     reported = _write_status(status_fd, status)
     processes.end_children()
+    if home is not None:
+        dropuser.remove_home(home)
     return KEEPER_REPORTED if reported else KEEPER_FAILED
 
 
@@ -375,7 +379,9 @@ def _drain(fd: int) -> None:
         pass
 
 
-def become_child(request: forkwire.SpawnRequest, stdin_fd: int, log_fd: int, passed: list[int]) -> None:
+def become_child(
+    request: forkwire.SpawnRequest, stdin_fd: int, log_fd: int, passed: list[int], home: str | None = None
+) -> None:
     code = 70
     gc.enable()  # off in the server (main): a child collects as any fresh process does
     try:
@@ -396,6 +402,9 @@ def become_child(request: forkwire.SpawnRequest, stdin_fd: int, log_fd: int, pas
         for key, value in request.env.items():
             env[key] = str(renumber.get(int(value), value)) if key.endswith("_FD") else value
         env[KEEPER_PID_ENV] = str(keeper)
+        if home is not None:  # a case user's child: root's HOME is not its to write (caches, jax's config)
+            env["HOME"] = home
+            env.pop("XDG_CACHE_HOME", None)
         if argv:
             for fd in passed:
                 os.set_inheritable(fd, True)
@@ -456,6 +465,11 @@ def reseed() -> None:
 
 
 def main() -> int:
+    user = dropuser.case_user()
+    if user is not None:  # --spmd-case-user: the build's import-time code never runs as root
+        dropuser.become(*user)
+        os.environ["HOME"] = dropuser.make_home(*user)  # in the run's dump root, removed with the run
+        os.environ.pop("XDG_CACHE_HOME", None)
     listener = socket.socket(fileno=int(os.environ.pop(LISTEN_FD_ENV)))
     control = socket.socket(fileno=int(os.environ.pop(CONTROL_FD_ENV)))
     token = read_token(int(os.environ.pop(TOKEN_FD_ENV)))

@@ -48,7 +48,8 @@ TOKEN_BYTES = 32  # of randomness: the token is their hex
 # Read by torch_xla (C++) or the harness at each use, so a forked child may set them. Seen for
 # XLA_DISABLE_FUNCTIONALIZATION and CPU_NUM_DEVICES on torch_xla 2.6-2.9: forked children with
 # either changed give the same shardings, outputs and losses as fresh processes. Every other
-# variable keys the server (forkclient.server_key). A spawn request for a forked child carries
+# variable keys the server (forkclient.server_key), the case user included: a server drops to it
+# before it imports (harness.isolation.dropuser). A spawn request for a forked child carries
 # these only; one for a fresh child (argv) carries the whole environment.
 POST_FORK_VARIABLES = frozenset(
     {
@@ -58,7 +59,6 @@ POST_FORK_VARIABLES = frozenset(
         "MASTER_PORT",
         protocol.BACKEND_ENV,
         protocol.DEVICES_ENV,
-        protocol.CASE_USER_ENV,
         protocol.PRELOAD_ENV,
         protocol.RESULT_FD_ENV,
         protocol.LIFELINE_FD_ENV,

@@ -1,15 +1,17 @@
-"""Warm children keyed by their ChildSpec, and the guarantee that none outlives the run.
+"""Children for case bodies, one per body, and the guarantee that none outlives the run.
 
-`import torch_xla` costs seconds and SPMD mode, functionalization and the device count are fixed
-once per process, so children with the same spec are reused. Every child the pool starts stays
-in `live` until it has been ended, so closing the pool (pytest finishing, Ctrl-C, SIGTERM) ends
-busy children too, not only idle ones.
+Every body runs in a child that ran no other body (issue 51): what a body leaves in its process
+(a replaced function, a mode left entered, a hook, a global mesh) dies with it, so nothing has to
+be put back. A child costs a fork from a server that imported torch_xla once, plus its PJRT
+client's start at its first device use (0.2-0.4 s on the 2-core machine, docs/architecture.md).
+Every child the pool starts stays in `live` until it has been ended, so closing the pool (pytest
+finishing, Ctrl-C, SIGTERM) ends busy children too.
 
 exclusive: the device admits one process at a time (a TPU host: libtpu locks the chips), so
-every idle child is closed before another one starts.
-spares: when a case takes a fresh child, start the next one for the same spec right away, so
-its import runs on an idle core while the case runs. A spare has run no case, so it is as
-fresh as a new process. Off on exclusive devices and where every core is busy (xdist).
+every other child is closed before another one starts, and no spare is started.
+spares: while a case runs, the next child for the same spec is started (a spare has run no case:
+it is as fresh as a new process). Always for forked children (a fork, no import: it costs the
+busy cores nothing); for exec'd children (an import each) only where a core is free (not xdist).
 
 Every child comes from a server's keeper (harness.isolation.forkserver): forked from a server that imported
 torch_xla once, or, for a spec without fork imports or with forking off, exec'd fresh by a keeper
@@ -61,20 +63,20 @@ class ChildPool:
         self.shared = dict(servers or {})
         self.owned: dict[str, ServerHandle] = {}
         self.clients: dict[str, ForkServerClient] = {}
-        self.idle: dict[ChildSpec, ChildProcess] = {}
-        self.spares: dict[ChildSpec, ChildProcess] = {}
-        self.parked: list[ChildProcess] = []  # released unfit after a verdict; ended by settle()
+        self.spares: dict[ChildSpec, ChildProcess] = {}  # started, ready or starting, ran no case
+        self.parked: list[ChildProcess] = []  # released unquiet after a verdict; ended by settle()
         self.live: list[ChildProcess] = []  # started and not yet ended, whatever they are doing
         self.ended: list[ChildProcess] = []  # ended but maybe not yet reaped (no wait on the critical path)
         self.started = 0
 
     def prewarm(self, spec: ChildSpec) -> None:
         """Start importing now, in the background, so the first case finds it done: the fork
-        server for spec when children are forked (forking itself is cheap), else a child."""
+        server for spec when children are forked (a spawn would wait for its imports), else a
+        child (a spare: it runs the first case)."""
         if self.fork and spec.fork_imports is not None:
             self._server_for(spec)
-        elif spec not in self.idle:
-            self.idle[spec] = self._start(spec)
+        elif spec not in self.spares:
+            self.spares[spec] = self._start(spec)
 
     def _start(self, spec: ChildSpec) -> ChildProcess:
         if self.exclusive:
@@ -124,22 +126,23 @@ class ChildPool:
         self.clients[key] = client = ForkServerClient(address, self.startup_timeout)
         return client
 
-    def acquire(self, spec: ChildSpec, fresh: bool) -> ChildProcess:
-        """A ready child for spec: a spare or a new one when fresh, else the idle one if any."""
-        child = self.spares.pop(spec, None) if fresh else self.idle.pop(spec, None)
+    def acquire(self, spec: ChildSpec) -> ChildProcess:
+        """A ready child for spec that ran no case: the spare if any, else a new one; then the
+        next spare starts while the case runs."""
+        child = self.spares.pop(spec, None)
         if child is not None and (child.ended or not child.is_alive()):
-            # It died while idle. A warm child has run a case: its death is that case's fault,
-            # which the caller learns from begin() (LateFault) if we hand it out; a spare that
-            # died has run nothing, and its start-up error shows in wait_ready.
-            if child.last_case is None:
-                self.discard(child)
-                child = None
+            self.discard(child)  # a spare that died has run nothing: a new one, no one charged
+            child = None
         child = child or self._start(spec)
-        if fresh and self.spares_enabled:
+        if self._wants_spare(spec):
             self.spares[spec] = self._start(spec)
         self.reap()
         child.wait_ready(self.startup_timeout)
         return child
+
+    def _wants_spare(self, spec: ChildSpec) -> bool:
+        """A fork costs the busy cores nothing; an exec'd child's import only where a core is free."""
+        return not self.exclusive and (self.spares_enabled or not self._fresh(spec))
 
     def replacement(self, spec: ChildSpec) -> ChildProcess:
         """A new child for a case whose child turned out to be unfit (LateFault of its last case)."""
@@ -147,12 +150,10 @@ class ChildPool:
         child.wait_ready(self.startup_timeout)
         return child
 
-    def release(self, child: ChildProcess, reusable: bool) -> None:
-        if reusable and not child.ended and child.is_alive() and child.spec not in self.idle:
-            self.idle[child.spec] = child
-        elif not child.quiet and not child.ended:
-            # Its case left a thread or process running, which may still crash or answer: that is
-            # the case's fault, not the next one's. settle() looks, and ends it, before the next case.
+    def release(self, child: ChildProcess) -> None:
+        """A child ran its one case: ended now, or parked until the next case begins when its body
+        left a thread or process running (what it does meanwhile is that case's late fault)."""
+        if not child.quiet and not child.ended:
             self.parked.append(child)
         else:
             self.discard(child)
@@ -179,26 +180,17 @@ class ChildPool:
         self.ended = [c for c in self.ended if not c.reaped()]
 
     def idle_deaths(self) -> list[LateFault]:
-        """Late faults of idle and parked children that died or spoke since their last case (at session end)."""
-        faults = self.settle()
-        for spec, child in list(self.idle.items()):
-            fault = child.post_mortem()
-            if fault is not None:
-                faults.append(fault)
-                del self.idle[spec]
-                self.discard(child)
-        return faults
+        """Late faults of parked children that died or spoke since their case (at session end)."""
+        return self.settle()
 
     def _close_idle(self) -> None:
-        for child in [*self.idle.values(), *self.spares.values(), *self.parked]:
+        for child in [*self.spares.values(), *self.parked]:
             self.discard(child)
-        self.idle.clear()
         self.spares.clear()
         self.parked.clear()
 
     def close(self) -> None:
         """End every child and server this pool started, busy ones included, and collect their exits."""
-        self.idle.clear()
         self.spares.clear()
         self.parked.clear()
         for child in list(self.live):

@@ -55,11 +55,13 @@ class ProtocolError(HarnessError):
 
 @dataclasses.dataclass(frozen=True)
 class BodyRef:
-    """Where the child finds a case body: import `module` with `root` on sys.path."""
+    """Where the child finds a case body: import `module` with `root` on sys.path. `sha256`: the
+    module file's content when the run collected it; the child imports exactly that or refuses."""
 
     module: str
     qualname: str
     root: str
+    sha256: str = ""
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
@@ -114,7 +116,8 @@ class Started:
 @dataclasses.dataclass(frozen=True)
 class ChildAnswer:
     """The child's answer to request `id` once its body is done: how the body ended, what it
-    recorded, and whether this child may run another case. Its kind on the wire is "verdict"."""
+    recorded, and whether it left anything running. Its kind on the wire is "verdict". A child
+    answers one request in its life (issue 51): there is no "may run another case"."""
 
     kind: ClassVar[str] = "verdict"
     id: int
@@ -123,10 +126,7 @@ class ChildAnswer:
     exception: dict[str, str] | None
     observations: dict[str, Any]
     duration_s: float
-    # False when the body left the process in a state the next case must not inherit (a lowered
-    # hard resource limit, a MemoryError, closed stdio, changed signal handlers): the parent then
-    # discards the child. `poisoned` says why.
-    reusable: bool = True
+    # What the body said of its process (ctx.poison) or left running: in the child's record only.
     poisoned: str = ""
     # False when the body left a thread or a process running: the parent ends the child before
     # the next case begins, and charges to this case whatever they did until then.

@@ -4,7 +4,9 @@ A case body is the code under test: run as pytest's own user it can write everyt
 reads (its records, the baselines, the checkout, the venv) and signal the run's processes, and
 each of those doors has to be shut one by one. Where the run has root (CI containers, the GKE
 workers), `--spmd-case-user=USER` shuts them all at once: each child drops to USER before it
-runs anything (harness.isolation.child.drop_to_case_user). The run's own files stay root's.
+runs anything (harness.isolation.child.drop_to_case_user), and so does each fork server before it
+imports torch_xla (harness.isolation.dropuser): the build under test never runs as root. The run's
+own files stay root's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,29 @@ def configure(config: pytest.Config) -> None:
     if not name:
         os.environ.pop(CASE_USER_ENV, None)
         return
+    entry = checked_user(name, config.rootpath)
+    os.environ[CASE_USER_ENV] = f"{entry.pw_uid}:{entry.pw_gid}"
+    made_early = os.environ.get(XLA_DUMP_ROOT_ENV, "")
+    if Path(made_early).name.startswith(MEMORY_ROOT_PREFIX):  # this run's, made before options were read
+        give_dump_root(Path(made_early))
+
+
+def configure_early(name: str | None, rootpath: Path) -> bool:
+    """Before the early fork servers start (harness.run.earlystart): their environment names the
+    case user, so they drop to it before they import torch_xla. False: the option is bad, and
+    nothing may start before pytest_configure says so."""
+    if not name:
+        return True
+    try:
+        entry = checked_user(name, rootpath)
+    except pytest.UsageError:
+        return False
+    os.environ[CASE_USER_ENV] = f"{entry.pw_uid}:{entry.pw_gid}"
+    return True
+
+
+def checked_user(name: str, rootpath: Path) -> pwd.struct_passwd:
+    """The user --spmd-case-user names, if the run can become it and it can reach what it needs."""
     try:
         entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
     except (KeyError, ValueError):
@@ -43,7 +68,7 @@ def configure(config: pytest.Config) -> None:
         ("this Python", Path(sys.base_prefix)),
         ("this venv", Path(sys.prefix)),
         ("the harness", Path(__file__).resolve().parents[1]),
-        ("the rootdir", config.rootpath),
+        ("the rootdir", rootpath),
     ):
         closed = closed_to(path, entry.pw_uid, entry.pw_gid)
         if closed is not None:
@@ -53,10 +78,7 @@ def configure(config: pytest.Config) -> None:
                 "users can read them (e.g. a venv made from the system's /usr/bin/python3, or a Python installed under /opt), "
                 "or drop the option"
             )
-    os.environ[CASE_USER_ENV] = f"{entry.pw_uid}:{entry.pw_gid}"
-    made_early = os.environ.get(XLA_DUMP_ROOT_ENV, "")
-    if Path(made_early).name.startswith(MEMORY_ROOT_PREFIX):  # this run's, made before options were read
-        give_dump_root(Path(made_early))
+    return entry
 
 
 def closed_to(path: Path, uid: int, gid: int) -> Path | None:
@@ -85,13 +107,15 @@ def give_dump_root(root: Path) -> None:
 
 
 def header_line() -> str:
-    """How isolated the case bodies are, for the run header."""
+    """How isolated the case bodies are, for the run header: what holds and what does not."""
     user = os.environ.get(CASE_USER_ENV)
     if user:
         uid = int(user.split(":")[0])
         return (
-            f"cases run as user {pwd.getpwuid(uid).pw_name} (uid {uid}): isolated, they cannot write the "
-            "run's files nor signal its processes"
+            f"cases and the fork servers that import torch_xla run as user {pwd.getpwuid(uid).pw_name} (uid {uid}): "
+            "they cannot write the run's files nor signal its processes; each case's process has a HOME of its own "
+            "(removed after it) and is not dumpable (no other case reads its memory); not isolated from each other: "
+            "cases running at once (-n) share the uid, so one can signal another's process, and the XLA dump folder"
         )
     who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
     hint = " (--spmd-case-user=nobody isolates them)" if os.geteuid() == 0 else ""

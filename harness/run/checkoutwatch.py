@@ -1,20 +1,29 @@
-"""The harness's own code must be the same at the end of a run as at its start.
+"""What the run reads later must be what it read at its start: the harness, conftests, case files.
 
 A case body that runs as pytest's own user can rewrite the checkout: the pytest process has
-imported the harness already, but a child exec'd fresh (the fake backend's children, `fresh=True`,
-a fork server started again after a body killed it) imports it from disk, so a rewritten
-harness/isolation/child.py answers "passed" for every later case. The controlling pytest process
-takes a fingerprint of the harness package (every file's kind and content, `__pycache__` aside:
-children write it) when it starts and compares it when the run ends; a change fails the run,
-naming the files, as a changed manifest does (harness.records.runfolder). Only `--spmd-case-user`
-keeps a case from writing the checkout at all.
+imported the harness already, but a child exec'd fresh (the fake backend's children, a body with
+preload=False, a fork server started again after a body killed it) imports it from disk, so a
+rewritten harness/isolation/child.py answers "passed" for every later case. So can a `.pyc` planted
+in harness/**/__pycache__ with its source's stamp: Python takes it without reading the source.
+
+The controlling pytest process takes a fingerprint when it starts: every file of the harness
+package (kind and content), every conftest.py and Python file of the folders the run was given
+(`__pycache__`, hidden folders and environments aside); at the end it compares, and checks that
+every bytecode file of the harness holds what its source compiles to (children write `.pyc` files
+legitimately, so their content, not their presence, is what counts). A change fails the run,
+naming the files, as a changed manifest does (harness.records.runfolder). Case modules are also
+held before use: each child imports its case's module from the bytes the run hashed at collection
+(harness.isolation.case.hold_sources), or refuses. Only `--spmd-case-user` keeps a case from
+writing the checkout at all.
 """
 
 from __future__ import annotations
 
 import hashlib
+import marshal
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,17 +32,78 @@ from harness.isolation import files
 
 PACKAGE = Path(__file__).resolve().parents[1]
 FINGERPRINT_KEY = pytest.StashKey[dict[str, str]]()
+SKIPPED_FOLDERS = frozenset({"__pycache__", "node_modules", "site-packages", "results"})
+MAX_WATCHED = 5000  # files of the run's folders fingerprinted; a checkout has a few hundred
 
 
-def fingerprint(root: Path = PACKAGE) -> dict[str, str]:
-    """Each entry under root (a relative path) -> what it is: a regular file's SHA-256, or its kind."""
-    found = {}
+def fingerprint(root: Path = PACKAGE, python_only: bool = False) -> dict[str, str]:
+    """Each entry under root (its path) -> what it is: a regular file's SHA-256, or its kind.
+    python_only: only `.py` files (a folder of cases holds the run's own results too)."""
+    found: dict[str, str] = {}
     for folder, dirs, names in os.walk(root):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
-        for name in [*dirs, *names]:
+        dirs[:] = [d for d in dirs if d not in SKIPPED_FOLDERS and not d.startswith(".") and d != "venv"]
+        for name in names if python_only else [*dirs, *names]:
+            if python_only and not name.endswith(".py"):
+                continue
             path = Path(folder, name)
-            found[str(path.relative_to(root))] = _describe(path)
+            found[str(path)] = _describe(path)
+            if len(found) >= MAX_WATCHED:
+                return found
     return found
+
+
+def _run_fingerprint(config: pytest.Config) -> dict[str, str]:
+    """The harness package and the run's own Python files: conftest.py up from each path, and the
+    Python files under each path the run was given (its cases, their helpers, their conftests)."""
+    found = fingerprint(PACKAGE)
+    for arg in config.args or [str(config.rootpath)]:
+        path = Path(config.rootpath, arg.split("::")[0]).resolve()
+        folder = path if path.is_dir() else path.parent
+        if not folder.is_dir():
+            continue
+        for parent in [folder, *folder.parents]:
+            conftest = parent / "conftest.py"
+            if conftest.exists():
+                found[str(conftest)] = _describe(conftest)
+            if parent == config.rootpath:
+                break
+        found.update(fingerprint(folder, python_only=True))
+    return found
+
+
+def bytecode_problems(root: Path = PACKAGE) -> list[str]:
+    """The harness's `.pyc` files this Python would load instead of compiling their source (a
+    timestamp pyc stamped with its source's mtime and size, or a hash-based one) that do not hold
+    what their source compiles to. A stale pyc (its stamp is not its source's) or one without
+    a source is never loaded from `__pycache__`: not a problem."""
+    tag = sys.implementation.cache_tag
+    bad = []
+    for pyc in sorted(root.rglob(f"__pycache__/*.{tag}*.pyc")):
+        stem, _, rest = pyc.name.partition(f".{tag}")
+        level = 2 if rest.startswith(".opt-2") else 1 if rest.startswith(".opt-1") else 0
+        source = pyc.parent.parent / f"{stem}.py"
+        try:
+            data = files.read_bytes(pyc)
+            if not source.is_file() or not _would_load(data, source):
+                continue
+            code = marshal.loads(data[16:])
+            expected = compile(files.read_bytes(source), str(source), "exec", dont_inherit=True, optimize=level)
+        except (OSError, ValueError, EOFError, TypeError, SyntaxError):
+            bad.append(str(pyc))
+            continue
+        if code != expected:
+            bad.append(str(pyc))
+    return bad
+
+
+def _would_load(data: bytes, source: Path) -> bool:
+    """Whether the import system takes this pyc for source without compiling the source."""
+    flags = int.from_bytes(data[4:8], "little")
+    if flags & 0b1:  # hash-based: taken on its hash (or unchecked); check its content whatever it says
+        return True
+    info = source.stat()
+    stamp = (int(info.st_mtime) & 0xFFFFFFFF, info.st_size & 0xFFFFFFFF)
+    return (int.from_bytes(data[8:12], "little"), int.from_bytes(data[12:16], "little")) == stamp
 
 
 def _describe(path: Path) -> str:
@@ -51,22 +121,32 @@ def _describe(path: Path) -> str:
 
 def take(config: pytest.Config) -> None:
     """At the start of the run (the controlling process only)."""
-    config.stash[FINGERPRINT_KEY] = fingerprint()
+    config.stash[FINGERPRINT_KEY] = _run_fingerprint(config)
 
 
 def problems(config: pytest.Config) -> list[str]:
-    """At the end of the run: what changed in the harness's code since take(), as one problem."""
+    """At the end of the run: what changed in the harness's code, its bytecode, the conftests or the
+    case files since take(), as one problem."""
     before = config.stash.get(FINGERPRINT_KEY, None)
     if before is None:
         return []
-    now = fingerprint()
+    now = _run_fingerprint(config)
     changed = sorted(name for name in before.keys() | now.keys() if before.get(name) != now.get(name))
+    changed += bytecode_problems()
     if not changed:
         return []
-    shown = ", ".join(f"harness/{name}" for name in changed[:5]) + (
+    shown = ", ".join(_shown(name, config.rootpath) for name in changed[:5]) + (
         f" and {len(changed) - 5} more" if len(changed) > 5 else ""
     )
     return [
-        f"the harness's code changed while the run's cases ran (by a case?): {shown}; verdicts of cases "
-        "that ran after it cannot be trusted, and the run fails"
+        f"the harness's code or the run's case files changed while the run's cases ran (by a case?): {shown}; "
+        "verdicts of cases that ran after it cannot be trusted, and the run fails"
     ]
+
+
+def _shown(name: str, rootpath: Path) -> str:
+    path = Path(name)
+    for base, prefix in ((PACKAGE, "harness/"), (rootpath, "")):
+        if path.is_relative_to(base):
+            return prefix + str(path.relative_to(base))
+    return name

@@ -14,6 +14,7 @@ from harness.config.backends import make_backend
 from harness.errors import HarnessError
 from harness.isolation import runservers
 from harness.records import runfolder
+from harness.run import caseuser
 from harness.run.dumproot import share_dump_root
 from harness.run.role import MAIN, looks_like_worker_early
 from harness.run.session import EARLY_KEY, RUN_FOLDER_KEY, RUN_SERVERS_KEY, fork_server_wanted
@@ -45,6 +46,8 @@ def start_servers(early_config: pytest.Config) -> None:
         def value(name: str) -> Any:
             return options.value(early_config, name, namespace)
 
+        if not caseuser.configure_early(value("spmd_case_user"), early_config.rootpath):
+            return  # pytest_configure refuses the option: nothing may import the build before that
         backend = make_backend(value("spmd_backend"), value("spmd_devices"))
         wanted = fork_server_wanted(value("spmd_fork_server"), backend)
         run = runfolder.RunFolder.new(options.results_dir(early_config, namespace), value("spmd_run_id"))

@@ -1,0 +1,134 @@
+"""Issue 51, item 4: what the run reads after its start is what it read at its start (fake backend,
+black-box runs, written as a hostile pull request would): a `.pyc` planted in the harness's
+`__pycache__` with its source's stamp, a later case's module rewritten, a conftest rewritten.
+Each one fails the run naming the file, or is refused where it would be used.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, run_fake
+
+pytestmark = pytest.mark.selftest
+
+PLANTS_BYTECODE = """
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_plants(ctx):
+    import importlib._bootstrap_external as bootstrap
+    import importlib.util, pathlib
+    import harness.isolation.child as child
+    source = pathlib.Path(child.__file__)
+    old = "        body(ctx, **request.kwargs)\\n"
+    new = "        try:\\n            body(ctx, **request.kwargs)\\n        except Exception:\\n            pass\\n"
+    forged = compile(source.read_text().replace(old, new, 1), str(source), "exec")
+    stat = source.stat()  # stamped like its source: Python takes it without reading the source
+    data = bootstrap._code_to_timestamp_pyc(forged, stat.st_mtime, stat.st_size)
+    pathlib.Path(importlib.util.cache_from_source(str(source))).write_bytes(data)
+
+def body_fails(ctx):
+    raise AssertionError("the real failure")
+
+def test_a_plants(spmd):
+    spmd.run(body_plants)
+
+# A child started after the plant imports the harness's child loop from disk: the forged one.
+def test_b_fails(spmd):
+    spmd.run(body_fails, fresh=True)
+
+def test_c_fails(spmd):
+    spmd.run(body_fails, fresh=True)
+"""
+
+
+def test_a_pyc_planted_in_the_harness_with_its_sources_stamp_fails_the_run_naming_it(pytester):
+    shutil.copytree(REPO / "harness", pytester.path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
+    pytester.makepyfile(test_plants=PLANTS_BYTECODE)
+    result = run_fake(pytester, "-p", "no:randomly", "-rA")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    tag = sys.implementation.cache_tag
+    result.stdout.fnmatch_lines(
+        [f"*changed while the run's cases ran (by a case?): harness/isolation/__pycache__/child.{tag}.pyc*"]
+    )
+
+
+REWRITES_LATER_CASE = """
+import pathlib
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_rewrites(ctx, path):
+    later = pathlib.Path(path)
+    later.write_text(later.read_text().replace('raise AssertionError("the real failure")', "pass"))
+
+def test_a_rewrites(spmd):
+    spmd.run(body_rewrites, path=str(pathlib.Path(__file__).with_name("test_z_later.py")))
+"""
+
+LATER_CASE = """
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_later(ctx):
+    raise AssertionError("the real failure")
+
+def test_b_later(spmd):
+    spmd.run(body_later)
+"""
+
+
+def test_a_later_cases_module_rewritten_by_a_body_is_refused_and_fails_the_run(pytester):
+    pytester.makepyfile(test_rewrites=REWRITES_LATER_CASE, test_z_later=LATER_CASE)
+    result = run_fake(pytester, "-p", "no:randomly", "-rA")
+    assert "pass" in (pytester.path / "test_z_later.py").read_text().split("def body_later")[1], "not rewritten"
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["FAILED test_z_later.py::test_b_later - *test_z_later.py changed after the run collected it*"]
+    )
+    result.stdout.fnmatch_lines(["*changed while the run's cases ran (by a case?): test_z_later.py*"])
+
+
+REWRITES_CONFTEST = """
+import pathlib
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_rewrites(ctx, path):
+    pathlib.Path(path).write_text("# rewritten by a case\\n")
+
+def test_a_rewrites(spmd):
+    spmd.run(body_rewrites, path=str(pathlib.Path(__file__).with_name("conftest.py")))
+"""
+
+
+def test_a_conftest_rewritten_by_a_body_fails_the_run_naming_it(pytester):
+    pytester.makeconftest("# the project's conftest\n")
+    pytester.makepyfile(test_rewrites=REWRITES_CONFTEST)
+    result = run_fake(pytester, "-p", "no:randomly", "-rA")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["*changed while the run's cases ran (by a case?): conftest.py*"])
+
+
+def test_the_memray_reader_runs_from_a_folder_no_case_writes(tmp_path):
+    """A `harness/` planted in the reader's scratch folder must not answer for `python -m harness.nativestacks`."""
+    planted = tmp_path / "harness"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("")
+    (planted / "nativestacks.py").write_text("import sys\nprint('PLANTED')\nsys.exit(0)\n")
+    probe = "import sys; from harness import nativestacks as n; print(n._read_in_child(sys.argv[1]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert "PLANTED" not in (tmp_path / "reader.log").read_text(), "the planted harness/ ran as the reader"
+    assert "memray" in proc.stdout, proc.stdout + proc.stderr
