@@ -88,8 +88,12 @@ STEP_FIELDS = ("compiles", "cache_hits", "executions")
 # heap_bytes and rss_bytes: what the process holds natively (harness.nativememory), judged by growth only.
 # footprint_bytes: every XLA tensor Python holds after the step, the ones made before the loop too
 # (parameters, tensors made at wrap or load time), on the device holding most; baselined (the band).
-# step_peak_bytes: the step's peak as the device holds it, footprint_bytes plus the temp of the step's
-# graph (XLA's buffer assignment); baselined (the band).
+# held_peak_bytes: the step's peak as the device holds it: the step program's arguments, outputs that
+# reuse no argument and temp (XLA's buffer assignment), plus the other buffers alive beside its
+# arguments; baselined (the band). donated_bytes: the arguments it donates (their outputs reuse their
+# buffers), baselined to say why a peak grew. step_peak_bytes: the footprint plus the temp, what
+# records before held_peak_bytes carry (read, no longer written: it pointed the wrong way when a build
+# stopped donating).
 LIVE_FIELDS = (
     "tensors",
     "bytes_per_device",
@@ -98,11 +102,21 @@ LIVE_FIELDS = (
     "rss_bytes",
     "footprint_bytes",
     "step_peak_bytes",
+    "held_peak_bytes",
+    "donated_bytes",
 )
-BASELINED_LIVE_FIELDS = ("tensors", "bytes_per_device", "footprint_bytes", "step_peak_bytes")
+BASELINED_LIVE_FIELDS = (
+    "tensors",
+    "bytes_per_device",
+    "footprint_bytes",
+    "step_peak_bytes",
+    "held_peak_bytes",
+    "donated_bytes",
+)
+HELD_PEAK_NAME = "step peak (program's arguments + outputs + temp, and other live buffers)"
 NATIVE_FIELDS = ("heap_bytes", "rss_bytes")
 # A compiled step graph's memory per device, from XLA's buffer assignment of the partitioned module.
-GRAPH_MEMORY_FIELDS = ("arguments", "outputs", "temp", "peak")
+GRAPH_MEMORY_FIELDS = ("arguments", "outputs", "temp", "donated", "peak")
 
 _ARRAY_SHAPE = re.compile(r"(?P<type>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\]")
 
@@ -234,30 +248,97 @@ _PEAK_SECTION = re.compile(r"^\s*Live ranges at \d+ \(peak\):\n(?P<body>(?:[ \t]
 _PEAK_BUFFER = re.compile(r"^[ \t]+\S+: (\d+) bytes(?: \(cumulative: \d+ bytes\))?$", re.MULTILINE)
 
 
-def buffer_memory(text: str, where: str = "the buffer assignment") -> dict[str, int]:
+_TOTAL_BYTES = re.compile(r"^Total bytes used: (\d+)", re.MULTILINE)
+# A parameter allocation: `allocation 1: size 512, parameter 3, shape |f32[8,16]| at ShapeIndex {}`.
+_PARAMETER_ALLOCATION = re.compile(
+    r", parameter (?P<number>\d+), shape \|[^|]*\| at ShapeIndex \{(?P<index>[\d,\s]*)\}"
+)
+
+
+def buffer_memory(
+    text: str, where: str = "the buffer assignment", donated: frozenset[tuple[int, str]] = frozenset()
+) -> dict[str, int]:
     """A partitioned module's memory on one device, from XLA's `*-buffer-assignment.txt`:
-    arguments (entry parameters), outputs (buffers that may live out, and the output tuple),
-    temp (everything else XLA allocates: preallocated temp, scratch; not constants or
-    thread-local scalars) and, where XLA printed its live ranges, peak (bytes live at once)."""
-    totals = dict.fromkeys(("arguments", "outputs", "temp"), 0)
-    found = False
+    arguments (entry parameters), outputs (buffers that may live out, and the output tuple, but
+    those that reuse a parameter's buffer), temp (everything else XLA allocates: preallocated
+    temp, scratch; not constants or thread-local scalars), donated (the arguments in `donated`,
+    (parameter number, shape index) pairs the module aliases to its outputs or takes as donors:
+    module_donations) and, where XLA printed its live ranges, peak (bytes live at once).
+
+    Checked against XLA's own figure: the allocations read must add up to the file's
+    `Total bytes used`, or the file was misread and CostReadError says so."""
+    totals = dict.fromkeys(("arguments", "outputs", "temp", "donated"), 0)
+    found = everything = 0
     for match in _ALLOCATION.finditer(text):
-        found = True
+        found += 1
         size, kinds = int(match.group("size")), match.group("kinds")
-        if ", parameter " in kinds:
+        everything += size
+        parameter = _PARAMETER_ALLOCATION.search(kinds)
+        if parameter:
             totals["arguments"] += size
+            if (int(parameter.group("number")), _shape_index(parameter.group("index"))) in donated:
+                totals["donated"] += size
         elif "maybe-live-out" in kinds or "output shape is" in kinds:
             totals["outputs"] += size
         elif "constant" not in kinds and "thread-local" not in kinds:
             totals["temp"] += size
     if not found:
         raise CostReadError(f"{where}: no 'allocation N: size S' line; not an XLA buffer assignment")
+    total = _TOTAL_BYTES.search(text)
+    if total and int(total.group(1)) != everything:
+        raise CostReadError(
+            f"{where}: its allocations add up to {everything} bytes, XLA's own 'Total bytes used' says "
+            f"{total.group(1)}: the file was misread (a format this harness does not know)"
+        )
     peak = _PEAK_SECTION.search(text)
     live_at_peak = _PEAK_BUFFER.findall(peak.group("body")) if peak else []
     if live_at_peak:
         # The sum of the buffers listed, which is the last running total where XLA prints one.
         totals["peak"] = sum(int(size) for size in live_at_peak)
     return totals
+
+
+def program_bytes(memory: Mapping[str, int]) -> int:
+    """What a step program holds on one device while it runs, as XLA's buffer assignment places it:
+    its arguments (the donated ones share their buffer with the output that reuses it), the
+    outputs that reuse no argument, and its temp. A build that stops donating keeps the arguments
+    and adds their outputs' buffers: this grows by what was donated (jax's memory_analysis():
+    argument + output - alias + temp)."""
+    return memory.get("arguments", 0) + memory.get("outputs", 0) + memory.get("temp", 0)
+
+
+def _shape_index(text: str) -> str:
+    return ",".join(part.strip() for part in text.split(",") if part.strip())
+
+
+_DONATION_ATTRIBUTES = ("input_output_alias={", "buffer_donor={")
+# In either attribute, a parameter is named as `(number, {shape index}`: `{1}: (3, {}, may-alias)`, `(0, {})`.
+_DONATED_PARAMETER = re.compile(r"\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}")
+
+
+def module_donations(hlo: str, where: str = "the partitioned module") -> frozenset[tuple[int, str]]:
+    """The (parameter number, shape index) pairs a module gives up to its outputs, from its header's
+    `input_output_alias={ {1}: (3, {}, may-alias) }` and `buffer_donor={ (0, {}) }`: the arguments
+    whose buffers the step reuses (torch_xla donates parameters and optimizer state; with
+    XLA_ENABLE_PARAM_ALIASING=0 the header has neither and every argument stays alive)."""
+    header = hlo[: hlo.find("\n")] if "\n" in hlo else hlo
+    if not header.startswith("HloModule"):
+        raise CostReadError(f"{where}: its first line is not an 'HloModule' header")
+    donated = set()
+    for attribute in _DONATION_ATTRIBUTES:
+        start = header.find(attribute)
+        if start < 0:
+            continue
+        body, depth = "", 0
+        for char in header[start + len(attribute) - 1 :]:
+            depth += (char == "{") - (char == "}")
+            body += char
+            if depth == 0:
+                break
+        if depth:
+            raise CostReadError(f"{where}: {attribute}...}} is not closed on the module's header line")
+        donated |= {(int(n), _shape_index(i)) for n, i in _DONATED_PARAMETER.findall(body)}
+    return frozenset(donated)
 
 
 def read_module(text: str, where: str) -> HloModule:
@@ -849,11 +930,21 @@ def _live_change(before: Mapping[str, int] | None, after: Mapping[str, int] | No
         )
     elif moved:
         parts.add_bytes(f"live after step: {count_b} tensors, {_moved(bytes_a, bytes_b)} per device", bytes_a, bytes_b)
-    for field, name in (("footprint_bytes", "device footprint"), ("step_peak_bytes", "step peak (footprint + temp)")):
+    for field, name in (
+        ("footprint_bytes", "device footprint"),
+        ("step_peak_bytes", "step peak (footprint + temp)"),
+        ("held_peak_bytes", HELD_PEAK_NAME),
+    ):
         held_a, held_b = before.get(field), after.get(field)
         if held_a is None or held_b is None or held_a == held_b:  # a baseline without it: not compared
             continue
         text = f"{name} {_moved(held_a, held_b)} per device"
+        donated_a, donated_b = before.get("donated_bytes", 0), after.get("donated_bytes", 0)
+        if field == "held_peak_bytes" and donated_b < donated_a:
+            text += (
+                f" (donated {_moved(donated_a, donated_b)}: {kib(donated_a - donated_b)} of arguments no longer "
+                "aliased to outputs, so the step holds them and their outputs at once)"
+            )
         if explain and bytes_judgement(held_a, held_b) == FAILS:
             text += f" (device buffers new: {explain})"
             parts.explained, explain = True, ""
@@ -871,6 +962,13 @@ def _memory_change(before: Mapping[str, int] | None, after: Mapping[str, int] | 
         return parts
     for k in GRAPH_MEMORY_FIELDS:
         if k in before and k in after and before[k] != after[k]:
+            if k == "donated":  # fewer arguments donated: every step holds them and their outputs at once
+                parts.add_bytes(
+                    f"donated (arguments whose buffers the outputs reuse) {_moved(before[k], after[k])} per device",
+                    after[k],
+                    before[k],
+                )
+                continue
             parts.add_bytes(f"{k} {_moved(before[k], after[k])} per device", before[k], after[k])
     return parts
 
@@ -966,7 +1064,11 @@ def held_cell(signature: Mapping[str, Any]) -> list[str]:
     parts = []
     held = [
         f"{name} {kib(live[field])}"
-        for field, name in (("footprint_bytes", "footprint"), ("step_peak_bytes", "step peak"))
+        for field, name in (
+            ("footprint_bytes", "footprint"),
+            # a record made before held_peak_bytes: its footprint + temp
+            ("held_peak_bytes" if "held_peak_bytes" in live else "step_peak_bytes", "step peak"),
+        )
         if field in live
     ]
     if held:

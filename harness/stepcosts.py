@@ -105,7 +105,10 @@ class StepMeter:
         self.last_inputs: list[str] | None = None
         self.last_fingerprint: str | None = None
         self.last_graph_memory: dict[str, int] | None = None
-        self.step_temp: int | None = None  # temp bytes of the graph the last step ran (XLA's buffer assignment)
+        # The memory of the graph the last step ran (XLA's buffer assignment: arguments, outputs, temp,
+        # donated), and the device footprint after the step before: the step's peak as held.
+        self.step_memory: dict[str, int] | None = None
+        self.last_footprint: int | None = None
         # A counter only this meter knows the name of: a reset of torch_xla's counters drops it.
         self.sentinel = f"HarnessStepMeter_{secrets.token_hex(6)}"
         # What is alive after a step is what the loop created and keeps: every object that exists
@@ -263,10 +266,8 @@ class StepMeter:
         if not self.host_only:
             footprint = _Footprint(tensors + held)
             entry["live"]["footprint_bytes"] = footprint.bytes_per_device
-            # The step's peak as the device holds it: every live buffer plus the step graph's temp
-            # (the graph this step compiled, or the last one compiled, which a cached step runs).
-            if self.step_temp is not None:
-                entry["live"]["step_peak_bytes"] = footprint.bytes_per_device + self.step_temp
+            self._record_held_peak(entry["live"], held)
+            self.last_footprint = footprint.bytes_per_device
             previous = self.signature.get("buffers")
             self.signature["buffers"] = footprint.buffers
         if self.alive is not None and index >= self.signature["warmup"]:
@@ -283,6 +284,19 @@ class StepMeter:
                 entry["kept"] = kept
             self.suspect_leak = self.suspect_leak or any(n > self.alive.shapes[k] for k, n in alive.shapes.items())
         self.alive = alive
+
+    def _record_held_peak(self, live: dict[str, int], held: list[Any]) -> None:
+        """The step's peak as the device holds it, `held_peak_bytes`: what the step's program holds as
+        XLA's buffer assignment places it (costs.program_bytes: its arguments, the outputs that reuse
+        none, its temp), plus the other buffers alive beside its arguments, read as the footprint after
+        the step before (step 0: the tensors made before the loop) less the program's arguments. The
+        graph is the one this step compiled, or the last one compiled, which a cached step runs."""
+        if self.step_memory is None:
+            return
+        before = self.last_footprint if self.last_footprint is not None else _Footprint(held).bytes_per_device
+        arguments = self.step_memory.get("arguments", 0)
+        live["held_peak_bytes"] = costs.program_bytes(self.step_memory) + max(0, before - arguments)
+        live["donated_bytes"] = self.step_memory.get("donated", 0)
 
     def _frozen_loop_tensors(self, known: list[Any], own: tuple[Any, ...]) -> list[Any]:
         """The loop's XLA tensors that a body's gc.freeze() hid from gc.get_objects(). Each time the
@@ -344,15 +358,15 @@ class StepMeter:
                 stage = "buffers" if match.group("buffers") else _STAGES.get(match.group("stage"), "after")
                 modules.setdefault(match.group("number"), {})[stage] = path
         names = []
-        temps = []
+        memories = []
         for position, number in enumerate(sorted(modules, key=int)):
             name = f"step{index}" if position == 0 else f"step{index}.{position}"
             graph = self.signature["graphs"][name] = self._read_graph(name, modules[number], entry)
             names.append(name)
             if "memory" in graph:
-                temps.append(graph["memory"]["temp"])
-        if temps:  # graphs of one step run one after the other: the largest temp is the step's
-            self.step_temp = max(temps)
+                memories.append(graph["memory"])
+        if memories:  # graphs of one step run one after the other: the one holding most is the step's
+            self.step_memory = max(memories, key=costs.program_bytes)
         self._clear_dumps()
         if entry["compiles"] > len(names):
             why = self._why_unread()
@@ -374,7 +388,11 @@ class StepMeter:
         self.dumps[f"{self.label}/{name}"] = text
         buffers = stages.get("buffers")
         if buffers is not None:
-            graph["memory"] = costs.buffer_memory(_read_text(buffers), f"{buffers.name} (buffer assignment of {name})")
+            graph["memory"] = costs.buffer_memory(
+                _read_text(buffers),
+                f"{buffers.name} (buffer assignment of {name})",
+                donated=costs.module_donations(text, where),
+            )
         before = stages.get("before")
         if before is not None:
             module_before = costs.read_module(_read_text(before), before.name)

@@ -248,7 +248,7 @@ allocation 21: size 4, thread-local:
 allocation 36: size 7172, preallocated-temp:
  value: <94 all-gather @0> (size=1024,offset=1024): f32[16,16]{1,0}
 
-Total bytes used: 8568 (8.4KiB)
+Total bytes used: 8564 (8.4KiB)
 
 HloLiveRange (max 53):
   Live ranges at 27 (peak):
@@ -271,7 +271,7 @@ allocation 15: size 4, constant:
 allocation 21: size 4, thread-local:
 allocation 36: size 4872, preallocated-temp:
 
-Total bytes used: 8512 (8.3KiB)
+Total bytes used: 7032 (6.9KiB)
 
 HloLiveRange (max 49):
     tuple.3{}:48-49
@@ -284,13 +284,58 @@ HloLiveRange (max 49):
 
 
 def test_buffer_assignment_read_as_arguments_outputs_temp_and_peak_per_device():
-    assert costs.buffer_memory(BUFFER_ASSIGNMENT) == {"arguments": 768, "outputs": 616, "temp": 7172, "peak": 4100}
+    read = {"arguments": 768, "outputs": 616, "temp": 7172, "donated": 0, "peak": 4100}
+    assert costs.buffer_memory(BUFFER_ASSIGNMENT) == read
+    # The arguments the module donates (input_output_alias, buffer_donor), by parameter number and shape index.
+    assert costs.buffer_memory(BUFFER_ASSIGNMENT, donated=frozenset({(3, "")}))["donated"] == 512
     # Older XLA prints no running total at the peak: the peak is the sum of the buffers listed.
-    assert costs.buffer_memory(BUFFER_ASSIGNMENT_2_4) == {"arguments": 1536, "outputs": 616, "temp": 4872, "peak": 3588}
+    read_2_4 = {"arguments": 1536, "outputs": 616, "temp": 4872, "donated": 0, "peak": 3588}
+    assert costs.buffer_memory(BUFFER_ASSIGNMENT_2_4) == read_2_4
+    # XLA's own total is the sum of every allocation: a file read otherwise was misread.
+    with pytest.raises(CostReadError, match="allocations add up to 8564 bytes, XLA's own 'Total bytes used' says 9000"):
+        costs.buffer_memory(BUFFER_ASSIGNMENT.replace("Total bytes used: 8564", "Total bytes used: 9000"))
     without_ranges = BUFFER_ASSIGNMENT.split("HloLiveRange")[0]
     assert "peak" not in costs.buffer_memory(without_ranges)
     with pytest.raises(CostReadError, match="not an XLA buffer assignment"):
         costs.buffer_memory("HloModule m\n", "x-buffer-assignment.txt")
+
+
+def test_a_modules_donated_arguments_are_read_from_its_header():
+    header = (
+        "HloModule SyncTensorsGraph.110, is_scheduled=true, input_output_alias={ {1}: (1, {}, may-alias), "
+        "{2}: (0, {}, may-alias), {5}: (3, {1}, must-alias) }, buffer_donor={ (4, {}) }, "
+        "entry_computation_layout={(f32[2]{0}, f32[2,32]{1,0})->(f32[], f32[32,2]{1,0})}\n\nENTRY %e () -> f32[] {}\n"
+    )
+    assert costs.module_donations(header) == {(1, ""), (0, ""), (3, "1"), (4, "")}
+    # XLA_ENABLE_PARAM_ALIASING=0: a header without either attribute donates nothing
+    assert costs.module_donations("HloModule m, entry_computation_layout={()->f32[]}\n") == frozenset()
+    with pytest.raises(CostReadError, match="not closed"):
+        costs.module_donations("HloModule m, input_output_alias={ {1}: (1, {}, may-alias)\n")
+    with pytest.raises(CostReadError, match="not an 'HloModule' header"):
+        costs.module_donations("BufferAssignment:\n")
+
+
+def test_a_drop_in_donated_bytes_fails_and_names_the_peaks_growth():
+    graph = {"collectives": [], "memory": {"arguments": 13844, "outputs": 42132, "temp": 98308, "donated": 12808}}
+    undonated = {"collectives": [], "memory": {**graph["memory"], "outputs": 54940, "donated": 0}}
+    live = {"tensors": 8, "bytes_per_device": 30220, "footprint_bytes": 43028}
+    before = {
+        "steps": [{"live": {**live, "held_peak_bytes": 154284, "donated_bytes": 12808}}],
+        "graphs": {"step0": graph},
+    }
+    after = {
+        "steps": [{"live": {**live, "held_peak_bytes": 167092, "donated_bytes": 0}}],
+        "graphs": {"step0": undonated},
+    }
+    lines = [str(c) for c in costs.compare(before, after)]
+    assert lines == [
+        f"step0: {costs.HELD_PEAK_NAME} 150.7 KiB -> 163.2 KiB per device (donated 12.5 KiB -> 0 B: 12.5 KiB of "
+        "arguments no longer aliased to outputs, so the step holds them and their outputs at once)",
+        "step0: outputs 41.1 KiB -> 53.7 KiB per device, donated (arguments whose buffers the outputs reuse) "
+        "12.5 KiB -> 0 B per device",
+    ], lines
+    # more donated is listed as an improvement, never failed
+    assert all(not c.fails for c in costs.compare(after, before)), costs.compare(after, before)
 
 
 def test_memory_and_live_tensors_compare_one_line_per_item():

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from harness.costs import kib
+from harness.costs import HELD_PEAK_NAME, kib, program_bytes
 from tests.conftest import run_cpu
 from tests.test_baseline import lit
 
@@ -39,7 +39,7 @@ class ParameterSpec:
     shape: tuple
 
 
-def body_loop(ctx, mode, copies, steps=3, hold_before=False, native_kib=0):
+def body_loop(ctx, mode, copies, steps=3, hold_before=False, native_kib=0, hidden=32, donate=True):
     import collections
     import ctypes
     import sys
@@ -52,10 +52,12 @@ def body_loop(ctx, mode, copies, steps=3, hold_before=False, native_kib=0):
 
     from harness import stepcosts, xla
 
+    if not donate:  # NO_DONATION: a torch_xla that stops aliasing inputs to outputs (read at its first sync)
+        os.environ["XLA_ENABLE_PARAM_ALIASING"] = "0"
     n = xla.num_devices()
     mesh = xla.mesh((n, 1), ("fsdp", "model"))
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 8)).to(xla.device())
+    model = nn.Sequential(nn.Linear(16, hidden), nn.Tanh(), nn.Linear(hidden, 8)).to(xla.device())
     for p in model.parameters():
         xs.mark_sharding(p, mesh, ("fsdp",) + (None,) * (p.dim() - 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -113,6 +115,8 @@ def test_loop(spmd, mode):
         mode=mode,
         copies=8 if os.environ.get("GROW_TEMP") == "1" else 1,
         hold_before=os.environ.get("HOLD_BEFORE") == "1",
+        hidden=int(os.environ.get("HIDDEN", "32")),  # HIDDEN: parameters of KiBs, whose donation the band sees
+        donate=os.environ.get("NO_DONATION") != "1",
         fresh=True,
     )
 
@@ -132,7 +136,10 @@ def test_numpy_kept(spmd):
 def suite(pytester, monkeypatch):
     pytester.makepyfile(test_loop=LOOP_CASE)
 
-    def run(*args: str, grow_temp: bool = False, hold_before: bool = False, native_kib: int = 0) -> pytest.RunResult:
+    def run(
+        *args: str, grow_temp: bool = False, hold_before: bool = False, native_kib: int = 0, hidden: int = 32
+    ) -> pytest.RunResult:
+        monkeypatch.setenv("HIDDEN", str(hidden))
         monkeypatch.setenv("GROW_TEMP", "1" if grow_temp else "0")
         monkeypatch.setenv("HOLD_BEFORE", "1" if hold_before else "0")
         monkeypatch.setenv("LEAK_NATIVE_KIB", str(native_kib))
@@ -226,38 +233,65 @@ def test_bytes_a_device_holds_for_the_loops_life_fail_the_cost_baseline_as_footp
     result = suite("-k", "healthy and not long_loop", hold_before=True)
     result.assert_outcomes(failed=1)
     # The buffer made before the loop is named once (dtype, shape, sharding), and the step's peak
-    # (footprint + the step graph's temp) moves by the same bytes.
-    peak = entry["train"]["steps"][0]["live"]["step_peak_bytes"]
+    # (the program plus the other live buffers) moves by the same bytes; step0's by a KiB less, the
+    # program's inputs made in the step (the batch) that the footprint before it did not hold
+    # (the other live buffers are the footprint before the step less the program's arguments).
+    peak = entry["train"]["steps"][2]["live"]["held_peak_bytes"]
     result.stdout.fnmatch_lines(
         [
             "*cost drift: 3 item(s) differ from costs.json*",
             f"*  step0: device footprint {kib(footprint)} -> {kib(footprint + 65536 * 4)} per device "
             "(device buffers new: float32[[]65536[]] unsharded +1), "
-            f"step peak (footprint + temp) {kib(peak)} -> {kib(peak + 65536 * 4)} per device",
-            "*  step1: device footprint * -> * per device, step peak (footprint + temp) * -> * per device",
+            f"{HELD_PEAK_NAME} * -> * per device",
+            f"*  step1: device footprint * -> * per device, {HELD_PEAK_NAME} {kib(peak)} -> {kib(peak + 65536 * 4)} "
+            "per device",
         ]
     )
 
 
-def test_the_step_peak_is_the_footprint_plus_the_step_graphs_temp_and_fails_when_temp_grows(suite, pytester):
+def test_the_step_peak_is_the_program_as_xla_places_it_plus_the_other_live_buffers(suite, pytester):
     suite("-k", "healthy and not long_loop", "--spmd-update-costs").assert_outcomes(passed=1)
     entry = json.loads((pytester.path / "costs.json").read_text())["cases"]["test_loop.py::test_loop[healthy]"]
     train = entry["train"]
+    footprint = None
     for index, step in enumerate(train["steps"]):
         # a cached step runs the graph compiled last (step1's, once the optimizer state exists)
-        graph = train["graphs"][f"step{min(index, 1)}"]
-        assert step["live"]["step_peak_bytes"] == step["live"]["footprint_bytes"] + graph["memory"]["temp"], entry
+        memory = train["graphs"][f"step{min(index, 1)}"]["memory"]
+        assert memory["donated"] > 0 and memory["peak"] <= program_bytes(memory), memory  # XLA's own peak is within
+        if footprint is not None:  # the footprint after the step before, less the program's arguments
+            other = max(0, footprint - memory["arguments"])
+            assert step["live"]["held_peak_bytes"] == program_bytes(memory) + other, (index, entry)
+        assert step["live"]["donated_bytes"] == memory["donated"], entry
+        footprint = step["live"]["footprint_bytes"]
     assert "float32[32,16] {devices=[4,1]0,1,2,3}" in train["buffers"], train["buffers"]
     result = suite("-k", "healthy and not long_loop", grow_temp=True)
     result.assert_outcomes(failed=1)
-    # step2 compiles nothing: its peak still sees the temp of the graph it runs grow with the footprint
+    # step2 compiles nothing: its peak still sees the temp of the graph it runs grow
     before = train["steps"][2]["live"]
     result.stdout.fnmatch_lines(
+        [f"*  step2: * device footprint * -> * per device, {HELD_PEAK_NAME} {kib(before['held_peak_bytes'])} -> *"]
+    )
+
+
+def test_a_build_that_stops_donating_fails_naming_the_peaks_growth_never_an_improvement(suite, pytester, monkeypatch):
+    suite("-k", "healthy and not long_loop", "--spmd-update-costs", hidden=512).assert_outcomes(passed=1)
+    entry = json.loads((pytester.path / "costs.json").read_text())["cases"]["test_loop.py::test_loop[healthy]"]
+    live = entry["train"]["steps"][2]["live"]
+    # torch_xla's switch for input/output aliasing, XLA_ENABLE_PARAM_ALIASING=0 in the child: every
+    # step holds the old and the new parameters
+    monkeypatch.setenv("NO_DONATION", "1")
+    result = suite("-rA", "-k", "healthy and not long_loop", hidden=512)
+    result.assert_outcomes(failed=1)
+    donated = kib(live["donated_bytes"])
+    result.stdout.fnmatch_lines(
         [
-            f"*  step2: * device footprint {kib(before['footprint_bytes'])} -> * per device, "
-            f"step peak (footprint + temp) {kib(before['step_peak_bytes'])} -> * per device"
+            f"*  step2: {HELD_PEAK_NAME} {kib(live['held_peak_bytes'])} -> * per device "
+            f"(donated {donated} -> 0 B: {donated} of arguments no longer aliased to outputs, "
+            "so the step holds them and their outputs at once)"
         ]
     )
+    result.stdout.fnmatch_lines([f"*  step1: *donated (arguments whose buffers the outputs reuse) {donated} -> 0 B*"])
+    assert "improvement" not in "".join(line for line in result.outlines if HELD_PEAK_NAME in line)
 
 
 def test_more_native_growth_per_step_than_the_base_run_fails_under_the_absolute_threshold(suite, pytester):
