@@ -132,7 +132,7 @@ def test_fsdpv2_vit_train_steps_match_cpu(spmd, layout: str) -> None:
 @pytest.mark.known_bug("fsdpv2-scalar-param-spec")
 @pytest.mark.parametrize("layout", DATA_LAYOUTS)
 def test_fsdpv2_scalar_parameter_on_layout(spmd, layout: str) -> None:
-    result = spmd.run(body_fsdpv2_scalar_param, steps=costs.METERED_STEPS, layout=layout, fresh=True)
+    result = spmd.run(body_fsdpv2_scalar_param, steps=costs.metered_steps(spmd.tier), layout=layout, fresh=True)
     assert result.values["param_shapes"]["scale"] == []
     _check_fsdpv2_params(result, layout)
     _check_fsdpv2_params(result, layout, prefix="after_steps.")
@@ -141,7 +141,7 @@ def test_fsdpv2_scalar_parameter_on_layout(spmd, layout: str) -> None:
 @pytest.mark.known_bug("fsdpv2-scalar-output-spec")
 @pytest.mark.parametrize("layout", DATA_LAYOUTS)
 def test_fsdpv2_scalar_output_on_layout(spmd, layout: str) -> None:
-    result = spmd.run(body_fsdpv2_scalar_output, steps=costs.METERED_STEPS, layout=layout, fresh=True)
+    result = spmd.run(body_fsdpv2_scalar_output, steps=costs.metered_steps(spmd.tier), layout=layout, fresh=True)
     assert result.values["output_rank"] == 0
     assert is_replicated(result.shardings["output"]), result.shardings["output"]
     _check_fsdpv2_params(result, layout)

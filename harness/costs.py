@@ -603,7 +603,23 @@ def _comparable_graph(graph: Mapping[str, Any]) -> dict[str, Any]:
 # native memory needs two).
 # docs/costs.md#leaks-and-windows: a loop needs warm-up + 3 steps, and k+1 for a window of k.
 LEAK_STEPS = 3
-METERED_STEPS = DEFAULT_WARMUP + LEAK_STEPS  # what the library's own metered loops run
+METERED_STEPS = DEFAULT_WARMUP + LEAK_STEPS  # what the library's own metered loops run in the PR tier
+# The nightly tier's metered loops (docs/tiers.md): long enough for a slope over the judged steps to
+# tell a slow leak, or one every k-th step (k up to a third of the judged steps), from a one-off.
+NIGHTLY_METERED_STEPS = 20
+# A slope is judged over this many steps after the warm-up at least (a 20-step loop has 18).
+SLOPE_MIN_STEPS = 12
+# Native growth per step, over the judged steps and in each third of them, that a healthy loop stays
+# under: healthy 20-step loops on torch_xla 2.9.0 drift by +3.6 KiB heap and +5 KiB resident set per
+# step (docs/costs.md#slow-leaks); a numpy copy of a small model's weights kept per step reads +15 KiB.
+NATIVE_SLOPE_PER_STEP = {"heap_bytes": 8 << 10, "rss_bytes": 64 << 10}
+
+
+def metered_steps(tier: str) -> int:
+    """How many steps a metered loop runs in `tier` (spmd.tier): 5 on a PR, 20 nightly."""
+    return NIGHTLY_METERED_STEPS if tier == "nightly" else METERED_STEPS
+
+
 # Native growth a healthy loop never reaches per step after the warm-up: measured on torch_xla
 # 2.4.0 and 2.9.0 (the FSDPv2 and ViT loops: heap +0 to +27 KiB, resident set +0 to +252 KiB per
 # step); a C++ leak of a few hundred KiB per step, or MiBs of untracked objects, is above.
@@ -657,7 +673,45 @@ def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LAB
             f"{_prefix(label)}step{paired[0]}..step{paired[-1]} each left more alive than two steps before "
             f"(a leak every other step): {leak}"
         )
+        return problems
+    slow = slow_leaks(steps, warmup)
+    if slow:
+        first = max(warmup, 1)
+        problems.append(f"{_prefix(label)}step{first}..step{len(steps) - 1} (a slow leak): {'; '.join(slow)}")
     return problems
+
+
+def slow_leaks(steps: list[Mapping[str, Any]], warmup: int) -> list[str]:
+    """Native growth too slow for the per-step rule, seen over a long loop (SLOPE_MIN_STEPS judged
+    steps, the nightly tier's): a figure whose least-squares slope over the judged steps, and whose
+    growth over each third of them, reach NATIVE_SLOPE_PER_STEP. A one-off grows one third; a leak
+    every k-th step (k up to a third of the judged steps) grows all three."""
+    first = max(warmup, 1)
+    lives = [step.get("live") or {} for step in steps[first - 1 :]]
+    if len(lives) - 1 < SLOPE_MIN_STEPS:
+        return []
+    found = []
+    for field, floor in NATIVE_SLOPE_PER_STEP.items():
+        if not all(field in live for live in lives):
+            continue
+        values = [live[field] for live in lives]
+        n = len(values)
+        cuts = [0, (n - 1) // 3, 2 * (n - 1) // 3, n - 1]
+        thirds = [values[b] - values[a] for a, b in zip(cuts, cuts[1:])]
+        mean_x, mean_y = (n - 1) / 2, sum(values) / n
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(values)) / sum(
+            (x - mean_x) ** 2 for x in range(n)
+        )
+        if slope >= floor and all(grew >= floor * (b - a) for grew, a, b in zip(thirds, cuts, cuts[1:])):
+            found.append(
+                f"{NATIVE_NAMES[field]} {_signed(int(slope))} per step over {n - 1} steps (least-squares slope; "
+                f"{', '.join(_signed(t) for t in thirds)} over each third of them; {kib(values[0])} -> "
+                f"{kib(values[-1])}; a healthy loop stays under +{kib(floor)} per step)"
+            )
+    if found:
+        tracked = next((s.get("native_stacks") for s in reversed(steps) if s.get("native_stacks")), None)
+        found += list(tracked or [])
+    return found
 
 
 def _leak(steps: list[Mapping[str, Any]], judged: list[int], gap: int = 1) -> str | None:
@@ -843,15 +897,19 @@ def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str
     # once, on the first step it fails on; where either side has no listing, the bytes alone.
     buffers_a, buffers_b = expected.get("buffers"), observed.get("buffers")
     explain = new_buffers(buffers_a, buffers_b) if buffers_a is not None and buffers_b is not None else ""
+    # A loop longer than the baseline's (the nightly tier's 20 steps against a baseline of the PR
+    # tier's 5) compares each step after the baseline's last with that last step: steps after the
+    # warm-up run the same cached graph and leave the same alive, so each must read as it did.
+    longer = len(after_steps) > len(before_steps) > (warmup_a if warmup_a is not None else DEFAULT_WARMUP)
     for index in range(max(len(before_steps), len(after_steps))):
-        if index >= len(before_steps) or index >= len(after_steps):
+        if index >= len(after_steps) or (index >= len(before_steps) and not longer):
             changes.append(
                 CostChange(
                     f"{prefix}step{index}", "not run in the baseline" if index >= len(before_steps) else "no longer run"
                 )
             )
             continue
-        a, b = before_steps[index], after_steps[index]
+        a, b = before_steps[min(index, len(before_steps) - 1)], after_steps[index]
         parts = _Parts()
         for k in STEP_FIELDS:
             if k != "cache_hits" and a.get(k) != b.get(k):

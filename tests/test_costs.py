@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import typing
 
 import pytest
 
@@ -504,3 +505,73 @@ def test_a_byte_move_every_step_shows_alike_is_one_listed_line_for_the_run_of_st
     padded["steps"][3]["live"]["step_peak_bytes"] += 16  # step3 moved otherwise: the run is cut there
     padded["steps"][4]["live"]["tensors"] = 5  # a count: fails, its own line
     assert [str(c).split(":")[0] for c in costs.compare(base, padded)] == ["step0..step2", "step3", "step4", "step4"]
+
+
+# Heap growth per step (KiB) of 20-step loops on torch_xla 2.9.0 (tests/test_memory.py's loop, 4 CPU
+# devices): healthy; a numpy copy of the weights kept each step; the same kept on every other step.
+HEALTHY_HEAP_KIB = [
+    1240.2,
+    16.9,
+    6.5,
+    14.7,
+    3.4,
+    -1.8,
+    7.2,
+    0.5,
+    8.0,
+    3.2,
+    2.6,
+    6.5,
+    9.2,
+    -5.6,
+    7.0,
+    0.4,
+    10.7,
+    -9.5,
+    6.9,
+]
+NUMPY_HEAP_KIB = [1039.2, 84.3, 32.0, 30.3, 30.3, 18.2, 29.0, 18.8, 20.9, 0.1, 15.6, -4.0, 10.1, 23.3, 7.4, -0.6, 6.9]
+NUMPY_HEAP_KIB += [5.3, 20.4]
+EVERY_OTHER_HEAP_KIB = [1037.1, 42.8, 24.1, 68.3, 34.8, 19.9, 14.4, -0.6, 48.3, 11.6, 17.6, 1.4, 14.6, 10.6, 14.3]
+EVERY_OTHER_HEAP_KIB += [12.6, 16.8, -1.8, 15.8]
+
+
+def _native_loop(deltas_kib: list[float]) -> dict[str, typing.Any]:
+    heap, steps = 170 << 20, [{"compiles": 0, "executions": 1, "graphs": [], "live": {"heap_bytes": 170 << 20}}]
+    for delta in deltas_kib:
+        heap += int(delta * 1024)
+        steps.append({"compiles": 0, "executions": 1, "graphs": [], "live": {"heap_bytes": heap}})
+    return {"warmup": 2, "steps": steps, "graphs": {}, "memory": {}}
+
+
+def test_a_slope_over_twenty_steps_tells_a_slow_leak_and_one_every_kth_step_from_a_one_off():
+    assert costs.steady_state_problems(_native_loop(HEALTHY_HEAP_KIB)) == []
+    (numpy,) = costs.steady_state_problems(_native_loop(NUMPY_HEAP_KIB))
+    assert (
+        numpy.startswith("step2..step19 (a slow leak): native heap (malloc in use) +1")
+        and "per step over 18 steps" in numpy
+    )
+    # 40 KiB every other step and every 5th step, on top of the healthy loop's own drift
+    for k in (2, 5):
+        deltas = [d + (40 if i >= 2 and i % k == 0 else 0) for i, d in enumerate(HEALTHY_HEAP_KIB)]
+        (leak,) = costs.steady_state_problems(_native_loop(deltas))
+        assert "(a slow leak): native heap" in leak, (k, leak)
+    # a one-off of 2 MiB on step 10: the slope is high, but one third grew
+    one_off = [d + (2048 if i == 9 else 0) for i, d in enumerate(HEALTHY_HEAP_KIB)]
+    assert costs.steady_state_problems(_native_loop(one_off)) == []
+    # a 5-step loop (the PR tier) has no slope judged: 10 KiB per step passes there
+    assert costs.slow_leaks(_native_loop([1000, 10, 10, 10])["steps"], 2) == []
+    assert costs.metered_steps("nightly") == 20 and costs.metered_steps("pr") == 5
+
+
+def test_a_loop_longer_than_the_baselines_compares_its_extra_steps_with_the_baselines_last():
+    five = _native_loop([0, 0, 0, 0])
+    for step in five["steps"]:
+        step["live"] = {"tensors": 3, "bytes_per_device": 12}
+    twenty = {**five, "steps": [dict(five["steps"][-1]) for _ in range(20)]}
+    assert costs.compare(five, twenty) == []
+    twenty["steps"][17] = {**twenty["steps"][17], "live": {"tensors": 4, "bytes_per_device": 16}}
+    assert [str(c) for c in costs.compare(five, twenty)] == [
+        "step17: live after step: 3 -> 4 tensors (+4 B per device)"
+    ]
+    assert [str(c) for c in costs.compare(twenty, five)][0] == "step5: no longer run"
