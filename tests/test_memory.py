@@ -104,7 +104,8 @@ def body_loop(ctx, mode, copies, steps=3, hold_before=False, native_kib=0, hidde
                 old_container.append(np.full(65536, float(step)))
             xla.sync()
     # memray is imported only to name the stacks of a loop that grows natively
-    assert mode not in ("healthy", "window") or "memray" not in sys.modules, "a healthy loop loaded memray"
+    # (one with LEAK_NATIVE_KIB is not healthy: a step of its leak and the noise can reach the threshold)
+    assert mode not in ("healthy", "window") or native_kib or "memray" not in sys.modules, "a healthy loop loaded memray"
 
 
 @pytest.mark.parametrize("mode", ["healthy", "keep_tensor", "keep_host", "reset"])
