@@ -458,12 +458,12 @@ def _check_step(step: Any, where: str) -> None:
             raise CostReadError(f"{where}: {name} is {shown(step.get(name))}, not a whole number")
     if not isinstance(step.get("graphs", []), list) or not all(isinstance(g, str) for g in step.get("graphs", [])):
         raise CostReadError(f"{where}: graphs must be a list of graph names")
-    for lines in ("differs", "kept", "native_stacks"):
+    for lines in ("differs", "kept", "native_stacks", "native_leaks"):
         if not isinstance(step.get(lines, []), list) or not all(isinstance(d, str) for d in step.get(lines, [])):
             raise CostReadError(f"{where}: {lines} must be a list of lines")
     if "live" in step:
         _check_counts(step["live"], LIVE_FIELDS, f"{where}: live")
-    unknown = sorted(set(step) - {*STEP_FIELDS, "graphs", "differs", "kept", "native_stacks", "live"})
+    unknown = sorted(set(step) - {*STEP_FIELDS, "graphs", "differs", "kept", "native_stacks", "native_leaks", "live"})
     if unknown:
         raise CostReadError(f"{where}: unknown key {unknown[0]!r}")
 
@@ -652,6 +652,14 @@ def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LAB
             f"gradient accumulation over k steps whose optimizer makes its state on step k-1, give the meter a "
             f"warm-up that covers them, StepMeter(ctx, warmup=...), and LEAK_STEPS={LEAK_STEPS} steps after it)"
         )
+    # The nightly tier's stack judge (harness.nativestacks.WindowTrace): a stack that held more blocks
+    # after each step it watched, named with its bytes per step.
+    problems += [
+        f"{_prefix(label)}{line}"
+        for step in steps
+        for line in step.get("native_leaks", [])
+        if line.startswith("native stack holding more blocks")
+    ]
     judged = list(range(max(warmup, 1), len(steps)))[-LEAK_STEPS:]
     leak = _leak(steps, judged) if judged else None
     if leak:

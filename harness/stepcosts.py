@@ -134,6 +134,11 @@ class StepMeter:
         # What memray's import, start, stop and reading left in the heap and the resident set (its
         # library, its tables): taken out of the native figures of the tracked step and every later one.
         self.native_offset: collections.Counter[str] = collections.Counter()
+        # The stack judge of a long loop (the nightly tier's): steps WINDOW_FIRST.. under memray, every
+        # allocation recorded; the native growth of the step before it, which each of its steps counts
+        # as at most (what memray's own tables add is not the loop's).
+        self.window: nativestacks.WindowTrace | None = None
+        self.window_reference: dict[str, int] = {}
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -160,12 +165,15 @@ class StepMeter:
         trace = self.suspect_leak and not creationsites.dynamo_in_use()
         self.made_before, self.sites = self.sites, creationsites.recorder() if trace else None
         native = self._native_trace(index)  # last: what the meter does before the step is not tracked
+        self._window_start(index)
         try:
             with self.sites if self.sites is not None else contextlib.nullcontext():
                 yield
         except BaseException:
             if native is not None:
                 native.close_after_error()
+            if self.window is not None:
+                self.window.close()
             raise
         finally:
             if previous_name is not None:
@@ -177,7 +185,9 @@ class StepMeter:
         entry = {name: after[name] - before[name] for name in costs.STEP_FIELDS}
         entry["graphs"] = self._read_graphs(index, entry)
         self._record_alive(index, entry)
+        self._window_clamp(entry)
         self._name_native_stacks(native, entry)
+        self._window_after(index, entry)
         self.signature["steps"].append(entry)
         self.signature["memory"] = self._memory()
 
@@ -186,7 +196,7 @@ class StepMeter:
     def _native_trace(self, index: int) -> nativestacks.StepTrace | None:
         """memray's tracker for this step, started, where the step before grew natively and no
         step was tracked yet; None otherwise (a healthy loop never imports memray)."""
-        if not self.suspect_native or self.native_stacks is not None:
+        if not self.suspect_native or self.native_stacks is not None or self.window is not None:
             return None
         trace = nativestacks.StepTrace(index)
         with self._not_the_loops():
@@ -196,6 +206,49 @@ class StepMeter:
             self.native_stacks = [f"native stacks not named: {why_not}"]
             return None
         return trace
+
+    def _window_start(self, index: int) -> None:
+        """At step WINDOW_FIRST of a loop that reaches it: memray's tracker over the next WINDOW_STEPS."""
+        if index != nativestacks.WINDOW_FIRST or self.native_own and self.native_stacks is None:
+            return
+        steps = self.signature["steps"]
+        last, before = steps[-1].get("live", {}), steps[-2].get("live", {})
+        self.window_reference = {f: last[f] - before[f] for f in costs.NATIVE_FIELDS if f in last and f in before}
+        window = nativestacks.WindowTrace(index)
+        with self._not_the_loops():
+            why_not = window.start()
+        self.native_own += [window, *window.made]
+        if why_not is None:
+            self.window = window
+            weakref.finalize(self, window.close)  # a loop that ends inside the window: tracking stops
+        else:
+            self.signature["steps"][-1].setdefault("native_leaks", []).append(f"native stacks not judged: {why_not}")
+
+    def _window_clamp(self, entry: dict[str, Any]) -> None:
+        """A step of the window counts as growing natively by at most the step before the window did:
+        memray's tables, grown while it records every allocation, are not the loop's (its stacks judge
+        the window's steps)."""
+        if self.window is None:
+            return
+        last, now = self.signature["steps"][-1].get("live", {}), entry["live"]
+        for field, reference in self.window_reference.items():
+            if field in now and field in last:
+                excess = (now[field] - last[field]) - max(reference, 0)
+                if excess > 0:
+                    now[field] -= excess
+                    self.native_offset[field] += excess
+
+    def _window_after(self, index: int, entry: dict[str, Any]) -> None:
+        """A step of the window ended: a boundary noted, and after the last the stacks judged."""
+        window = self.window
+        if window is None:
+            return
+        with self._not_the_loops():
+            window.mark()
+            if index < window.first + nativestacks.WINDOW_STEPS - 1:
+                return
+            self.window = None
+            entry["native_leaks"] = window.read()
 
     def _name_native_stacks(self, native: nativestacks.StepTrace | None, entry: dict[str, Any]) -> None:
         steps = self.signature["steps"]

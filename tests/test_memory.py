@@ -100,12 +100,21 @@ def body_loop(ctx, mode, copies, steps=3, hold_before=False, native_kib=0, hidde
                 old_container.append(np.array([p.detach().cpu().numpy() for p in model.parameters()], dtype=object))
             if mode == "outside":  # the tensor made before the meter holds 128Ki floats more each step
                 held.data = torch.cat([held.data.cpu(), torch.randn(131072)]).to(xla.device())
+            if mode == "numpy_copy":  # a numpy copy of the weights kept each step (25 KiB with hidden=256)
+                old_container.extend(np.array(p.detach().cpu().numpy()) for p in model.parameters())
+            if mode == "every_other":  # the copy made every step, kept on every other
+                copies_made = [np.array(p.detach().cpu().numpy()) for p in model.parameters()]
+                if step % 2:
+                    old_container.extend(copies_made)
+                del copies_made
             if mode == "numpy":  # 512 KiB of numpy data per step, kept by a list made before the meter
                 old_container.append(np.full(65536, float(step)))
             xla.sync()
     # memray is imported only to name the stacks of a loop that grows natively
-    # (one with LEAK_NATIVE_KIB is not healthy: a step of its leak and the noise can reach the threshold)
-    assert mode not in ("healthy", "window") or native_kib or "memray" not in sys.modules, "a healthy loop loaded memray"
+    # (one with LEAK_NATIVE_KIB is not healthy: a step of its leak and the noise can reach the threshold;
+    # a loop of the nightly tier's length runs steps 12-15 under memray, the stack judge)
+    healthy = mode in ("healthy", "window") and not native_kib and steps <= 12
+    assert not healthy or "memray" not in sys.modules, "a healthy loop loaded memray"
 
 
 @pytest.mark.parametrize("mode", ["healthy", "keep_tensor", "keep_host", "reset"])
@@ -126,6 +135,13 @@ def test_loop(spmd, mode):
 def test_long_loop(spmd, mode):
     native_kib = int(os.environ.get("LEAK_NATIVE_KIB", "0"))
     spmd.run(body_loop, mode=mode, copies=1, steps=6, native_kib=native_kib, fresh=True)
+
+
+@pytest.mark.parametrize("mode", ["healthy", "numpy_copy", "every_other"])
+def test_tier_loop(spmd, mode):
+    from harness import costs
+
+    spmd.run(body_loop, mode=mode, copies=1, steps=costs.metered_steps(spmd.tier), hidden=256, fresh=True)
 
 
 def test_numpy_kept(spmd):
@@ -305,6 +321,35 @@ def test_more_native_growth_per_step_than_the_base_run_fails_under_the_absolute_
         [
             "differs: test_loop.py::test_long_loop[[]healthy[]]: base 2.9* -> this build 2.9*: native: native heap "
             "(malloc in use) +* KiB per step, base run +* per step (more than +32 KiB over the base on each judged step)"
+        ]
+    )
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("memray") is None, reason="memray is not installed (scripts/setup.sh installs it)"
+)
+def test_the_nightly_tier_fails_a_numpy_copy_per_step_by_its_stack_and_a_leak_every_other_step_by_its_slope(suite):
+    # the PR tier's 5 steps: 25 KiB a step is under its 64 KiB threshold, and no slope is judged
+    suite("-rA", "-k", "tier_loop").assert_outcomes(passed=3)
+    result = suite("-rA", "-k", "tier_loop", "--spmd-tier=nightly")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(["PASSED test_loop.py::test_tier_loop[[]healthy[]]"])
+    made_at = LOOP_CASE.splitlines().index(
+        "                old_container.extend(np.array(p.detach().cpu().numpy()) for p in model.parameters())"
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "FAILED test_loop.py::test_tier_loop[[]numpy_copy[]]*"
+            + lit("native stack holding more blocks after each of step12..step15 (memray): +25 KiB per step in ")
+            + "* blocks at *PyDataMem_UserNEW*"
+            + lit(f"< <genexpr> (test_loop.py:{made_at})")
+            + "*"
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "FAILED test_loop.py::test_tier_loop[[]every_other[]]*step2..step19 (a slow leak): native heap (malloc in "
+            "use) +* KiB per step over 18 steps (least-squares slope; *"
         ]
     )
 
