@@ -209,7 +209,8 @@ class StepMeter:
 
     def _window_start(self, index: int) -> None:
         """At step WINDOW_FIRST of a loop that reaches it: memray's tracker over the next WINDOW_STEPS."""
-        if index != nativestacks.WINDOW_FIRST or self.native_own and self.native_stacks is None:
+        tracking_one_step = bool(self.native_own) and self.native_stacks is None  # memray tracks this step already
+        if index != nativestacks.WINDOW_FIRST or tracking_one_step:
             return
         steps = self.signature["steps"]
         last, before = steps[-1].get("live", {}), steps[-2].get("live", {})
