@@ -395,7 +395,10 @@ def train_next_to_reference(ctx, model, reference, x, x_xla, steps: int, record_
 def test_per_parameter_distribute_tensor_workaround(spmd, functionalization: bool) -> None:
     # The warm-up, then 3 steps judged for leaks (docs/costs.md).
     result = spmd.run(
-        body_per_parameter_workaround, functionalization=functionalization, steps=costs.METERED_STEPS, fresh=True
+        body_per_parameter_workaround,
+        functionalization=functionalization,
+        steps=costs.metered_steps(spmd.tier),
+        fresh=True,
     )  # a cost-measured loop: no graph cached by an earlier case
     expected = expected_param_specs(mesh_size(spmd))
     for name, spec in expected.items():

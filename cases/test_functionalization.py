@@ -234,11 +234,12 @@ def train_next_to_cpu(ctx, mesh, n: int, steps: int, lr: float, layout=None) -> 
 
 @pytest.mark.parametrize("functionalization", modes(bug_when_off="fsdpv2-vit-step-has-sharding"))
 def test_fsdpv2_vit_train_steps_match_cpu(spmd, functionalization: bool) -> None:
+    steps = costs.metered_steps(spmd.tier)  # 5 on a PR, 20 nightly (docs/tiers.md)
     result = spmd.run(
-        body_fsdpv2_vit_train, functionalization=functionalization, steps=TRAIN_STEPS, lr=LEARNING_RATE, fresh=True
+        body_fsdpv2_vit_train, functionalization=functionalization, steps=steps, lr=LEARNING_RATE, fresh=True
     )  # a cost-measured loop: no graph cached by an earlier case
     losses = result.values["losses"]
-    assert len(losses) == TRAIN_STEPS, f"expected {TRAIN_STEPS} losses, got {losses}"
+    assert len(losses) == steps, f"expected {steps} losses, got {losses}"
     # Both modes are held to the same CPU reference, so they also agree with each other.
     check_losses(losses, result.values["cpu_losses"])
 

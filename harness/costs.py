@@ -88,8 +88,12 @@ STEP_FIELDS = ("compiles", "cache_hits", "executions")
 # heap_bytes and rss_bytes: what the process holds natively (harness.nativememory), judged by growth only.
 # footprint_bytes: every XLA tensor Python holds after the step, the ones made before the loop too
 # (parameters, tensors made at wrap or load time), on the device holding most; baselined (the band).
-# step_peak_bytes: the step's peak as the device holds it, footprint_bytes plus the temp of the step's
-# graph (XLA's buffer assignment); baselined (the band).
+# held_peak_bytes: the step's peak as the device holds it: the step program's arguments, outputs that
+# reuse no argument and temp (XLA's buffer assignment), plus the other buffers alive beside its
+# arguments; baselined (the band). donated_bytes: the arguments it donates (their outputs reuse their
+# buffers), baselined to say why a peak grew. step_peak_bytes: the footprint plus the temp, what
+# records before held_peak_bytes carry (read, no longer written: it pointed the wrong way when a build
+# stopped donating).
 LIVE_FIELDS = (
     "tensors",
     "bytes_per_device",
@@ -98,11 +102,21 @@ LIVE_FIELDS = (
     "rss_bytes",
     "footprint_bytes",
     "step_peak_bytes",
+    "held_peak_bytes",
+    "donated_bytes",
 )
-BASELINED_LIVE_FIELDS = ("tensors", "bytes_per_device", "footprint_bytes", "step_peak_bytes")
+BASELINED_LIVE_FIELDS = (
+    "tensors",
+    "bytes_per_device",
+    "footprint_bytes",
+    "step_peak_bytes",
+    "held_peak_bytes",
+    "donated_bytes",
+)
+HELD_PEAK_NAME = "step peak (program's arguments + outputs + temp, and other live buffers)"
 NATIVE_FIELDS = ("heap_bytes", "rss_bytes")
 # A compiled step graph's memory per device, from XLA's buffer assignment of the partitioned module.
-GRAPH_MEMORY_FIELDS = ("arguments", "outputs", "temp", "peak")
+GRAPH_MEMORY_FIELDS = ("arguments", "outputs", "temp", "donated", "peak")
 
 _ARRAY_SHAPE = re.compile(r"(?P<type>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\]")
 
@@ -234,30 +248,97 @@ _PEAK_SECTION = re.compile(r"^\s*Live ranges at \d+ \(peak\):\n(?P<body>(?:[ \t]
 _PEAK_BUFFER = re.compile(r"^[ \t]+\S+: (\d+) bytes(?: \(cumulative: \d+ bytes\))?$", re.MULTILINE)
 
 
-def buffer_memory(text: str, where: str = "the buffer assignment") -> dict[str, int]:
+_TOTAL_BYTES = re.compile(r"^Total bytes used: (\d+)", re.MULTILINE)
+# A parameter allocation: `allocation 1: size 512, parameter 3, shape |f32[8,16]| at ShapeIndex {}`.
+_PARAMETER_ALLOCATION = re.compile(
+    r", parameter (?P<number>\d+), shape \|[^|]*\| at ShapeIndex \{(?P<index>[\d,\s]*)\}"
+)
+
+
+def buffer_memory(
+    text: str, where: str = "the buffer assignment", donated: frozenset[tuple[int, str]] = frozenset()
+) -> dict[str, int]:
     """A partitioned module's memory on one device, from XLA's `*-buffer-assignment.txt`:
-    arguments (entry parameters), outputs (buffers that may live out, and the output tuple),
-    temp (everything else XLA allocates: preallocated temp, scratch; not constants or
-    thread-local scalars) and, where XLA printed its live ranges, peak (bytes live at once)."""
-    totals = dict.fromkeys(("arguments", "outputs", "temp"), 0)
-    found = False
+    arguments (entry parameters), outputs (buffers that may live out, and the output tuple, but
+    those that reuse a parameter's buffer), temp (everything else XLA allocates: preallocated
+    temp, scratch; not constants or thread-local scalars), donated (the arguments in `donated`,
+    (parameter number, shape index) pairs the module aliases to its outputs or takes as donors:
+    module_donations) and, where XLA printed its live ranges, peak (bytes live at once).
+
+    Checked against XLA's own figure: the allocations read must add up to the file's
+    `Total bytes used`, or the file was misread and CostReadError says so."""
+    totals = dict.fromkeys(("arguments", "outputs", "temp", "donated"), 0)
+    found = everything = 0
     for match in _ALLOCATION.finditer(text):
-        found = True
+        found += 1
         size, kinds = int(match.group("size")), match.group("kinds")
-        if ", parameter " in kinds:
+        everything += size
+        parameter = _PARAMETER_ALLOCATION.search(kinds)
+        if parameter:
             totals["arguments"] += size
+            if (int(parameter.group("number")), _shape_index(parameter.group("index"))) in donated:
+                totals["donated"] += size
         elif "maybe-live-out" in kinds or "output shape is" in kinds:
             totals["outputs"] += size
         elif "constant" not in kinds and "thread-local" not in kinds:
             totals["temp"] += size
     if not found:
         raise CostReadError(f"{where}: no 'allocation N: size S' line; not an XLA buffer assignment")
+    total = _TOTAL_BYTES.search(text)
+    if total and int(total.group(1)) != everything:
+        raise CostReadError(
+            f"{where}: its allocations add up to {everything} bytes, XLA's own 'Total bytes used' says "
+            f"{total.group(1)}: the file was misread (a format this harness does not know)"
+        )
     peak = _PEAK_SECTION.search(text)
     live_at_peak = _PEAK_BUFFER.findall(peak.group("body")) if peak else []
     if live_at_peak:
         # The sum of the buffers listed, which is the last running total where XLA prints one.
         totals["peak"] = sum(int(size) for size in live_at_peak)
     return totals
+
+
+def program_bytes(memory: Mapping[str, int]) -> int:
+    """What a step program holds on one device while it runs, as XLA's buffer assignment places it:
+    its arguments (the donated ones share their buffer with the output that reuses it), the
+    outputs that reuse no argument, and its temp. A build that stops donating keeps the arguments
+    and adds their outputs' buffers: this grows by what was donated (jax's memory_analysis():
+    argument + output - alias + temp)."""
+    return memory.get("arguments", 0) + memory.get("outputs", 0) + memory.get("temp", 0)
+
+
+def _shape_index(text: str) -> str:
+    return ",".join(part.strip() for part in text.split(",") if part.strip())
+
+
+_DONATION_ATTRIBUTES = ("input_output_alias={", "buffer_donor={")
+# In either attribute, a parameter is named as `(number, {shape index}`: `{1}: (3, {}, may-alias)`, `(0, {})`.
+_DONATED_PARAMETER = re.compile(r"\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}")
+
+
+def module_donations(hlo: str, where: str = "the partitioned module") -> frozenset[tuple[int, str]]:
+    """The (parameter number, shape index) pairs a module gives up to its outputs, from its header's
+    `input_output_alias={ {1}: (3, {}, may-alias) }` and `buffer_donor={ (0, {}) }`: the arguments
+    whose buffers the step reuses (torch_xla donates parameters and optimizer state; with
+    XLA_ENABLE_PARAM_ALIASING=0 the header has neither and every argument stays alive)."""
+    header = hlo[: hlo.find("\n")] if "\n" in hlo else hlo
+    if not header.startswith("HloModule"):
+        raise CostReadError(f"{where}: its first line is not an 'HloModule' header")
+    donated = set()
+    for attribute in _DONATION_ATTRIBUTES:
+        start = header.find(attribute)
+        if start < 0:
+            continue
+        body, depth = "", 0
+        for char in header[start + len(attribute) - 1 :]:
+            depth += (char == "{") - (char == "}")
+            body += char
+            if depth == 0:
+                break
+        if depth:
+            raise CostReadError(f"{where}: {attribute}...}} is not closed on the module's header line")
+        donated |= {(int(n), _shape_index(i)) for n, i in _DONATED_PARAMETER.findall(body)}
+    return frozenset(donated)
 
 
 def read_module(text: str, where: str) -> HloModule:
@@ -377,12 +458,12 @@ def _check_step(step: Any, where: str) -> None:
             raise CostReadError(f"{where}: {name} is {shown(step.get(name))}, not a whole number")
     if not isinstance(step.get("graphs", []), list) or not all(isinstance(g, str) for g in step.get("graphs", [])):
         raise CostReadError(f"{where}: graphs must be a list of graph names")
-    for lines in ("differs", "kept", "native_stacks"):
+    for lines in ("differs", "kept", "native_stacks", "native_leaks"):
         if not isinstance(step.get(lines, []), list) or not all(isinstance(d, str) for d in step.get(lines, [])):
             raise CostReadError(f"{where}: {lines} must be a list of lines")
     if "live" in step:
         _check_counts(step["live"], LIVE_FIELDS, f"{where}: live")
-    unknown = sorted(set(step) - {*STEP_FIELDS, "graphs", "differs", "kept", "native_stacks", "live"})
+    unknown = sorted(set(step) - {*STEP_FIELDS, "graphs", "differs", "kept", "native_stacks", "native_leaks", "live"})
     if unknown:
         raise CostReadError(f"{where}: unknown key {unknown[0]!r}")
 
@@ -522,15 +603,32 @@ def _comparable_graph(graph: Mapping[str, Any]) -> dict[str, Any]:
 # native memory needs two).
 # docs/costs.md#leaks-and-windows: a loop needs warm-up + 3 steps, and k+1 for a window of k.
 LEAK_STEPS = 3
-METERED_STEPS = DEFAULT_WARMUP + LEAK_STEPS  # what the library's own metered loops run
+METERED_STEPS = DEFAULT_WARMUP + LEAK_STEPS  # what the library's own metered loops run in the PR tier
+# The nightly tier's metered loops (docs/tiers.md): long enough for a slope over the judged steps to
+# tell a slow leak, or one every k-th step (k up to a third of the judged steps), from a one-off.
+NIGHTLY_METERED_STEPS = 20
+# A slope is judged over this many steps after the warm-up at least (a 20-step loop has 18).
+SLOPE_MIN_STEPS = 12
+# Native growth per step, over the judged steps and in each third of them, that a healthy loop stays
+# under: healthy 20-step loops on torch_xla 2.9.0 drift by +3.6 KiB heap and +5 KiB resident set per
+# step (docs/costs.md#slow-leaks); a numpy copy of a small model's weights kept per step reads +15 KiB.
+NATIVE_SLOPE_PER_STEP = {"heap_bytes": 8 << 10, "rss_bytes": 64 << 10}
+
+
+def metered_steps(tier: str) -> int:
+    """How many steps a metered loop runs in `tier` (spmd.tier): 5 on a PR, 20 nightly."""
+    return NIGHTLY_METERED_STEPS if tier == "nightly" else METERED_STEPS
+
+
 # Native growth a healthy loop never reaches per step after the warm-up: measured on torch_xla
-# 2.4.0 and 2.9.0 (the FSDPv2 and ViT loops: heap +0 to +27 KiB, resident set +0 to +252 KiB per
-# step); a C++ leak of a few hundred KiB per step, or MiBs of untracked objects, is above.
-NATIVE_GROWTH_PER_STEP = {"heap_bytes": 128 << 10, "rss_bytes": 1 << 20}
+# 2.4.0, 2.6.0 and 2.9.0 (the FSDPv2 and ViT loops: heap -10 to +27 KiB, resident set +0 to +252 KiB
+# per step; 20-step loops: heap at most +17.8 KiB a step); a C++ leak of 64 KiB or more per step, or
+# MiBs of untracked objects, is above. (Slower leaks: the nightly tier's slope, slow_leaks.)
+NATIVE_GROWTH_PER_STEP = {"heap_bytes": 64 << 10, "rss_bytes": 1 << 20}
 NATIVE_NAMES = {"heap_bytes": "native heap (malloc in use)", "rss_bytes": "resident set"}
 # More native growth per step than the base run: a finding when this build's growth on every judged
-# step exceeds the base's by more than half the absolute threshold (64 KiB heap, 512 KiB resident set),
-# above the step-to-step noise of healthy loops (heap +0 to +27 KiB, resident set +0 to +252 KiB).
+# step exceeds the base's by more than half the absolute threshold (32 KiB heap, 512 KiB resident set),
+# above the least growth of a healthy loop's judged steps (heap +0 to +10 KiB, resident set +0 to +252 KiB).
 NATIVE_MARGIN_OVER_BASE = {field: floor // 2 for field, floor in NATIVE_GROWTH_PER_STEP.items()}
 
 
@@ -554,6 +652,14 @@ def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LAB
             f"gradient accumulation over k steps whose optimizer makes its state on step k-1, give the meter a "
             f"warm-up that covers them, StepMeter(ctx, warmup=...), and LEAK_STEPS={LEAK_STEPS} steps after it)"
         )
+    # The nightly tier's stack judge (harness.nativestacks.WindowTrace): a stack that held more blocks
+    # after each step it watched, named with its bytes per step.
+    problems += [
+        f"{_prefix(label)}{line}"
+        for step in steps
+        for line in step.get("native_leaks", [])
+        if line.startswith("native stack holding more blocks")
+    ]
     judged = list(range(max(warmup, 1), len(steps)))[-LEAK_STEPS:]
     leak = _leak(steps, judged) if judged else None
     if leak:
@@ -576,7 +682,45 @@ def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LAB
             f"{_prefix(label)}step{paired[0]}..step{paired[-1]} each left more alive than two steps before "
             f"(a leak every other step): {leak}"
         )
+        return problems
+    slow = slow_leaks(steps, warmup)
+    if slow:
+        first = max(warmup, 1)
+        problems.append(f"{_prefix(label)}step{first}..step{len(steps) - 1} (a slow leak): {'; '.join(slow)}")
     return problems
+
+
+def slow_leaks(steps: list[Mapping[str, Any]], warmup: int) -> list[str]:
+    """Native growth too slow for the per-step rule, seen over a long loop (SLOPE_MIN_STEPS judged
+    steps, the nightly tier's): a figure whose least-squares slope over the judged steps, and whose
+    growth over each third of them, reach NATIVE_SLOPE_PER_STEP. A one-off grows one third; a leak
+    every k-th step (k up to a third of the judged steps) grows all three."""
+    first = max(warmup, 1)
+    lives = [step.get("live") or {} for step in steps[first - 1 :]]
+    if len(lives) - 1 < SLOPE_MIN_STEPS:
+        return []
+    found = []
+    for field, floor in NATIVE_SLOPE_PER_STEP.items():
+        if not all(field in live for live in lives):
+            continue
+        values = [live[field] for live in lives]
+        n = len(values)
+        cuts = [0, (n - 1) // 3, 2 * (n - 1) // 3, n - 1]
+        thirds = [values[b] - values[a] for a, b in zip(cuts, cuts[1:])]
+        mean_x, mean_y = (n - 1) / 2, sum(values) / n
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(values)) / sum(
+            (x - mean_x) ** 2 for x in range(n)
+        )
+        if slope >= floor and all(grew >= floor * (b - a) for grew, a, b in zip(thirds, cuts, cuts[1:])):
+            found.append(
+                f"{NATIVE_NAMES[field]} {_signed(int(slope))} per step over {n - 1} steps (least-squares slope; "
+                f"{', '.join(_signed(t) for t in thirds)} over each third of them; {kib(values[0])} -> "
+                f"{kib(values[-1])}; a healthy loop stays under +{kib(floor)} per step)"
+            )
+    if found:
+        tracked = next((s.get("native_stacks") for s in reversed(steps) if s.get("native_stacks")), None)
+        found += list(tracked or [])
+    return found
 
 
 def _leak(steps: list[Mapping[str, Any]], judged: list[int], gap: int = 1) -> str | None:
@@ -762,15 +906,19 @@ def compare(expected: Mapping[str, Any], observed: Mapping[str, Any], label: str
     # once, on the first step it fails on; where either side has no listing, the bytes alone.
     buffers_a, buffers_b = expected.get("buffers"), observed.get("buffers")
     explain = new_buffers(buffers_a, buffers_b) if buffers_a is not None and buffers_b is not None else ""
+    # A loop longer than the baseline's (the nightly tier's 20 steps against a baseline of the PR
+    # tier's 5) compares each step after the baseline's last with that last step: steps after the
+    # warm-up run the same cached graph and leave the same alive, so each must read as it did.
+    longer = len(after_steps) > len(before_steps) > (warmup_a if warmup_a is not None else DEFAULT_WARMUP)
     for index in range(max(len(before_steps), len(after_steps))):
-        if index >= len(before_steps) or index >= len(after_steps):
+        if index >= len(after_steps) or (index >= len(before_steps) and not longer):
             changes.append(
                 CostChange(
                     f"{prefix}step{index}", "not run in the baseline" if index >= len(before_steps) else "no longer run"
                 )
             )
             continue
-        a, b = before_steps[index], after_steps[index]
+        a, b = before_steps[min(index, len(before_steps) - 1)], after_steps[index]
         parts = _Parts()
         for k in STEP_FIELDS:
             if k != "cache_hits" and a.get(k) != b.get(k):
@@ -849,11 +997,21 @@ def _live_change(before: Mapping[str, int] | None, after: Mapping[str, int] | No
         )
     elif moved:
         parts.add_bytes(f"live after step: {count_b} tensors, {_moved(bytes_a, bytes_b)} per device", bytes_a, bytes_b)
-    for field, name in (("footprint_bytes", "device footprint"), ("step_peak_bytes", "step peak (footprint + temp)")):
+    for field, name in (
+        ("footprint_bytes", "device footprint"),
+        ("step_peak_bytes", "step peak (footprint + temp)"),
+        ("held_peak_bytes", HELD_PEAK_NAME),
+    ):
         held_a, held_b = before.get(field), after.get(field)
         if held_a is None or held_b is None or held_a == held_b:  # a baseline without it: not compared
             continue
         text = f"{name} {_moved(held_a, held_b)} per device"
+        donated_a, donated_b = before.get("donated_bytes", 0), after.get("donated_bytes", 0)
+        if field == "held_peak_bytes" and donated_b < donated_a:
+            text += (
+                f" (donated {_moved(donated_a, donated_b)}: {kib(donated_a - donated_b)} of arguments no longer "
+                "aliased to outputs, so the step holds them and their outputs at once)"
+            )
         if explain and bytes_judgement(held_a, held_b) == FAILS:
             text += f" (device buffers new: {explain})"
             parts.explained, explain = True, ""
@@ -871,6 +1029,13 @@ def _memory_change(before: Mapping[str, int] | None, after: Mapping[str, int] | 
         return parts
     for k in GRAPH_MEMORY_FIELDS:
         if k in before and k in after and before[k] != after[k]:
+            if k == "donated":  # fewer arguments donated: every step holds them and their outputs at once
+                parts.add_bytes(
+                    f"donated (arguments whose buffers the outputs reuse) {_moved(before[k], after[k])} per device",
+                    after[k],
+                    before[k],
+                )
+                continue
             parts.add_bytes(f"{k} {_moved(before[k], after[k])} per device", before[k], after[k])
     return parts
 
@@ -966,7 +1131,11 @@ def held_cell(signature: Mapping[str, Any]) -> list[str]:
     parts = []
     held = [
         f"{name} {kib(live[field])}"
-        for field, name in (("footprint_bytes", "footprint"), ("step_peak_bytes", "step peak"))
+        for field, name in (
+            ("footprint_bytes", "footprint"),
+            # a record made before held_peak_bytes: its footprint + temp
+            ("held_peak_bytes" if "held_peak_bytes" in live else "step_peak_bytes", "step peak"),
+        )
         if field in live
     ]
     if held:

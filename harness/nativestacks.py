@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from typing import Any
 
 from harness.isolation import processes
@@ -141,27 +142,123 @@ class StepTrace:
             self.folder = None
 
 
+# The nightly tier's stack judge (docs/costs.md#native-leaks-by-stack): a loop that reaches step
+# WINDOW_FIRST (only the nightly tier's 20-step loops do) runs WINDOW_STEPS steps under memray's
+# tracker, every allocation recorded; a stack that holds more blocks after each of them, by
+# STACK_LEAK_PER_STEP or more a step, leaks.
+WINDOW_FIRST = 12
+WINDOW_STEPS = 4
+STACK_LEAK_PER_STEP = 4 << 10
+WINDOW_CAPTURE = "window.memray"
+# memray snapshots the process every SNAPSHOT_MS; a step boundary waits BOUNDARY_WAIT_S after it
+# notes the time, so a snapshot falls between the step's last allocation and the next step's first.
+SNAPSHOT_MS = 5
+BOUNDARY_WAIT_S = 0.02
+WINDOW_READ_TIMEOUT_S = 120.0
+
+
+class WindowTrace:
+    """memray's tracker over consecutive steps, all allocations recorded, with the time each ended."""
+
+    def __init__(self, first: int) -> None:
+        self.first = first
+        self.folder: str | None = None
+        self.tracker: Any = None
+        self.bounds: list[float] = []
+        self.made: list[Any] = []  # the Python objects memray's import and tracker made: not the loop's
+
+    def start(self) -> str | None:
+        existing = {id(obj) for obj in gc.get_objects()}
+        try:
+            import memray
+        except ImportError:
+            return "memray is not installed here (pip install memray)"
+        try:
+            self.folder = tempfile.mkdtemp(prefix="spmd-memray-window-", dir=_scratch_root())
+            self.tracker = memray.Tracker(
+                os.path.join(self.folder, WINDOW_CAPTURE), native_traces=True, memory_interval_ms=SNAPSHOT_MS
+            )
+            self.tracker.__enter__()
+        except Exception as exc:  # noqa: BLE001 - another tracker active, no room: the line says which
+            self.tracker = None
+            self.close()
+            return f"memray could not track ({_short(exc)})"
+        finally:
+            self.made = [obj for obj in gc.get_objects() if id(obj) not in existing]
+        self.mark()
+        return None
+
+    def mark(self) -> None:
+        """A step boundary: the time, then a wait for memray's next snapshot."""
+        gc.collect()
+        self.bounds.append(time.time())
+        time.sleep(BOUNDARY_WAIT_S)
+
+    def stop(self) -> None:
+        if self.tracker is not None:
+            tracker, self.tracker = self.tracker, None
+            tracker.__exit__(None, None, None)
+
+    def read(self) -> list[str]:
+        """One line per stack that held more blocks after each tracked step ([] where none did),
+        or a line saying why nothing could be read. Removes the capture."""
+        self.stop()
+        try:
+            if self.folder is None:
+                return ["native stacks not judged (memray wrote no capture)"]
+            with open(os.path.join(self.folder, "bounds.json"), "w", encoding="utf-8") as fh:
+                json.dump(self.bounds, fh)
+            found = _read_in_child(self.folder, WINDOW_CAPTURE, "--window", WINDOW_READ_TIMEOUT_S)
+        finally:
+            self.close()
+        if isinstance(found, str):
+            return [f"native stacks not judged: {found}"]
+        return window_lines(self.first, len(self.bounds) - 1, found)
+
+    def close(self) -> None:
+        self.stop()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+
+def window_lines(first: int, steps: int, found: dict[str, Any]) -> list[str]:
+    from harness.costs import kib
+
+    last = first + steps - 1
+    return [
+        f"native stack holding more blocks after each of step{first}..step{last} (memray): "
+        f"+{kib(s['bytes'] // steps)} per step in {s['blocks']} blocks at "
+        + " < ".join(terminal_safe(f).replace("\n", " ") for f in s["frames"][: FRAMES_SHOWN + 2])
+        for s in found["stacks"][:TOP_STACKS]
+    ]
+
+
 def _scratch_root() -> str | None:
     """The run's dump root, where XLA's dumps go too (harness.xla.enable_step_dumps), else the system's."""
     root = os.environ.get(XLA_DUMP_ROOT_ENV)
     return root if root and os.path.isdir(root) else None
 
 
-def _read_in_child(folder: str) -> dict[str, Any] | str:
-    """What `python -m harness.nativestacks` found, or why nothing was found."""
-    capture = os.path.join(folder, CAPTURE_NAME)
+def _read_in_child(
+    folder: str, name: str = CAPTURE_NAME, mode: str = "", timeout: float = READ_TIMEOUT_S
+) -> dict[str, Any] | str:
+    """What `python -m harness.nativestacks [--window] CAPTURE OUT` found, or why nothing was found."""
+    capture = os.path.join(folder, name)
     out = os.path.join(folder, STACKS_NAME)
     with open(os.path.join(folder, "reader.log"), "w+b") as log:
         # From the checkout's root, not the scratch folder: `-m` puts its cwd first on sys.path, and
         # a case can write the scratch folder (a planted harness/ would answer for the reader).
         proc = processes.start_in_session(
-            [sys.executable, "-m", "harness.nativestacks", capture, out], stdout=log, cwd=HARNESS_HOME
+            [sys.executable, "-m", "harness.nativestacks", *([mode] if mode else []), capture, out],
+            stdout=log,
+            cwd=HARNESS_HOME,
         )
         try:
-            code: int | None = proc.wait(READ_TIMEOUT_S)
+            code: int | None = proc.wait(timeout)
         except subprocess.TimeoutExpired:
             processes.terminate_group(proc)
-            return f"memray's reading took more than {READ_TIMEOUT_S:.0f} s and was stopped"
+            return f"memray's reading took more than {timeout:.0f} s and was stopped"
         if code != 0:
             log.seek(0)
             lines = log.read()[-2000:].decode("utf-8", "replace").strip().splitlines()
@@ -243,6 +340,53 @@ def summarize(capture: str) -> dict[str, Any]:
     }
 
 
+def summarize_window(capture: str, bounds: list[float]) -> dict[str, Any]:
+    """The stacks whose live blocks grew at every step boundary (`bounds`: the times the window's
+    steps ended, its start first), by STACK_LEAK_PER_STEP a step or more, the most bytes first:
+    {"bytes": total, "blocks": total, "stacks": [{"bytes", "blocks", "frames"}]} (grown over the window)."""
+    import bisect
+
+    from memray import FileReader
+
+    reader = FileReader(capture)
+    try:
+        times = [snapshot.time / 1000 for snapshot in reader.get_memory_snapshots()]
+        at = [bisect.bisect_left(times, bound) for bound in bounds]  # the first snapshot after each boundary
+        grown: dict[tuple[str, ...], list[list[int]]] = {}
+        for record in reader.get_temporal_allocation_records(merge_threads=True):
+            live = [_live_at(record.intervals, snapshot) for snapshot in at]
+            if not all(b[0] > a[0] for a, b in zip(live, live[1:])):
+                continue
+            frames = tuple(_frames(record.hybrid_stack_trace()))
+            if not frames:  # the meter's own
+                continue
+            summed = grown.setdefault(frames, [[0, 0] for _ in at])
+            for total, (blocks, size) in zip(summed, live):
+                total[0] += blocks
+                total[1] += size
+    finally:
+        reader.close()
+    steps = max(len(bounds) - 1, 1)
+    stacks: list[dict[str, Any]] = [
+        {"bytes": live[-1][1] - live[0][1], "blocks": live[-1][0] - live[0][0], "frames": list(frames)}
+        for frames, live in grown.items()
+        if live[-1][1] - live[0][1] >= STACK_LEAK_PER_STEP * steps
+    ]
+    stacks.sort(key=lambda s: -s["bytes"])
+    return {"bytes": sum(s["bytes"] for s in stacks), "blocks": sum(s["blocks"] for s in stacks), "stacks": stacks}
+
+
+def _live_at(intervals: list[Any], snapshot: int) -> tuple[int, int]:
+    """Blocks and bytes of a stack's allocations alive at a snapshot."""
+    blocks = size = 0
+    for interval in intervals:
+        end = interval.deallocated_before_snapshot
+        if interval.allocated_before_snapshot <= snapshot and (end is None or end > snapshot):
+            blocks += interval.n_allocations
+            size += interval.n_bytes
+    return blocks, size
+
+
 def _frames(trace: list[tuple[str, str, int]]) -> list[str]:
     """'function (file:line)' from the allocation outwards, without the allocator's frames, the
     interpreter's or the meter's: the first FRAMES_SHOWN - 1 native ones, then the first Python
@@ -286,11 +430,21 @@ def _compact(function: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    window = argv[:1] == ["--window"]
+    argv = argv[1:] if window else argv
     if len(argv) != 2:
-        print("usage: python -m harness.nativestacks CAPTURE OUT", file=sys.stderr)
+        print("usage: python -m harness.nativestacks [--window] CAPTURE OUT", file=sys.stderr)
         return 2
     capture, out = argv
-    found = summarize(capture)
+    if window:  # the boundaries the meter wrote next to the capture
+        with open(os.path.join(os.path.dirname(capture), "bounds.json"), encoding="utf-8") as fh:
+            bounds = json.load(fh)
+        if not isinstance(bounds, list) or not all(isinstance(b, float) for b in bounds):
+            print("bounds.json: not a list of times", file=sys.stderr)
+            return 2
+        found = summarize_window(capture, bounds)
+    else:
+        found = summarize(capture)
     with open(out, "w", encoding="utf-8") as fh:
         json.dump(found, fh)
     return 0

@@ -105,7 +105,10 @@ class StepMeter:
         self.last_inputs: list[str] | None = None
         self.last_fingerprint: str | None = None
         self.last_graph_memory: dict[str, int] | None = None
-        self.step_temp: int | None = None  # temp bytes of the graph the last step ran (XLA's buffer assignment)
+        # The memory of the graph the last step ran (XLA's buffer assignment: arguments, outputs, temp,
+        # donated), and the device footprint after the step before: the step's peak as held.
+        self.step_memory: dict[str, int] | None = None
+        self.last_footprint: int | None = None
         # A counter only this meter knows the name of: a reset of torch_xla's counters drops it.
         self.sentinel = f"HarnessStepMeter_{secrets.token_hex(6)}"
         # What is alive after a step is what the loop created and keeps: every object that exists
@@ -131,6 +134,11 @@ class StepMeter:
         # What memray's import, start, stop and reading left in the heap and the resident set (its
         # library, its tables): taken out of the native figures of the tracked step and every later one.
         self.native_offset: collections.Counter[str] = collections.Counter()
+        # The stack judge of a long loop (the nightly tier's): steps WINDOW_FIRST.. under memray, every
+        # allocation recorded; the native growth of the step before it, which each of its steps counts
+        # as at most (what memray's own tables add is not the loop's).
+        self.window: nativestacks.WindowTrace | None = None
+        self.window_reference: dict[str, int] = {}
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
@@ -157,12 +165,15 @@ class StepMeter:
         trace = self.suspect_leak and not creationsites.dynamo_in_use()
         self.made_before, self.sites = self.sites, creationsites.recorder() if trace else None
         native = self._native_trace(index)  # last: what the meter does before the step is not tracked
+        self._window_start(index)
         try:
             with self.sites if self.sites is not None else contextlib.nullcontext():
                 yield
         except BaseException:
             if native is not None:
                 native.close_after_error()
+            if self.window is not None:
+                self.window.close()
             raise
         finally:
             if previous_name is not None:
@@ -174,7 +185,9 @@ class StepMeter:
         entry = {name: after[name] - before[name] for name in costs.STEP_FIELDS}
         entry["graphs"] = self._read_graphs(index, entry)
         self._record_alive(index, entry)
+        self._window_clamp(entry)
         self._name_native_stacks(native, entry)
+        self._window_after(index, entry)
         self.signature["steps"].append(entry)
         self.signature["memory"] = self._memory()
 
@@ -183,7 +196,7 @@ class StepMeter:
     def _native_trace(self, index: int) -> nativestacks.StepTrace | None:
         """memray's tracker for this step, started, where the step before grew natively and no
         step was tracked yet; None otherwise (a healthy loop never imports memray)."""
-        if not self.suspect_native or self.native_stacks is not None:
+        if not self.suspect_native or self.native_stacks is not None or self.window is not None:
             return None
         trace = nativestacks.StepTrace(index)
         with self._not_the_loops():
@@ -193,6 +206,50 @@ class StepMeter:
             self.native_stacks = [f"native stacks not named: {why_not}"]
             return None
         return trace
+
+    def _window_start(self, index: int) -> None:
+        """At step WINDOW_FIRST of a loop that reaches it: memray's tracker over the next WINDOW_STEPS."""
+        tracking_one_step = bool(self.native_own) and self.native_stacks is None  # memray tracks this step already
+        if index != nativestacks.WINDOW_FIRST or tracking_one_step:
+            return
+        steps = self.signature["steps"]
+        last, before = steps[-1].get("live", {}), steps[-2].get("live", {})
+        self.window_reference = {f: last[f] - before[f] for f in costs.NATIVE_FIELDS if f in last and f in before}
+        window = nativestacks.WindowTrace(index)
+        with self._not_the_loops():
+            why_not = window.start()
+        self.native_own += [window, *window.made]
+        if why_not is None:
+            self.window = window
+            weakref.finalize(self, window.close)  # a loop that ends inside the window: tracking stops
+        else:
+            self.signature["steps"][-1].setdefault("native_leaks", []).append(f"native stacks not judged: {why_not}")
+
+    def _window_clamp(self, entry: dict[str, Any]) -> None:
+        """A step of the window counts as growing natively by at most the step before the window did:
+        memray's tables, grown while it records every allocation, are not the loop's (its stacks judge
+        the window's steps)."""
+        if self.window is None:
+            return
+        last, now = self.signature["steps"][-1].get("live", {}), entry["live"]
+        for field, reference in self.window_reference.items():
+            if field in now and field in last:
+                excess = (now[field] - last[field]) - max(reference, 0)
+                if excess > 0:
+                    now[field] -= excess
+                    self.native_offset[field] += excess
+
+    def _window_after(self, index: int, entry: dict[str, Any]) -> None:
+        """A step of the window ended: a boundary noted, and after the last the stacks judged."""
+        window = self.window
+        if window is None:
+            return
+        with self._not_the_loops():
+            window.mark()
+            if index < window.first + nativestacks.WINDOW_STEPS - 1:
+                return
+            self.window = None
+            entry["native_leaks"] = window.read()
 
     def _name_native_stacks(self, native: nativestacks.StepTrace | None, entry: dict[str, Any]) -> None:
         steps = self.signature["steps"]
@@ -263,10 +320,8 @@ class StepMeter:
         if not self.host_only:
             footprint = _Footprint(tensors + held)
             entry["live"]["footprint_bytes"] = footprint.bytes_per_device
-            # The step's peak as the device holds it: every live buffer plus the step graph's temp
-            # (the graph this step compiled, or the last one compiled, which a cached step runs).
-            if self.step_temp is not None:
-                entry["live"]["step_peak_bytes"] = footprint.bytes_per_device + self.step_temp
+            self._record_held_peak(entry["live"], held)
+            self.last_footprint = footprint.bytes_per_device
             previous = self.signature.get("buffers")
             self.signature["buffers"] = footprint.buffers
         if self.alive is not None and index >= self.signature["warmup"]:
@@ -283,6 +338,19 @@ class StepMeter:
                 entry["kept"] = kept
             self.suspect_leak = self.suspect_leak or any(n > self.alive.shapes[k] for k, n in alive.shapes.items())
         self.alive = alive
+
+    def _record_held_peak(self, live: dict[str, int], held: list[Any]) -> None:
+        """The step's peak as the device holds it, `held_peak_bytes`: what the step's program holds as
+        XLA's buffer assignment places it (costs.program_bytes: its arguments, the outputs that reuse
+        none, its temp), plus the other buffers alive beside its arguments, read as the footprint after
+        the step before (step 0: the tensors made before the loop) less the program's arguments. The
+        graph is the one this step compiled, or the last one compiled, which a cached step runs."""
+        if self.step_memory is None:
+            return
+        before = self.last_footprint if self.last_footprint is not None else _Footprint(held).bytes_per_device
+        arguments = self.step_memory.get("arguments", 0)
+        live["held_peak_bytes"] = costs.program_bytes(self.step_memory) + max(0, before - arguments)
+        live["donated_bytes"] = self.step_memory.get("donated", 0)
 
     def _frozen_loop_tensors(self, known: list[Any], own: tuple[Any, ...]) -> list[Any]:
         """The loop's XLA tensors that a body's gc.freeze() hid from gc.get_objects(). Each time the
@@ -344,15 +412,15 @@ class StepMeter:
                 stage = "buffers" if match.group("buffers") else _STAGES.get(match.group("stage"), "after")
                 modules.setdefault(match.group("number"), {})[stage] = path
         names = []
-        temps = []
+        memories = []
         for position, number in enumerate(sorted(modules, key=int)):
             name = f"step{index}" if position == 0 else f"step{index}.{position}"
             graph = self.signature["graphs"][name] = self._read_graph(name, modules[number], entry)
             names.append(name)
             if "memory" in graph:
-                temps.append(graph["memory"]["temp"])
-        if temps:  # graphs of one step run one after the other: the largest temp is the step's
-            self.step_temp = max(temps)
+                memories.append(graph["memory"])
+        if memories:  # graphs of one step run one after the other: the one holding most is the step's
+            self.step_memory = max(memories, key=costs.program_bytes)
         self._clear_dumps()
         if entry["compiles"] > len(names):
             why = self._why_unread()
@@ -374,7 +442,11 @@ class StepMeter:
         self.dumps[f"{self.label}/{name}"] = text
         buffers = stages.get("buffers")
         if buffers is not None:
-            graph["memory"] = costs.buffer_memory(_read_text(buffers), f"{buffers.name} (buffer assignment of {name})")
+            graph["memory"] = costs.buffer_memory(
+                _read_text(buffers),
+                f"{buffers.name} (buffer assignment of {name})",
+                donated=costs.module_donations(text, where),
+            )
         before = stages.get("before")
         if before is not None:
             module_before = costs.read_module(_read_text(before), before.name)

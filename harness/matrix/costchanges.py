@@ -111,7 +111,7 @@ def memory_table(columns: Sequence[ColumnResult]) -> list[str]:
         "Per device, seen rather than derived: each step graph's temp and peak bytes (XLA's buffer assignment of "
         "the partitioned module) and the XLA tensors alive after the last step with their bytes; "
         "`footprint`: every XLA tensor Python holds after the last step, those made before the loop too; "
-        "`step peak`: the footprint plus the step graph's temp; `native`: heap and resident-set growth per "
+        "`step peak`: the step program's arguments, outputs and temp (XLA's buffer assignment) and the other live buffers; `native`: heap and resident-set growth per "
         "step after the warm-up (the least of the judged steps). "
         "`-`: the loop did not pass there (a release carrying its bug) or recorded no memory.",
         "",
