@@ -1,0 +1,98 @@
+"""Parent side: the nightly search. Hypothesis draws batches of programs until the time budget is
+spent; a failing batch is shrunk (hypothesis drops the passing programs and simplifies the failing
+one), the smallest program is rerun twice in new children to confirm it fails the same way, and
+each distinct finding is kept with its standalone script (harness.oracles.repro).
+
+Each round is a separate hypothesis run with its own seed, so one finding does not end the
+search: the next round draws afresh, and a finding already kept (same status, same ops) is not
+kept twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from harness.oracles import generate, repro, runner
+
+
+class _Failed(AssertionError):
+    """Raised inside the property so that hypothesis shrinks; carries nothing itself."""
+
+
+@dataclasses.dataclass
+class Finding:
+    program: dict[str, Any]
+    verdict: dict[str, str]
+    confirmations: list[str]  # the statuses of the reruns of the shrunk program
+
+    @property
+    def deterministic(self) -> bool:
+        return all(status == self.verdict["status"] for status in self.confirmations)
+
+    @property
+    def key(self) -> tuple[str, tuple[str, ...]]:
+        return self.verdict["status"], tuple(sorted({op["op"] for op in self.program["ops"]}))
+
+    def text(self) -> str:
+        again = ", ".join(self.confirmations)
+        note = "deterministic" if self.deterministic else "NOT deterministic"
+        return f"[{note}: reruns gave {again}]\n{repro.report(self.program, self.verdict)}"
+
+
+@dataclasses.dataclass
+class SearchSummary:
+    programs: int = 0  # programs checked while drawing (not counting shrinking)
+    rounds: int = 0
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+
+
+def search(spmd: Any, devices: int, budget_s: float, batch: int = 8, examples: int = 6) -> SearchSummary:
+    summary = SearchSummary()
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline:
+        found = _round(spmd, devices, summary, batch, examples, deadline)
+        summary.rounds += 1
+        if found is not None and found.key not in {f.key for f in summary.findings}:
+            summary.findings.append(found)
+    return summary
+
+
+def _round(
+    spmd: Any, devices: int, summary: SearchSummary, batch: int, examples: int, deadline: float
+) -> Finding | None:
+    last_failure: dict[str, Any] = {}
+
+    @hypothesis_seed(summary.rounds + 1)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=(Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+    @given(st.lists(generate.programs(devices), min_size=1, max_size=batch))
+    def property_all_agree(programs: list[dict[str, Any]]) -> None:
+        if not last_failure:
+            summary.programs += len(programs)
+        if time.monotonic() > deadline and not last_failure:
+            return  # the budget is spent: pass the rest of this round without running it
+        verdicts = runner.check_programs(spmd, programs, batch=len(programs))
+        for program, verdict in zip(programs, verdicts, strict=True):
+            if verdict["status"] != "ok":
+                last_failure.update(program=program, verdict=verdict)  # the last one is the shrunk one
+                raise _Failed(verdict["status"])
+
+    try:
+        property_all_agree()
+    except _Failed:
+        program = last_failure["program"]
+        reruns = [runner.check_programs(spmd, [program], batch=1)[0]["status"] for _ in range(2)]
+        return Finding(program, last_failure["verdict"], reruns)
+    return None
