@@ -64,3 +64,17 @@ def test_drawn_programs_agree_with_cpu(spmd, request) -> None:
         f"differential search: {summary.programs} programs in {summary.rounds} rounds, {len(summary.findings)} findings"
     )
     assert not summary.findings, "\n\n".join(finding.text() for finding in summary.findings)
+
+
+@pytest.mark.parametrize("fault", ["swap-shards", "pad-front"])
+def test_oracle_fails_when_torch_xla_misplaces_shard_data(spmd, fault) -> None:
+    """The oracle must be able to fail: with a fault put into torch_xla's mark_sharding in the child
+    (harness.oracles.faults: two shards' data trade devices; an uneven shard's padding moves to its
+    front), the committed programs must report mismatches."""
+    programs = [p for p in load_examples() if len(p["mesh"]["devices"]) == spmd.backend.devices]
+    if not programs:
+        pytest.skip(f"no committed program for {spmd.backend.devices} devices")
+    verdicts = runner.check_programs(spmd, programs, fault=fault, batch=len(programs))
+    caught = [v for v in verdicts if v["status"] == "mismatch"]
+    assert caught, f"no committed program noticed the fault {fault}: the differential oracle has lost its teeth"
+    print(f"fault {fault}: {len(caught)} of {len(programs)} programs mismatched; first:\n{caught[0]['detail'][:600]}")

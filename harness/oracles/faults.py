@@ -36,6 +36,8 @@ def _rewrite_shards(t: Any, damage: Callable[[list[Any], list[Any]], list[Any]])
     """Read t's shards from its devices, damage them, write them back (the checkpoint loader's API)."""
     import torch_xla
 
+    if torch_xla._XLAC._get_xla_sharding_spec(t) in ("", "{replicated}"):
+        return  # nothing is split: every device holds the whole tensor (and loading it is refused)
     shards = torch_xla._XLAC._get_local_shards([t])[0]
     indices = [index for _, index in torch_xla._XLAC._get_local_shard_replica_and_indices([t])[0]]
     data = [tensor for tensor, _ in shards]

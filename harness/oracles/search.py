@@ -49,14 +49,20 @@ class Finding:
 class SearchSummary:
     programs: int = 0  # programs checked while drawing (not counting shrinking)
     rounds: int = 0
+    # Round r draws with hypothesis seed `seed + r`: a new seed each run (the clock), printed, so
+    # that a night's search explores new programs and can still be repeated.
+    seed: int = dataclasses.field(default_factory=lambda: int(time.time()) % 1_000_000_007)
     findings: list[Finding] = dataclasses.field(default_factory=list)
 
 
-def search(spmd: Any, devices: int, budget_s: float, batch: int = 8, examples: int = 6) -> SearchSummary:
+def search(
+    spmd: Any, devices: int, budget_s: float, batch: int = 8, examples: int = 6, fault: str | None = None
+) -> SearchSummary:
+    """Draw until budget_s is spent; fault (harness.oracles.faults) only to show the search can fail."""
     summary = SearchSummary()
     deadline = time.monotonic() + budget_s
     while time.monotonic() < deadline:
-        found = _round(spmd, devices, summary, batch, examples, deadline)
+        found = _round(spmd, devices, summary, (batch, examples), deadline, fault)
         summary.rounds += 1
         if found is not None and found.key not in {f.key for f in summary.findings}:
             summary.findings.append(found)
@@ -64,11 +70,12 @@ def search(spmd: Any, devices: int, budget_s: float, batch: int = 8, examples: i
 
 
 def _round(
-    spmd: Any, devices: int, summary: SearchSummary, batch: int, examples: int, deadline: float
+    spmd: Any, devices: int, summary: SearchSummary, sizes: tuple[int, int], deadline: float, fault: str | None
 ) -> Finding | None:
+    batch, examples = sizes
     last_failure: dict[str, Any] = {}
 
-    @hypothesis_seed(summary.rounds + 1)
+    @hypothesis_seed(summary.seed + summary.rounds)
     @settings(
         max_examples=examples,
         deadline=None,
@@ -83,7 +90,7 @@ def _round(
             summary.programs += len(programs)
         if time.monotonic() > deadline and not last_failure:
             return  # the budget is spent: pass the rest of this round without running it
-        verdicts = runner.check_programs(spmd, programs, batch=len(programs))
+        verdicts = runner.check_programs(spmd, programs, fault=fault, batch=len(programs))
         for program, verdict in zip(programs, verdicts, strict=True):
             if verdict["status"] != "ok":
                 last_failure.update(program=program, verdict=verdict)  # the last one is the shrunk one
@@ -93,6 +100,6 @@ def _round(
         property_all_agree()
     except _Failed:
         program = last_failure["program"]
-        reruns = [runner.check_programs(spmd, [program], batch=1)[0]["status"] for _ in range(2)]
+        reruns = [runner.check_programs(spmd, [program], fault=fault, batch=1)[0]["status"] for _ in range(2)]
         return Finding(program, last_failure["verdict"], reruns)
     return None
