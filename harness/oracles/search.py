@@ -4,13 +4,14 @@ one), the smallest program is rerun twice in new children to confirm it fails th
 each distinct finding is kept with its standalone script (harness.oracles.repro).
 
 Each round is a separate hypothesis run with its own seed, so one finding does not end the
-search: the next round draws afresh, and a finding already kept (same status, same ops) is not
-kept twice.
+search: the next round draws afresh, and a finding already kept (`finding_key`) is not kept, nor
+shrunk, twice.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Any
 
@@ -19,6 +20,16 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from harness.oracles import generate, repro, runner
+
+
+def finding_key(program: dict[str, Any], verdict: dict[str, str]) -> tuple[str, ...]:
+    """What makes two findings the same: a crash's or an error's message with its numbers (times,
+    addresses, line numbers) left out; a mismatch's set of ops."""
+    if verdict["status"] == "mismatch":
+        return ("mismatch", *sorted({op["op"] for op in program["ops"]}))
+    message = verdict["detail"].splitlines()[0] if verdict["detail"] else ""
+    message = message.split("] ", 1)[-1]  # after a C++ log prefix "F external/...h:127] "
+    return verdict["status"], re.sub(r"[0-9]+", "N", message)[:200]
 
 
 class _Failed(AssertionError):
@@ -36,8 +47,8 @@ class Finding:
         return all(status == self.verdict["status"] for status in self.confirmations)
 
     @property
-    def key(self) -> tuple[str, tuple[str, ...]]:
-        return self.verdict["status"], tuple(sorted({op["op"] for op in self.program["ops"]}))
+    def key(self) -> tuple[str, ...]:
+        return finding_key(self.program, self.verdict)
 
     def text(self) -> str:
         again = ", ".join(self.confirmations)
@@ -91,8 +102,11 @@ def _round(
         if time.monotonic() > deadline and not last_failure:
             return  # the budget is spent: pass the rest of this round without running it
         verdicts = runner.check_programs(spmd, programs, fault=fault, batch=len(programs))
+        known = {finding.key for finding in summary.findings}
         for program, verdict in zip(programs, verdicts, strict=True):
-            if verdict["status"] != "ok":
+            # A crash or error already found this run is not found again (its shrinking is slow:
+            # a new child per step); a mismatch is, since its key needs the shrunk program.
+            if verdict["status"] != "ok" and finding_key(program, verdict) not in known:
                 last_failure.update(program=program, verdict=verdict)  # the last one is the shrunk one
                 raise _Failed(verdict["status"])
 

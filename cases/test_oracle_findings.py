@@ -1,0 +1,53 @@
+"""What the differential oracle (harness.oracles, cases/test_oracle_differential.py) found, each
+as a regular case: the shrunk program, run sharded and eagerly on the CPU, must agree.
+
+Each program is the oracle's own shrunk repro; the body runs it through the same interpreter and
+comparison, in a child of its own (a finding may abort its process).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.spmd
+
+MESH_4 = {"shape": [4], "axes": ["x"], "devices": [0, 1, 2, 3]}
+
+
+def body_program_agrees_with_cpu(ctx, program: dict) -> None:
+    from harness.oracles import compare
+
+    verdict = ctx.record("verdict", compare.check_program_on_xla(program))
+    if verdict["status"] != "ok":
+        raise AssertionError(f"the sharded program differs from eager CPU ({verdict['status']}): {verdict['detail']}")
+
+
+def _scatter_add_program(shape: list[int], src_spec: list) -> dict:
+    return {
+        "mesh": MESH_4,
+        "inputs": [{"shape": shape, "seed": 0, "spec": None}],
+        "ops": [
+            {
+                "op": "scatter_add",
+                "x": 0,
+                "dim": 0,
+                "index": {"shape": shape, "seed": 0, "high": shape[0]},
+                "src": {"shape": shape, "seed": 1, "spec": src_spec},
+            }
+        ],
+        "outputs": [1],
+    }
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.known_bug("scatter-add-uneven-src-aborts")
+@pytest.mark.parametrize("shape", [[1, 1], [2, 3]], ids=["1x1", "2x3"])
+def test_scatter_add_with_unevenly_sharded_src(spmd, shape) -> None:
+    spmd.run(body_program_agrees_with_cpu, program=_scatter_add_program(shape, [None, "x"]), fresh=True)
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.parametrize("shape,spec", [([2, 4], [None, "x"]), ([4, 3], ["x", None])], ids=["2x4-cols", "4x3-rows"])
+def test_scatter_add_with_evenly_sharded_src(spmd, shape, spec) -> None:
+    """The control: evenly sharded src computes the right numbers on every release measured."""
+    spmd.run(body_program_agrees_with_cpu, program=_scatter_add_program(shape, spec))
