@@ -51,3 +51,26 @@ def test_scatter_add_with_unevenly_sharded_src(spmd, shape) -> None:
 def test_scatter_add_with_evenly_sharded_src(spmd, shape, spec) -> None:
     """The control: evenly sharded src computes the right numbers on every release measured."""
     spmd.run(body_program_agrees_with_cpu, program=_scatter_add_program(shape, spec))
+
+
+def _inplace_select_program(shape: list[int], spec: list, view: str) -> dict:
+    view_args = {"dim": 0, "index": 3} if view == "select" else {"dim": 0, "start": 3, "length": 1}
+    return {
+        "mesh": MESH_4,
+        "inputs": [{"shape": shape, "seed": 0, "spec": spec}],
+        "ops": [{"op": "inplace", "x": 0, "fn": "zero_", "c": 0.0, "view": view, **view_args}],
+        "outputs": [1],
+    }
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.known_bug("inplace-select-on-sharded-dim-compile-error")
+@pytest.mark.parametrize("shape,spec", [([8], ["x"]), ([8, 5], ["x", None])], ids=["rank1", "rank2"])
+def test_inplace_op_through_select_on_sharded_dim(spmd, shape, spec) -> None:
+    spmd.run(body_program_agrees_with_cpu, program=_inplace_select_program(shape, spec, "select"))
+
+
+@pytest.mark.needs(devices=4)
+def test_inplace_op_through_narrow_on_sharded_dim(spmd) -> None:
+    """The control: the same row through narrow compiles and agrees on every release measured."""
+    spmd.run(body_program_agrees_with_cpu, program=_inplace_select_program([8, 5], ["x", None], "narrow"))
