@@ -97,10 +97,10 @@ def _round(
     )
     @given(st.lists(generate.programs(devices), min_size=1, max_size=batch))
     def property_all_agree(programs: list[dict[str, Any]]) -> None:
-        if not last_failure:
-            summary.programs += len(programs)
         if time.monotonic() > deadline and not last_failure:
             return  # the budget is spent: pass the rest of this round without running it
+        if not last_failure:
+            summary.programs += len(programs)  # checked while drawing, not while shrinking
         verdicts = runner.check_programs(spmd, programs, fault=fault, batch=len(programs))
         known = {finding.key for finding in summary.findings}
         for program, verdict in zip(programs, verdicts, strict=True):
