@@ -74,3 +74,18 @@ def test_inplace_op_through_select_on_sharded_dim(spmd, shape, spec) -> None:
 def test_inplace_op_through_narrow_on_sharded_dim(spmd) -> None:
     """The control: the same row through narrow compiles and agrees on every release measured."""
     spmd.run(body_program_agrees_with_cpu, program=_inplace_select_program([8, 5], ["x", None], "narrow"))
+
+
+MATMUL_SIZE1_PROGRAM = {
+    "mesh": {"shape": [2, 1, 2], "axes": ["x", "y", "z"], "devices": [0, 2, 3, 1]},
+    "inputs": [{"shape": [1], "seed": 0, "spec": None}],
+    "ops": [{"op": "matmul", "x": 0, "w": {"shape": [1, 2], "seed": 0, "spec": ["z", "x"]}}],
+    "outputs": [1],
+}
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.known_bug("matmul-size1-dim-sharded-weight-wrong-numbers")
+def test_matmul_with_weight_sharded_over_size1_contraction_dim(spmd) -> None:
+    """The nightly search's shrunk program (values numbered as the oracle numbers them)."""
+    spmd.run(body_program_agrees_with_cpu, program=MATMUL_SIZE1_PROGRAM, fresh=True)

@@ -26,16 +26,20 @@ class OracleRunError(HarnessError):
 
 
 def check_programs(
-    spmd: Any, programs: list[dict[str, Any]], fault: str | None = None, batch: int = 16
+    spmd: Any, programs: list[dict[str, Any]], fault: str | None = None, batch: int = 16, fresh: bool = False
 ) -> list[dict[str, str]]:
-    """One verdict {"status", "detail"} per program, in order."""
+    """One verdict {"status", "detail"} per program, in order; fresh: each batch in a new process."""
     verdicts: dict[int, dict[str, str]] = {}
     queue = list(range(len(programs)))
     size = batch
     while queue:
         chunk, queue = queue[:size], queue[size:]
         result = spmd.run(
-            body_check_programs, programs=[programs[i] for i in chunk], fault=fault, fresh=bool(fault), check=False
+            body_check_programs,
+            programs=[programs[i] for i in chunk],
+            fault=fault,
+            fresh=fresh or bool(fault),
+            check=False,
         )
         if result.outcome == "ok":
             verdicts.update(zip(chunk, _answered(result.values.get("verdicts"), len(chunk)), strict=True))

@@ -114,6 +114,10 @@ def _round(
         property_all_agree()
     except _Failed:
         program = last_failure["program"]
-        reruns = [runner.check_programs(spmd, [program], fault=fault, batch=1)[0]["status"] for _ in range(2)]
+        # In new processes: a failure that needs the programs a reused child ran before is not this
+        # program's (seen once: a mismatch of an unsharded tanh that a fresh process computes right).
+        reruns = [
+            runner.check_programs(spmd, [program], fault=fault, batch=1, fresh=True)[0]["status"] for _ in range(2)
+        ]
         return Finding(program, last_failure["verdict"], reruns)
     return None
