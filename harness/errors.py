@@ -16,12 +16,14 @@ tests/test_errors.py keeps the drawing true:
     │   │   ├── CostBaselineError         harness.costbaseline
     │   │   └── BaselineUpdateRefused     harness.baselinefile; an update run wrote nothing (exit 4)
     │   ├── ObservationsTooLarge
-    │   └── BaseRunError                  harness.judges.basecompare: the run --spmd-compare names
+    │   ├── BaseRunError                  harness.judges.basecompare: the run --spmd-compare names
+    │   └── ProgramError                  harness.oracles.program: an oracle program that cannot run
     ├── RegistryError
     ├── DamagedRecord                     also a ValueError
     ├── CostReadError                     harness.costs; also a ValueError
     ├── CountersReset                     harness.costs: torch_xla's counters reset during a measured step
     ├── ChildStartError                   a child's start-up, not a case, failed
+    ├── OracleRunError                    harness.oracles.runner: the oracle's own body failed in a child
     ├── CaseError                         outcome "error"
     │   ├── CaseFailed                    outcome "error": the body raised
     │   ├── CaseCrashed                   outcome "crashed"

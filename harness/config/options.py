@@ -155,6 +155,14 @@ OPTIONS = (
         f"Default: ${TIER_ENV} if set, else pr.",
     ),
     Option(
+        "spmd_fuzz_budget",
+        120.0,
+        parse=argtypes.positive_seconds,
+        metavar="SECONDS",
+        help="how long the nightly tier's differential oracle draws new programs "
+        "(cases/test_oracle_differential.py; e.g. 600, 10m). Default: 120.",
+    ),
+    Option(
         "spmd_fork_server",
         None,
         choices=FORK_SERVER_CHOICES,

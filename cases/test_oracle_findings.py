@@ -1,0 +1,91 @@
+"""What the differential oracle (harness.oracles, cases/test_oracle_differential.py) found, each
+as a regular case: the shrunk program, run sharded and eagerly on the CPU, must agree.
+
+Each program is the oracle's own shrunk repro; the body runs it through the same interpreter and
+comparison, in a child of its own (a finding may abort its process).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.spmd
+
+MESH_4 = {"shape": [4], "axes": ["x"], "devices": [0, 1, 2, 3]}
+
+
+def body_program_agrees_with_cpu(ctx, program: dict) -> None:
+    from harness.oracles import compare
+
+    verdict = ctx.record("verdict", compare.check_program_on_xla(program))
+    if verdict["status"] != "ok":
+        raise AssertionError(f"the sharded program differs from eager CPU ({verdict['status']}): {verdict['detail']}")
+
+
+def _scatter_add_program(shape: list[int], src_spec: list) -> dict:
+    return {
+        "mesh": MESH_4,
+        "inputs": [{"shape": shape, "seed": 0, "spec": None}],
+        "ops": [
+            {
+                "op": "scatter_add",
+                "x": 0,
+                "dim": 0,
+                "index": {"shape": shape, "seed": 0, "high": shape[0]},
+                "src": {"shape": shape, "seed": 1, "spec": src_spec},
+            }
+        ],
+        "outputs": [1],
+    }
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.known_bug("scatter-add-uneven-src-aborts")
+@pytest.mark.parametrize("shape", [[1, 1], [2, 3]], ids=["1x1", "2x3"])
+def test_scatter_add_with_unevenly_sharded_src(spmd, shape) -> None:
+    spmd.run(body_program_agrees_with_cpu, program=_scatter_add_program(shape, [None, "x"]), fresh=True)
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.parametrize("shape,spec", [([2, 4], [None, "x"]), ([4, 3], ["x", None])], ids=["2x4-cols", "4x3-rows"])
+def test_scatter_add_with_evenly_sharded_src(spmd, shape, spec) -> None:
+    """The control: evenly sharded src computes the right numbers on every release measured."""
+    spmd.run(body_program_agrees_with_cpu, program=_scatter_add_program(shape, spec))
+
+
+def _inplace_select_program(shape: list[int], spec: list, view: str) -> dict:
+    view_args = {"dim": 0, "index": 3} if view == "select" else {"dim": 0, "start": 3, "length": 1}
+    return {
+        "mesh": MESH_4,
+        "inputs": [{"shape": shape, "seed": 0, "spec": spec}],
+        "ops": [{"op": "inplace", "x": 0, "fn": "zero_", "c": 0.0, "view": view, **view_args}],
+        "outputs": [1],
+    }
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.known_bug("inplace-select-on-sharded-dim-compile-error")
+@pytest.mark.parametrize("shape,spec", [([8], ["x"]), ([8, 5], ["x", None])], ids=["rank1", "rank2"])
+def test_inplace_op_through_select_on_sharded_dim(spmd, shape, spec) -> None:
+    spmd.run(body_program_agrees_with_cpu, program=_inplace_select_program(shape, spec, "select"))
+
+
+@pytest.mark.needs(devices=4)
+def test_inplace_op_through_narrow_on_sharded_dim(spmd) -> None:
+    """The control: the same row through narrow compiles and agrees on every release measured."""
+    spmd.run(body_program_agrees_with_cpu, program=_inplace_select_program([8, 5], ["x", None], "narrow"))
+
+
+MATMUL_SIZE1_PROGRAM = {
+    "mesh": {"shape": [2, 1, 2], "axes": ["x", "y", "z"], "devices": [0, 2, 3, 1]},
+    "inputs": [{"shape": [1], "seed": 0, "spec": None}],
+    "ops": [{"op": "matmul", "x": 0, "w": {"shape": [1, 2], "seed": 0, "spec": ["z", "x"]}}],
+    "outputs": [1],
+}
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.known_bug("matmul-size1-dim-sharded-weight-wrong-numbers")
+def test_matmul_with_weight_sharded_over_size1_contraction_dim(spmd) -> None:
+    """The nightly search's shrunk program (values numbered as the oracle numbers them)."""
+    spmd.run(body_program_agrees_with_cpu, program=MATMUL_SIZE1_PROGRAM, fresh=True)

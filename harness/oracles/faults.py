@@ -1,0 +1,67 @@
+"""Child side: faults put into torch_xla in-process, to show that the differential oracle fails
+when a shard's data is wrong. Never used outside a child that runs nothing afterwards (the body
+poisons it).
+
+    swap-shards  mark_sharding, then the data of the first shard and of the first shard that
+                 holds different data trade places: two devices each hold the other's piece.
+    pad-front    mark_sharding, then each padded shard of an unevenly sharded dim has its
+                 padding put before its data instead of after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+FAULTS = ("swap-shards", "pad-front")
+
+
+def inject(name: str) -> None:
+    import torch_xla.distributed.spmd as xs
+
+    if name not in FAULTS:
+        raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
+    installed = xs.mark_sharding
+    damage = _swap_shards if name == "swap-shards" else _pad_front
+
+    def faulty_mark_sharding(t: Any, mesh: Any, partition_spec: Any) -> Any:
+        result = installed(t, mesh, partition_spec)
+        _rewrite_shards(t, damage)
+        return result
+
+    xs.mark_sharding = faulty_mark_sharding
+
+
+def _rewrite_shards(t: Any, damage: Callable[[list[Any], list[Any]], list[Any]]) -> None:
+    """Read t's shards from its devices, damage them, write them back (the checkpoint loader's API)."""
+    import torch_xla
+
+    if torch_xla._XLAC._get_xla_sharding_spec(t) in ("", "{replicated}"):
+        return  # nothing is split: every device holds the whole tensor (and loading it is refused)
+    shards = torch_xla._XLAC._get_local_shards([t])[0]
+    indices = [index for _, index in torch_xla._XLAC._get_local_shard_replica_and_indices([t])[0]]
+    data = [tensor for tensor, _ in shards]
+    devices = [device for _, device in shards]
+    torch_xla._XLAC._load_local_shards(t, damage(data, indices), devices)
+
+
+def _swap_shards(data: list[Any], indices: list[Any]) -> list[Any]:
+    for j in range(1, len(data)):
+        if data[j].shape == data[0].shape and not bool((data[j] == data[0]).all()):
+            data[0], data[j] = data[j], data[0]
+            break
+    return data
+
+
+def _pad_front(data: list[Any], indices: list[Any]) -> list[Any]:
+    import torch
+
+    out = []
+    for tensor, index in zip(data, indices, strict=True):
+        for dim, part in enumerate(index if isinstance(index, (list, tuple)) else []):
+            held = len(range(*part.indices(10**9))) if isinstance(part, slice) else tensor.shape[dim]
+            padding = tensor.shape[dim] - held
+            if 0 < padding < tensor.shape[dim]:
+                tensor = torch.roll(tensor, padding, dim)
+        out.append(tensor)
+    return out

@@ -1,0 +1,123 @@
+"""Parent side: the nightly search. Hypothesis draws batches of programs until the time budget is
+spent; a failing batch is shrunk (hypothesis drops the passing programs and simplifies the failing
+one), the smallest program is rerun twice in new children to confirm it fails the same way, and
+each distinct finding is kept with its standalone script (harness.oracles.repro).
+
+Each round is a separate hypothesis run with its own seed, so one finding does not end the
+search: the next round draws afresh, and a finding already kept (`finding_key`) is not kept, nor
+shrunk, twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from harness.oracles import generate, repro, runner
+
+
+def finding_key(program: dict[str, Any], verdict: dict[str, str]) -> tuple[str, ...]:
+    """What makes two findings the same: a crash's or an error's message with its numbers (times,
+    addresses, line numbers) left out; a mismatch's set of ops."""
+    if verdict["status"] == "mismatch":
+        return ("mismatch", *sorted({op["op"] for op in program["ops"]}))
+    message = verdict["detail"].splitlines()[0] if verdict["detail"] else ""
+    message = message.split("] ", 1)[-1]  # after a C++ log prefix "F external/...h:127] "
+    return verdict["status"], re.sub(r"[0-9]+", "N", message)[:200]
+
+
+class _Failed(AssertionError):
+    """Raised inside the property so that hypothesis shrinks; carries nothing itself."""
+
+
+@dataclasses.dataclass
+class Finding:
+    program: dict[str, Any]
+    verdict: dict[str, str]
+    confirmations: list[str]  # the statuses of the reruns of the shrunk program
+
+    @property
+    def deterministic(self) -> bool:
+        return all(status == self.verdict["status"] for status in self.confirmations)
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return finding_key(self.program, self.verdict)
+
+    def text(self) -> str:
+        again = ", ".join(self.confirmations)
+        note = "deterministic" if self.deterministic else "NOT deterministic"
+        return f"[{note}: reruns gave {again}]\n{repro.report(self.program, self.verdict)}"
+
+
+@dataclasses.dataclass
+class SearchSummary:
+    programs: int = 0  # programs checked while drawing (not counting shrinking)
+    rounds: int = 0
+    # Round r draws with hypothesis seed `seed + r`: a new seed each run (the clock), printed, so
+    # that a night's search explores new programs and can still be repeated.
+    seed: int = dataclasses.field(default_factory=lambda: int(time.time()) % 1_000_000_007)
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+
+
+def search(
+    spmd: Any, devices: int, budget_s: float, batch: int = 8, examples: int = 6, fault: str | None = None
+) -> SearchSummary:
+    """Draw until budget_s is spent; fault (harness.oracles.faults) only to show the search can fail."""
+    summary = SearchSummary()
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline:
+        found = _round(spmd, devices, summary, (batch, examples), deadline, fault)
+        summary.rounds += 1
+        if found is not None and found.key not in {f.key for f in summary.findings}:
+            summary.findings.append(found)
+    return summary
+
+
+def _round(
+    spmd: Any, devices: int, summary: SearchSummary, sizes: tuple[int, int], deadline: float, fault: str | None
+) -> Finding | None:
+    batch, examples = sizes
+    last_failure: dict[str, Any] = {}
+
+    @hypothesis_seed(summary.seed + summary.rounds)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=(Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+    @given(st.lists(generate.programs(devices), min_size=1, max_size=batch))
+    def property_all_agree(programs: list[dict[str, Any]]) -> None:
+        if time.monotonic() > deadline and not last_failure:
+            return  # the budget is spent: pass the rest of this round without running it
+        if not last_failure:
+            summary.programs += len(programs)  # checked while drawing, not while shrinking
+        verdicts = runner.check_programs(spmd, programs, fault=fault, batch=len(programs))
+        known = {finding.key for finding in summary.findings}
+        for program, verdict in zip(programs, verdicts, strict=True):
+            # A crash or error already found this run is not found again (its shrinking is slow:
+            # a new child per step); a mismatch is, since its key needs the shrunk program.
+            if verdict["status"] != "ok" and finding_key(program, verdict) not in known:
+                last_failure.update(program=program, verdict=verdict)  # the last one is the shrunk one
+                raise _Failed(verdict["status"])
+
+    try:
+        property_all_agree()
+    except _Failed:
+        program = last_failure["program"]
+        # In new processes: a failure that needs the programs a reused child ran before is not this
+        # program's (seen once: a mismatch of an unsharded tanh that a fresh process computes right).
+        reruns = [
+            runner.check_programs(spmd, [program], fault=fault, batch=1, fresh=True)[0]["status"] for _ in range(2)
+        ]
+        return Finding(program, last_failure["verdict"], reruns)
+    return None
