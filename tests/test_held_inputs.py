@@ -132,3 +132,26 @@ def test_the_memray_reader_runs_from_a_folder_no_case_writes(tmp_path):
     )
     assert "PLANTED" not in (tmp_path / "reader.log").read_text(), "the planted harness/ ran as the reader"
     assert "memray" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_pytests_own_rewritten_bytecode_is_no_finding_but_a_planted_plain_pyc_is(tmp_path):
+    """pytest writes `m.cpython-311-pytest-X.pyc` (asserts rewritten, stamped like the source) as each
+    process of the run imports the harness: no plain import ever loads it, and an -n 2 run's workers
+    writing it after the controller's start is not a case's doing (it failed every -n 2 run)."""
+    import importlib._bootstrap_external as bootstrap
+
+    from harness.run.checkoutwatch import bytecode_problems
+
+    package = tmp_path / "pkg"
+    (package / "__pycache__").mkdir(parents=True)
+    source = package / "mod.py"
+    source.write_text("def f():\n    assert 1 == 1\n")
+    stat = source.stat()
+    other = compile("def f():\n    return 'rewritten'\n", str(source), "exec")
+    tag = sys.implementation.cache_tag
+    rewritten = package / "__pycache__" / f"mod.{tag}-pytest-9.2.0.pyc"
+    rewritten.write_bytes(bootstrap._code_to_timestamp_pyc(other, stat.st_mtime, stat.st_size))
+    assert bytecode_problems(package) == []
+    planted = package / "__pycache__" / f"mod.{tag}.pyc"
+    planted.write_bytes(bootstrap._code_to_timestamp_pyc(other, stat.st_mtime, stat.st_size))
+    assert bytecode_problems(package) == [str(planted)]
