@@ -37,6 +37,9 @@ class KnownBug:
     status: str  # "fixed" | "open" | "not-reproduced"
     carried_by: SpecifierSet  # empty for "not-reproduced": no release carries it
     signatures: tuple[re.Pattern[str], ...]
+    # Steady-state figures the bug's own mechanism moves (MOVED_FIGURES): its reproduced case is not
+    # judged on them, every other figure is (harness.judges.excused).
+    moves: tuple[str, ...] = ()
     source: Path = REGISTRY_PATH  # the registry file it was read from (--spmd-known-bugs): hints name it
 
     def carried_by_release(self, version: str) -> bool:
@@ -71,7 +74,9 @@ def parse_version(text: str) -> Version:
         raise RegistryError(f"torch_xla reported version {text!r}, which is not a PEP 440 version") from None
 
 
-ENTRY_KEYS = ("id", "title", "upstream_issue", "fix", "status", "carried_by", "signatures")
+ENTRY_KEYS = ("id", "title", "upstream_issue", "fix", "status", "carried_by", "signatures", "moves")
+# What an entry's `moves` may name: the figures a reproduced bug's case is still judged on alone.
+MOVED_FIGURES = ("native heap", "resident set")
 REQUIRED_KEYS = ("id", "title", "status", "carried_by", "signatures")
 # A bug reported upstream that no release measured here reproduces: its case guards the invariant
 # the report broke, so a build that breaks it is named, and the entry carries no release at all
@@ -131,8 +136,19 @@ def _entry_from_table(table: Any, number: int, path: Path) -> KnownBug:
         status=table["status"],
         carried_by=carried_by,
         signatures=_signatures(table["signatures"], where),
+        moves=_moves(table.get("moves", []), where),
         source=path,
     )
+
+
+def _moves(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or any(item not in MOVED_FIGURES for item in value):
+        names = ", ".join(f'"{name}"' for name in MOVED_FIGURES)
+        raise RegistryError(
+            f"{where}: moves must be a list naming figures the bug itself moves, of {names} "
+            f'(e.g. moves = ["native heap"]); got {shown(value)}'
+        )
+    return tuple(value)
 
 
 def _carried_by(value: Any, where: str) -> SpecifierSet:

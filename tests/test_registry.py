@@ -383,3 +383,24 @@ def test_a_regression_names_the_fix_or_the_window_never_empty_parentheses():
     opened = judge(get_entry(OPEN), "2.3.0", "AssertionError: 16 of 16 parameters left {replicated} instead of sharded")
     assert opened.kind is JudgementKind.REGRESSED
     assert "is fixed there (carried_by >=2.4)" in opened.message and "()" not in opened.message
+
+
+@pytest.mark.parametrize("moves", ['"native heap"', '["native memory"]', "[1]"])
+def test_moves_names_only_the_figures_a_reproduced_case_is_judged_on(tmp_path: Path, moves: str):
+    path = _registry(tmp_path)
+    path.write_text(path.read_text() + f"moves = {moves}\n")
+    with pytest.raises(RegistryError, match=r'moves must be a list .*"native heap", "resident set"'):
+        load_registry(path)
+
+
+def test_what_a_bug_moves_is_excused_and_nothing_else(tmp_path: Path):
+    """A reproduced bug whose mechanism keeps native memory (scan_layers' retraces held from C++) is
+    not judged on the native heap; its resident set still is (harness.judges.excused)."""
+    from harness.judges.excused import names_figure
+
+    path = _registry(tmp_path)
+    path.write_text(path.read_text() + 'moves = ["native heap"]\n')
+    entry = load_registry(path)["demo"]
+    assert entry.moves == ("native heap",)
+    assert names_figure([entry], ("native heap",)) and not names_figure([entry], ("resident set",))
+    assert not names_figure([get_entry("demo", _registry(tmp_path, name="plain.toml"))], ("native heap",))

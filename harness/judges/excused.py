@@ -28,8 +28,10 @@ FIGURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 
 def names_figure(entries: Sequence[KnownBug], words: tuple[str, ...]) -> bool:
-    """Whether an entry's signatures name the figure: one of its words in a signature's pattern
-    (its regular expression's escapes aside)."""
+    """Whether an entry's signatures name the figure (one of its words in a signature's pattern,
+    its regular expression's escapes aside) or its `moves` list does (its mechanism moves it)."""
+    if any(word in entry.moves for entry in entries for word in words):
+        return True
     patterns = [signature.pattern.replace("\\", "") for entry in entries for signature in entry.signatures]
     return any(word in pattern for word in words for pattern in patterns)
 
