@@ -1,0 +1,200 @@
+"""The training job's sharded checkpoint: saved mid-run, restored into a fresh job, resumed.
+
+The job of cases/test_training_job.py (cases.trainjob) trains; after `save_after` steps its model
+and AdamW state are saved with `torch.distributed.checkpoint` and torch_xla's SPMD planners
+(cases.checkpointing; or through torch_xla's CheckpointManager), and it trains on. A fresh job,
+built with other weights, primes its optimizer, restores the checkpoint and trains the remaining
+steps on the same batches. Held:
+
+* on the same mesh the resumed run is the uninterrupted run, bit for bit: every loss after the
+  restore, every parameter and every optimizer state tensor at the end (the same program on the
+  same data);
+* every parameter and optimizer state tensor has after the restore the sharding it had before
+  the save (on the same mesh), or the one the new mesh gave it (restored onto another mesh);
+* restored onto another mesh (saved on the 1-D mesh of 4, restored on (2, 2) fsdp x tensor):
+  the same numbers within the CPU reference's tolerance (another program, other reduction orders).
+
+Self-tests (a torch_xla 2.9.0 site changed in the child after the save): a restore that gives
+each device the next device's shard fails naming the parameter and how far it is off; one that
+writes the tensor back replicated fails naming the parameter and both shardings.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(devices=4)]
+
+STEPS = 4
+SAVE_AFTER = 2
+ACROSS_MESHES_ATOL = 1e-4  # as cases/test_training_job.py's parameters against the CPU
+
+
+def body_checkpoint_resume(
+    ctx, save_layout: str, restore_layout: str, manager: bool = False, fault: str | None = None
+) -> None:
+    import tempfile
+
+    from cases import checkpointing, decoder, faults, trainjob
+    from harness import xla
+
+    lacking = checkpointing.missing() or (_manager_missing() if manager else None)
+    if lacking:
+        ctx.record("skip", f"has no {lacking}")
+        return
+    rows = trainjob.ROWS_PER_DEVICE * xla.num_devices()
+    tokens = decoder.token_batches(seed=2, count=STEPS, rows=rows)
+    folder = tempfile.mkdtemp(prefix="job-checkpoint-", dir=xla.scratch_folder("job-checkpoints-"))
+    store = checkpointing.ManagedCheckpoints(folder, SAVE_AFTER) if manager else None
+
+    job = trainjob.Job(save_layout)
+    losses = train(job, tokens[: SAVE_AFTER * rows])
+    saved_specs = specs_of(job)
+    if store is not None:
+        assert store.save(SAVE_AFTER, job.state(SAVE_AFTER)), f"CheckpointManager did not save at step {SAVE_AFTER}"
+    else:
+        checkpointing.save(job.state(SAVE_AFTER), folder)
+    losses += train(job, tokens[SAVE_AFTER * rows :])
+    expected = snapshot(job)
+
+    if fault is not None:
+        faults.reintroduce(fault)  # the restore is what the fault changes
+    fresh = trainjob.Job(restore_layout, seed=1)  # other weights: the restore must replace them all
+    checkpointing.prime(fresh.optimizer)
+    fresh_specs = specs_of(fresh)
+    state = fresh.state(0)
+    if store is not None:
+        store.load(state)
+    else:
+        checkpointing.load(state, folder)
+    step = int(state["progress"]["step"])
+    restored_specs = specs_of(fresh)
+    fresh.resume_schedule(step)
+    resumed = train(fresh, tokens[step * rows :])
+    ctx.record(
+        "resume",
+        {
+            "step": step,
+            "losses": losses,
+            "resumed_losses": resumed,
+            "saved_specs": saved_specs if save_layout == restore_layout else fresh_specs,
+            "restored_specs": restored_specs,
+            "differences": differences(expected, snapshot(fresh)),
+        },
+    )
+
+
+def _manager_missing() -> str | None:
+    try:
+        from torch_xla.experimental.distributed_checkpoint import CheckpointManager  # noqa: F401
+    except ImportError:
+        from cases import checkpointing
+
+        return checkpointing.NO_MANAGER
+    return None
+
+
+def train(job, tokens) -> list[float]:
+    """The job's steps over `tokens`, batches through its loader; the losses."""
+    from cases import trainjob
+
+    loader = job.loader(tokens)
+    losses = []
+    for (batch,) in loader:
+        loss, _ = job.step(batch)
+        losses.append(loss.item())
+    trainjob.close(loader)
+    return losses
+
+
+def specs_of(job) -> dict[str, str]:
+    """The sharding of every parameter and optimizer state tensor held on the devices."""
+    from harness import xla
+
+    specs = {f"param {name}": xla.spec_of(param) for name, param in job.wrapped.named_parameters()}
+    names = dict(enumerate(name for name, _ in job.wrapped.named_parameters()))
+    for index, state in job.optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            if value.device.type == "xla":
+                specs[f"optimizer {key} of {names[index]}"] = xla.spec_of(value)
+    return specs
+
+
+def snapshot(job) -> dict[str, object]:
+    """Every parameter and optimizer state tensor, on the CPU."""
+    tensors = {f"param {name}": param.detach().cpu() for name, param in job.wrapped.named_parameters()}
+    names = dict(enumerate(name for name, _ in job.wrapped.named_parameters()))
+    for index, state in job.optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"optimizer {key} of {names[index]}"] = value.detach().cpu()
+    return tensors
+
+
+def differences(expected: dict, observed: dict) -> dict[str, float]:
+    """Largest absolute difference of each tensor (0.0: bit for bit the same, NaN included)."""
+    import torch
+
+    found = {}
+    for name, want in expected.items():
+        got = observed[name]
+        same = torch.equal(want, got) or (want.is_floating_point() and torch.equal(want.isnan(), got.isnan()))
+        found[name] = 0.0 if same else (want.double() - got.double()).abs().max().item()
+    return found
+
+
+def _run(spmd, **kwargs):
+    result = spmd.run(body_checkpoint_resume, fresh=True, **kwargs)
+    if "skip" in result.values:
+        pytest.skip(f"torch_xla {result.torch_xla} {result.values['skip']}")
+    return result.values["resume"]
+
+
+def check_shardings(resume: dict) -> None:
+    changed = {
+        name: f"{spec} -> {resume['restored_specs'].get(name)}"
+        for name, spec in resume["saved_specs"].items()
+        if resume["restored_specs"].get(name) != spec
+    }
+    assert not changed, f"the restore changed the sharding of {len(changed)} tensor(s): " + "; ".join(
+        f"{name}: {move}" for name, move in sorted(changed.items())
+    )
+
+
+def check_resumed(resume: dict, atol: float = 0.0) -> None:
+    step, losses = resume["step"], resume["losses"]
+    assert step == SAVE_AFTER, f"the checkpoint restored step {step}, saved at {SAVE_AFTER}"
+    uninterrupted, resumed = losses[step:], resume["resumed_losses"]
+    off = max(abs(a - b) for a, b in zip(uninterrupted, resumed, strict=True))
+    worst = max(resume["differences"].items(), key=lambda item: item[1])
+    how = "bit for bit" if atol == 0.0 else f"within {atol}"
+    assert off <= atol and worst[1] <= atol, (
+        f"resumed from the step-{step} checkpoint, the run is not the uninterrupted run {how}: losses "
+        f"{resumed} vs {uninterrupted}; {worst[0]} differs by {worst[1]:.3g} at the end"
+    )
+
+
+@pytest.mark.parametrize("manager", [False, True], ids=["planners", "checkpoint-manager"])
+def test_a_resumed_job_is_the_uninterrupted_job(spmd, manager: bool) -> None:
+    resume = _run(spmd, save_layout="fsdp", restore_layout="fsdp", manager=manager)
+    check_shardings(resume)
+    check_resumed(resume)
+
+
+def test_a_job_saved_on_one_mesh_resumes_on_another(spmd) -> None:
+    """Saved on the 1-D mesh of 4 devices (the (4, 1) layout), restored onto (2, 2) fsdp x tensor."""
+    resume = _run(spmd, save_layout="fsdp", restore_layout="fsdp-tensor")
+    check_shardings(resume)
+    check_resumed(resume, atol=ACROSS_MESHES_ATOL)
+
+
+@pytest.mark.parametrize("fault", ["restore-permutes-shards", "restore-replicates-shards"])
+def test_a_resume_fails_naming_a_restore_that_moves_shards(spmd, fault: str) -> None:
+    """Self-test: each restore fault put back into torch_xla fails the check that guards it."""
+    resume = _run(spmd, save_layout="fsdp", restore_layout="fsdp", fault=fault)
+    if fault == "restore-permutes-shards":
+        check_shardings(resume)  # the shards moved between devices; each tensor's sharding did not
+        with pytest.raises(AssertionError, match=r"is not the uninterrupted run bit for bit: .* differs by"):
+            check_resumed(resume)
+    else:
+        with pytest.raises(AssertionError, match=r"the restore changed the sharding of .*-> \{replicated\}"):
+            check_shardings(resume)
