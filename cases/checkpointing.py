@@ -49,6 +49,24 @@ def load(state: dict[str, Any], folder: str) -> None:
         dist_cp.load_state_dict(state, storage_reader=reader, planner=SPMDLoadPlanner(), no_dist=True)
 
 
+def unsaved(state: dict[str, Any], folder: str) -> list[str]:
+    """The tensors of `state` the checkpoint in `folder` holds no entry for, each with its sharding:
+    a save that returned without writing them (the restore then fails on the missing key)."""
+    import torch
+    import torch.distributed.checkpoint as dist_cp
+    from torch_xla.experimental.distributed_checkpoint._helpers import flatten_state_dict
+
+    from harness import xla
+
+    saved = dist_cp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    flat, _ = flatten_state_dict(state)
+    return [
+        f"{name} ({xla.spec_of(value) if value.device.type == 'xla' else 'on the CPU'})"
+        for name, value in flat.items()
+        if isinstance(value, torch.Tensor) and name not in saved
+    ]
+
+
 class ManagedCheckpoints:
     """torch_xla's CheckpointManager over `folder`, saving every `interval` steps, in a gloo
     process group of this one process (the manager coordinates its writes through one)."""
