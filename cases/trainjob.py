@@ -119,7 +119,8 @@ class Job:
         import torch_xla
 
         # The meter names each step's graph (the module XLA dumps); compile keeps that name.
-        name = torch_xla._XLAC._get_current_graph_name()
+        current = getattr(torch_xla._XLAC, "_get_current_graph_name", None)
+        name = current() if current is not None else None
         return torch_xla.compile(self.train_step, full_graph=True, name=name)(tokens)
 
     def train_step(self, tokens: Any) -> tuple[Any, Any]:
