@@ -219,3 +219,59 @@ def test_a_resume_fails_naming_a_restore_that_moves_shards(spmd, fault: str) -> 
     else:
         with pytest.raises(AssertionError, match=r"the restore changed the sharding of .*-> \{replicated\}"):
             check_shardings(resume)
+
+
+IN_FLIGHT = "while an async operation is in flight"  # torch_xla's check on data not yet computed
+# A race: each attempt fails with a probability measured at 0.4-1.0 (2.4.0-2.9.0), so 10 attempts
+# see it but once in a few hundred runs. The tensor is large enough that making it takes the device
+# a while (a 64 x 8 one is made before the planner reads it: never seen).
+RESTORE_ATTEMPTS = 10
+RESTORE_SHAPE = (8192, 2048)
+
+
+def body_restore_right_after_sync(ctx, attempts: int) -> None:
+    """A restore into freshly made sharded tensors right after the sync that makes them, as a job
+    that builds its model, syncs and restores does; each attempt's failure is recorded."""
+    import tempfile
+
+    import torch
+    import torch_xla.distributed.spmd as xs
+
+    from cases import checkpointing, trainjob
+    from harness import xla
+
+    lacking = checkpointing.missing()
+    if lacking:
+        ctx.record("skip", f"has no {lacking}")
+        return
+    mesh = trainjob.mesh_of("fsdp")
+    saved = torch.randn(RESTORE_SHAPE).to(xla.device())
+    xs.mark_sharding(saved, mesh, ("fsdp", None))
+    folder = tempfile.mkdtemp(prefix="job-checkpoint-", dir=xla.scratch_folder("job-checkpoints-"))
+    checkpointing.save({"weight": saved}, folder)
+    failures = ctx.record("in_flight", [])
+    for _ in range(attempts):
+        target = torch.zeros(RESTORE_SHAPE, device=xla.device())
+        xs.mark_sharding(target, mesh, ("fsdp", None))
+        xla.sync()
+        try:
+            checkpointing.load({"weight": target}, folder)
+        except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            line = next((x.strip() for x in str(exc).splitlines() if IN_FLIGHT in x), None)
+            if line is None:
+                raise
+            failures.append(line[:300])
+        xla.wait_device_ops()
+
+
+@pytest.mark.nightly  # a race (see RESTORE_ATTEMPTS): kept out of the PR gate, where a rare miss would read as a fix
+@pytest.mark.known_bug("spmd-load-planner-reads-targets-in-flight")
+def test_a_restore_right_after_the_sync_that_made_its_targets(spmd) -> None:
+    result = spmd.run(body_restore_right_after_sync, attempts=RESTORE_ATTEMPTS, fresh=True)
+    if "skip" in result.values:
+        pytest.skip(f"torch_xla {result.torch_xla} {result.values['skip']}")
+    failures = result.values["in_flight"]
+    assert not failures, (
+        f"SPMDLoadPlanner read a restore target's shards while the sync that made it was in flight "
+        f"({len(failures)} of {RESTORE_ATTEMPTS} restores right after the sync failed): {failures[0]}"
+    )
