@@ -17,6 +17,7 @@ guards the site goes red naming it. Nothing is patched on disk.
                                   of the device after it (a restore that mixes up shard order)
     restore-replicates-shards     XLAShardedTensor.load_local_shards_ writes the assembled tensor
                                   back replicated (the numbers kept, the sharding lost)
+    restore-keeps-host-copies     XLAShardedTensor.load_local_shards_ keeps the host shards it loaded
 """
 
 from __future__ import annotations
@@ -133,6 +134,18 @@ def restore_replicates_shards() -> None:
     XLAShardedTensor.load_local_shards_ = load_replicated
 
 
+def restore_keeps_host_copies() -> None:
+    from torch_xla.distributed.spmd import XLAShardedTensor
+
+    load = XLAShardedTensor.load_local_shards_
+
+    def load_and_keep(self: Any, shards: list[Any]) -> None:
+        load(self, shards)
+        KEPT.extend(shards)
+
+    XLAShardedTensor.load_local_shards_ = load_and_keep
+
+
 FAULTS = {
     "loader-keeps-batches": loader_keeps_batches,
     "transfer-copies-per-device": transfer_copies_per_device,
@@ -140,4 +153,5 @@ FAULTS = {
     "checkpoint-without-remat": checkpoint_without_remat,
     "restore-permutes-shards": restore_permutes_shards,
     "restore-replicates-shards": restore_replicates_shards,
+    "restore-keeps-host-copies": restore_keeps_host_copies,
 }

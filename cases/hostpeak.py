@@ -36,8 +36,9 @@ def _give_back_freed_memory() -> None:
 
 
 @contextlib.contextmanager
-def peak_over(figures: dict[str, int], name: str) -> Iterator[None]:
-    """figures[name] = the bytes the resident set rose to, above where it started, in the block."""
+def peak_over(figures: dict[str, int], name: str, kept: dict[str, int] | None = None) -> Iterator[None]:
+    """figures[name] = the bytes the resident set rose to, above where it started, in the block;
+    kept[name] = what it still holds above that after the block, its garbage freed."""
     _give_back_freed_memory()
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
@@ -49,3 +50,6 @@ def peak_over(figures: dict[str, int], name: str) -> Iterator[None]:
         raise PeakUnreadable("writing 5 to /proc/self/clear_refs did not reset VmHWM (kernel before 4.0?)")
     yield
     figures[name] = (_status_kib("VmHWM") - start) * 1024
+    if kept is not None:
+        _give_back_freed_memory()
+        kept[name] = (_status_kib("VmRSS") - start) * 1024

@@ -69,7 +69,7 @@ def body_host_peaks(ctx, layout: str, fault: str | None = None) -> None:
     # SPMDLoadPlanner reads the target's shard layout without waiting for it: on 2.9.0 a load right
     # after the sync raised "Trying to access XLA data for tensor ... while an async operation is in flight".
     xla.wait_device_ops()
-    with hostpeak.peak_over(peaks, "restore"):
+    with hostpeak.peak_over(peaks, "restore", kept=ctx.record("kept", {})):
         checkpointing.load({"weight": target}, folder)
         xla.wait_device_ops()
     sizes["restore"] = shard_bytes(ctx, "restore", target)
@@ -90,6 +90,18 @@ def shard_bytes(ctx, phase: str, tensor) -> dict[str, int]:
     shape = list(tensor.shape)
     per_device = costs.tensor_bytes_per_device(shape, 4, [cuts.get(d, 1) for d in range(len(shape))])
     return {"distinct": tensor.numel() * 4, "per_device": per_device, "devices": xla.num_devices()}
+
+
+def check_nothing_kept(result) -> None:
+    """After the restore the target's new buffers replace its old ones: the host keeps no more."""
+    from harness.costs import kib
+
+    for phase, kept in result.values.get("kept", {}).items():
+        sizes = result.values["bytes"][phase]
+        assert kept <= SLACK, (
+            f"after the sharded {phase} of a {kib(sizes['distinct'])} tensor the host holds {kib(kept)} more than "
+            f"before it (at most {kib(SLACK)}): about {kept / sizes['distinct']:.1f} copies of the tensor kept"
+        )
 
 
 def _run(spmd, layout: str, fault: str | None = None):
@@ -138,6 +150,7 @@ def test_the_host_peak_of_a_sharded_transfer_and_restore(spmd, layout: str, requ
     else:
         assert result.values["restored_equal"], "the restored tensor differs from the one saved"
     check_peaks(result, spmd.backend.name)
+    check_nothing_kept(result)
 
 
 def test_a_transfer_that_copies_per_device_fails_naming_the_bytes(spmd) -> None:
@@ -147,3 +160,12 @@ def test_a_transfer_that_copies_per_device_fails_naming_the_bytes(spmd) -> None:
         AssertionError, match=r"the host's peak during the sharded transfer .* copies of the tensor more"
     ):
         check_peaks(result, spmd.backend.name)
+
+
+def test_a_restore_that_keeps_its_host_copies_fails_naming_the_bytes(spmd) -> None:
+    """Self-test: the restore keeps the shards it staged on the host (a planner that never drops them)."""
+    result = _run(spmd, "fsdp", fault="restore-keeps-host-copies")
+    with pytest.raises(
+        AssertionError, match=r"after the sharded restore of a .* the host holds .* copies of the tensor kept"
+    ):
+        check_nothing_kept(result)
