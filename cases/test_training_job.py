@@ -47,25 +47,30 @@ def body_train_job(ctx, layout: str, steps: int, fault: str | None = None) -> No
     job = trainjob.Job(layout)
     ctx.record("omitted", job.omitted)
     ctx.record("param_shapes", recording.record_parameters(ctx, job.wrapped))
-    # More batches than steps, one ahead at most: the loader sends a batch per step, and one it
-    # keeps shows on the step that sent it.
+    # More batches than steps, each sent in the step that takes it (trainjob.Gate): what is alive
+    # after a step is the same every run, and a batch the loader keeps shows on the step that sent it.
     tokens = decoder.token_batches(
         seed=1, count=steps + SPARE_BATCHES, rows=trainjob.ROWS_PER_DEVICE * xla.num_devices()
     )
-    loader = job.loader(tokens, loader_prefetch_size=1, device_prefetch_size=1)
+    gate = trainjob.Gate()
+    loader = job.loader(tokens, gate, loader_prefetch_size=1, device_prefetch_size=1)
     batches = iter(loader)
     losses, norms = ctx.record("losses", []), ctx.record("grad_norms", [])
     meter = stepcosts.StepMeter(ctx, parameters=job.parameters, optimizer=job.optimizer)
     for step in range(steps):
         with meter.step():
+            gate.allow()
             (batch,) = next(batches)
             if step == 0:
                 ctx.record_sharding("batch", xla.spec_of(batch))
                 record_remat(ctx, job, batch)
             loss, norm = job.step(batch)
             trainjob.logged_by_closures(job, loss, norm, losses, norms)
+            # The step before's closure ran at this step's sync, on its own thread: waited for, what
+            # it held (that step's loss and norm) is gone when the meter counts, every run.
+            trainjob.wait_for(lambda done=step: len(norms) == done, f"step {step - 1}'s step closure")
         del loss, norm, batch
-    trainjob.close(loader)
+    trainjob.close(loader, gate)
     xla.sync()  # a step's closures run at the next sync: the last step's at this one
     trainjob.wait_for(lambda: len(norms) == steps, f"the step closures of {steps} steps")
     recording.record_parameters(ctx, job.wrapped, suffix="@after-steps")
@@ -96,8 +101,8 @@ def record_remat(ctx, job, batch) -> None:
 
 
 def _run(spmd, layout: str, fault: str | None = None, check: bool = True):
-    steps = 10 if spmd.tier == "nightly" else costs.METERED_STEPS
-    return spmd.run(body_train_job, layout=layout, steps=steps, fault=fault, fresh=True, check=check)
+    # One size in both tiers: the cost baseline holds each step of the loop.
+    return spmd.run(body_train_job, layout=layout, steps=costs.METERED_STEPS, fault=fault, fresh=True, check=check)
 
 
 def check_reference(result) -> None:

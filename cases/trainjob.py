@@ -132,9 +132,10 @@ class Job:
         self.scheduler.step()
         return loss, norm
 
-    def loader(self, tokens: torch.Tensor, **prefetch: int) -> Any:
+    def loader(self, tokens: torch.Tensor, gate: Gate | None = None, **prefetch: int) -> Any:
         """torchprime's loader: a DataLoader of `tokens` rows through MpDeviceLoader, each batch
-        sharded on its way by `input_sharding` (xm.send_cpu_data_to_device underneath)."""
+        sharded on its way by `input_sharding` (xm.send_cpu_data_to_device underneath). With a
+        gate, its thread reads a batch only when the gate lets it."""
         import torch_xla.distributed.parallel_loader as pl
         import torch_xla.distributed.spmd as xs
         from torch.utils.data import DataLoader, TensorDataset
@@ -142,7 +143,9 @@ class Job:
         from harness import xla
 
         rows = ROWS_PER_DEVICE * xla.num_devices()
-        cpu_loader = DataLoader(TensorDataset(tokens), batch_size=rows, shuffle=False)
+        cpu_loader: Any = DataLoader(TensorDataset(tokens), batch_size=rows, shuffle=False)
+        if gate is not None:
+            cpu_loader = gate.over(cpu_loader)
         spec = xs.ShardingSpec(self.mesh, self.batch_spec)
         return pl.MpDeviceLoader(cpu_loader, xla.device(), input_sharding=spec, **prefetch)
 
@@ -161,8 +164,45 @@ class Job:
             self.scheduler.step()
 
 
-def close(loader: Any) -> None:
+class Gate:
+    """Lets MpDeviceLoader's thread read one batch per `allow()`. Its thread sends batches ahead
+    of the step: a metered step that ends while one is on its way counts it alive or not, by
+    timing. Allowed at the start of each step, the batch the step takes is the only one sent."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.permits = threading.Semaphore(0)
+        self.opened = False
+
+    def over(self, batches: Any) -> Any:
+        gate = self
+
+        class Gated:
+            def __len__(self) -> int:
+                return len(batches)
+
+            def __iter__(self) -> Iterator[Any]:
+                for batch in batches:
+                    if not gate.opened:
+                        gate.permits.acquire()
+                    yield batch
+
+        return Gated()
+
+    def allow(self) -> None:
+        self.permits.release()
+
+    def open(self) -> None:
+        """No more gating (before the loader is closed: its thread may be waiting)."""
+        self.opened = True
+        self.permits.release()
+
+
+def close(loader: Any, gate: Gate | None = None) -> None:
     """Stop MpDeviceLoader's threads (a loader read partly keeps them waiting on its queues)."""
+    if gate is not None:
+        gate.open()
     parallel = getattr(loader, "_parallel_loader", None)
     if parallel is not None:
         parallel.close()
