@@ -13,12 +13,12 @@ before it) and held to what the phase needs, counted from the bytes of the disti
   backend), the local shards it stages on the host and the bytes it reads, two copies of the
   distinct shards.
 
-Each phase moves one 64 MiB tensor; what the runtime allocates besides (measured up to 14 MiB on
-2.4.0-2.9.0) stays under the slack, half the tensor.
+Each phase moves one 64 MiB tensor; what the runtime allocates besides (measured up to 32 MiB on
+2.4.0-2.9.0, in the first transfer of a process) stays under the slack, 48 MiB.
 
 Found on 2.4.0, 2.6.0 and 2.9.0 (registry `sharded-transfer-stages-a-host-copy-per-device`): a batch
 replicated over the tensor axis of the (2, 2) mesh is staged once per device, replicas included:
-the peak is 258-296 MiB where 224 MiB suffice (64 MiB of device buffers, one 64 MiB staging copy).
+the peak is 256-296 MiB where 192 MiB suffice (128 MiB of device buffers, one 64 MiB staging copy).
 
 After the restore no CPU tensor it made may stay alive (counted from the objects: the shards it
 read and staged).
@@ -34,7 +34,10 @@ import pytest
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(devices=4)]
 
 ROWS, COLUMNS = 8192, 2048  # float32: 64 MiB
-SLACK = 32 << 20  # half the tensor: what the runtime allocates besides the data in a phase
+# What the runtime allocates besides the data in a phase: 0-32 MiB seen in the 1-D transfer (its
+# first in the process). The partially replicated transfer's per-device staging is 66-104 MiB above
+# what it needs: the margins either side are thin (16-18 MiB), so that case runs nightly only.
+SLACK = 48 << 20
 
 
 def body_host_peaks(ctx, layout: str, fault: str | None = None) -> None:
@@ -142,7 +145,10 @@ def check_peaks(result, backend: str) -> None:
     [
         "fsdp",
         # the batch replicated over tensor: upstream's ShardTensor stages a host copy per device, replicas too
-        pytest.param("fsdp-tensor", marks=pytest.mark.known_bug("sharded-transfer-stages-a-host-copy-per-device")),
+        pytest.param(
+            "fsdp-tensor",
+            marks=[pytest.mark.nightly, pytest.mark.known_bug("sharded-transfer-stages-a-host-copy-per-device")],
+        ),
     ],
 )
 def test_the_host_peak_of_a_sharded_transfer_and_restore(spmd, layout: str, request) -> None:
