@@ -1,0 +1,157 @@
+"""Faults at the sites the training job relies on, put back into torch_xla in a child.
+
+Imported only inside case bodies (child processes), and only by the self-tests of
+cases/test_training_job.py: each fault replaces one torch_xla (or torch) function in this
+process with one that does what a regressed build would, and the self-test shows the check that
+guards the site goes red naming it. Nothing is patched on disk.
+
+    loader-keeps-batches          xm.send_cpu_data_to_device (what MpDeviceLoader calls per batch)
+                                  keeps every batch it sent alive
+    transfer-copies-per-device    torch_xla._XLAC._xla_tensors_from_aten (the sharded transfer)
+                                  stages a whole copy of each tensor per device on the host
+    clip-over-one-shard           clip_grad_norm_ of XLA gradients computes the norm of each
+                                  gradient's first shard (device 0's rows), not the whole
+    checkpoint-without-remat      torch_xla.utils.checkpoint.checkpoint runs the layer as is:
+                                  activations kept, nothing recomputed in the backward
+    restore-permutes-shards       XLAShardedTensor.load_local_shards_ gives each device the shard
+                                  of the device after it (a restore that mixes up shard order)
+    restore-replicates-shards     XLAShardedTensor.load_local_shards_ writes the assembled tensor
+                                  back replicated (the numbers kept, the sharding lost)
+    restore-keeps-host-copies     XLAShardedTensor.load_local_shards_ keeps the host shards it loaded
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KEPT: list[Any] = []  # what a leaking fault holds on to
+
+
+def reintroduce(name: str) -> None:
+    try:
+        fault = FAULTS[name]
+    except KeyError:
+        raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}") from None
+    fault()
+
+
+def loader_keeps_batches() -> None:
+    import torch_xla.core.xla_model as xm
+
+    sent = xm.send_cpu_data_to_device
+
+    def send_and_keep(*args: Any, **kwargs: Any) -> Any:
+        result = sent(*args, **kwargs)
+        KEPT.append(result)
+        return result
+
+    xm.send_cpu_data_to_device = send_and_keep
+
+
+def transfer_copies_per_device() -> None:
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    transfer = torch_xla._XLAC._xla_tensors_from_aten
+
+    def copy_per_device(tensors: Any, devices: Any, shardings: Any = None, *rest: Any) -> Any:
+        staged = [t.clone() for t in tensors for _ in range(xr.global_runtime_device_count())] if shardings else []
+        try:
+            return transfer(tensors, devices, shardings, *rest)
+        finally:
+            del staged
+
+    torch_xla._XLAC._xla_tensors_from_aten = copy_per_device
+
+
+def clip_over_one_shard() -> None:
+    import torch
+
+    from harness import xla
+
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def norm_of_first_shard(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads or grads[0].device.type != "xla":
+            return clip(parameters, max_norm, *args, **kwargs)
+        devices = xla.num_devices()
+
+        def first_shard(grad: Any) -> Any:
+            dim = max(range(grad.dim()), key=lambda d: grad.shape[d])
+            return grad.narrow(dim, 0, max(1, grad.shape[dim] // devices))
+
+        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(first_shard(g)) for g in grads]))
+        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for grad in grads:
+            grad.mul_(scale)
+        return total
+
+    torch.nn.utils.clip_grad_norm_ = norm_of_first_shard
+
+
+def checkpoint_without_remat() -> None:
+    import torch_xla.utils.checkpoint as checkpointing
+
+    def run_as_is(function: Any, *args: Any, **kwargs: Any) -> Any:
+        return function(*args)
+
+    checkpointing.checkpoint = run_as_is
+
+
+def restore_permutes_shards() -> None:
+    from torch_xla.distributed.spmd import XLAShardedTensor
+
+    load = XLAShardedTensor.load_local_shards_
+
+    def load_rotated(self: Any, shards: list[Any]) -> None:
+        datas = [s.data for s in shards]
+        rotated = datas[1:] + datas[:1]
+        if all(a.shape == b.shape for a, b in zip(datas, rotated)):
+            for shard, data in zip(shards, rotated):
+                shard.data = data
+        load(self, shards)
+
+    XLAShardedTensor.load_local_shards_ = load_rotated
+
+
+def restore_replicates_shards() -> None:
+    import torch
+    import torch_xla
+    from torch_xla.distributed.spmd import XLAShardedTensor
+
+    load = XLAShardedTensor.load_local_shards_
+
+    def load_replicated(self: Any, shards: list[Any]) -> None:
+        load(self, shards)
+        whole = self.global_tensor.cpu()
+        torch_xla._XLAC._xla_clear_sharding(self.global_tensor)
+        with torch.no_grad():
+            self.global_tensor.copy_(whole.to(self.global_tensor.device))
+        torch_xla.sync()
+
+    XLAShardedTensor.load_local_shards_ = load_replicated
+
+
+def restore_keeps_host_copies() -> None:
+    from torch_xla.distributed.spmd import XLAShardedTensor
+
+    load = XLAShardedTensor.load_local_shards_
+
+    def load_and_keep(self: Any, shards: list[Any]) -> None:
+        load(self, shards)
+        KEPT.extend(shards)
+
+    XLAShardedTensor.load_local_shards_ = load_and_keep
+
+
+FAULTS = {
+    "loader-keeps-batches": loader_keeps_batches,
+    "transfer-copies-per-device": transfer_copies_per_device,
+    "clip-over-one-shard": clip_over_one_shard,
+    "checkpoint-without-remat": checkpoint_without_remat,
+    "restore-permutes-shards": restore_permutes_shards,
+    "restore-replicates-shards": restore_replicates_shards,
+    "restore-keeps-host-copies": restore_keeps_host_copies,
+}

@@ -1,0 +1,264 @@
+"""The job around the step, as torchprime's trainer runs it, for the training-job case bodies.
+
+Imported only inside case bodies (child processes). A `Job` is a cases.decoder.Decoder on a mesh
+layout, wrapped with FSDPv2, with AdamW, a warm-up LR schedule, `clip_grad_norm_` (its norm
+returned) and `clip_grad_value_`, each layer under torch_xla's activation checkpointing, the step
+under `torch_xla.compile(full_graph=True)`. Each part is used where the release has it; what it
+lacks is named in `Job.omitted` (the case reports it) and the job runs without it.
+
+The CPU reference (`reference_run`) is the same model, optimizer, schedule and clipping in eager
+torch, unsharded.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from cases import decoder
+
+LEARNING_RATE = 3e-3
+WARMUP_STEPS = 3  # the factor (step + 1) / WARMUP_STEPS never makes the rate 0 or 1 (XLA constants)
+WEIGHT_DECAY = 0.1
+MAX_GRAD_NORM = 0.5  # below the decoder's early gradient norms: the clip scales every step
+MAX_GRAD_VALUE = 0.02  # below its largest gradient entries: the value clip cuts some
+ROWS_PER_DEVICE = 2
+# The job's mesh layouts: the 1-D FSDPv2 mesh, and torchprime's fsdp x tensor (tensor=2).
+LAYOUTS = ("fsdp", "fsdp-tensor")
+
+
+def mesh_of(layout: str) -> Any:
+    from harness import xla
+
+    n = xla.num_devices()
+    if layout == "fsdp":
+        return xla.mesh((n,), ("fsdp",))
+    if layout == "fsdp-tensor":
+        if n % 2:
+            raise ValueError(f"layout fsdp-tensor needs an even device count, got {n}")
+        return xla.mesh((n // 2, 2), ("fsdp", "tensor"))
+    raise ValueError(f"unknown job layout {layout!r}; known: {', '.join(LAYOUTS)}")
+
+
+def warmup_factor(step: int) -> float:
+    return min(1.0, (step + 1) / WARMUP_STEPS)
+
+
+def clip(parameters: list[Any]) -> Any:
+    """torchprime's clipping: the norm first (returned, logged), then values."""
+    norm = torch.nn.utils.clip_grad_norm_(parameters, MAX_GRAD_NORM)
+    torch.nn.utils.clip_grad_value_(parameters, MAX_GRAD_VALUE)
+    return norm
+
+
+def adamw(parameters: Any) -> tuple[torch.optim.Optimizer, Any]:
+    optimizer = torch.optim.AdamW(parameters, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_factor)
+
+
+def missing_parts() -> dict[str, str]:
+    """What this release lacks of the job's optional parts, each named with what it is."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    missing = {}
+    compile_fn = getattr(torch_xla, "compile", None)
+    if compile_fn is None or not {"full_graph", "name"} <= set(inspect.signature(compile_fn).parameters):
+        missing["compile"] = "torch_xla.compile(fn, full_graph=..., name=...)"
+    try:
+        from torch_xla.utils.checkpoint import checkpoint  # noqa: F401
+    except ImportError:
+        missing["remat"] = "torch_xla.utils.checkpoint.checkpoint"
+    if "run_async" not in inspect.signature(xm.add_step_closure).parameters:
+        missing["async_closure"] = "xm.add_step_closure(..., run_async=True)"
+    return missing
+
+
+@dataclasses.dataclass
+class Job:
+    """A decoder trained on `layout`'s mesh: model (FSDPv2-wrapped), optimizer, schedule, step."""
+
+    layout: str
+    seed: int = 0
+    omitted: dict[str, str] = dataclasses.field(default_factory=missing_parts)
+
+    def __post_init__(self) -> None:
+        import torch_xla.distributed.spmd as xs
+        from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
+
+        from harness import xla
+
+        self.mesh = mesh_of(self.layout)
+        self.model = decoder.build_decoder(self.seed)
+        self.reference = copy.deepcopy(self.model)  # the CPU copy, before anything moves or is marked
+        if self.layout == "fsdp-tensor":
+            # torchprime's fsdp x tensor specs; FSDPv2 leaves a parameter marked already as it is.
+            self.model.to(xla.device())
+            for name, param in self.model.named_parameters():
+                xs.mark_sharding(param, self.mesh, decoder.tensor_parallel_spec(name))
+        if "remat" not in self.omitted:
+            self.model.remat = rematerialize
+        self.wrapped = SpmdFullyShardedDataParallel(self.model, mesh=self.mesh)
+        self.parameters = list(self.wrapped.parameters())
+        self.optimizer, self.scheduler = adamw(self.parameters)
+        self.batch_spec = ("fsdp", None)
+
+    def step(self, tokens: Any) -> tuple[Any, Any]:
+        """One training step: (loss, grad norm) as XLA tensors, executed."""
+        if "compile" in self.omitted:
+            loss, norm = self.train_step(tokens)
+            from harness import xla
+
+            xla.sync()
+            return loss, norm
+        import torch_xla
+
+        # The meter names each step's graph (the module XLA dumps); compile keeps that name.
+        current = getattr(torch_xla._XLAC, "_get_current_graph_name", None)
+        name = current() if current is not None else None
+        return torch_xla.compile(self.train_step, full_graph=True, name=name)(tokens)
+
+    def train_step(self, tokens: Any) -> tuple[Any, Any]:
+        self.optimizer.zero_grad()
+        loss = decoder.next_token_loss(self.wrapped, tokens)
+        loss.backward()
+        norm = clip(self.parameters)
+        self.optimizer.step()
+        self.scheduler.step()
+        return loss, norm
+
+    def loader(self, tokens: torch.Tensor, gate: Gate | None = None, **prefetch: int) -> Any:
+        """torchprime's loader: a DataLoader of `tokens` rows through MpDeviceLoader, each batch
+        sharded on its way by `input_sharding` (xm.send_cpu_data_to_device underneath). With a
+        gate, its thread reads a batch only when the gate lets it."""
+        import torch_xla.distributed.parallel_loader as pl
+        import torch_xla.distributed.spmd as xs
+        from torch.utils.data import DataLoader, TensorDataset
+
+        from harness import xla
+
+        rows = ROWS_PER_DEVICE * xla.num_devices()
+        cpu_loader: Any = DataLoader(TensorDataset(tokens), batch_size=rows, shuffle=False)
+        if gate is not None:
+            cpu_loader = gate.over(cpu_loader)
+        spec = xs.ShardingSpec(self.mesh, self.batch_spec)
+        return pl.MpDeviceLoader(cpu_loader, xla.device(), input_sharding=spec, **prefetch)
+
+    def state(self, step: int) -> dict[str, Any]:
+        """What a checkpoint holds: the model's and the optimizer's tensors, and the step."""
+        optimizer_state = self.optimizer.state_dict()["state"]
+        return {
+            "model": self.wrapped.state_dict(),
+            "optim": {str(index): dict(state) for index, state in optimizer_state.items()},
+            "progress": {"step": torch.tensor(step)},
+        }
+
+    def resume_schedule(self, step: int) -> None:
+        """The schedule as it was after `step` steps (it holds no tensor to checkpoint)."""
+        for _ in range(step):
+            self.scheduler.step()
+
+
+class Gate:
+    """Lets MpDeviceLoader's thread read one batch per `allow()`. Its thread sends batches ahead
+    of the step: a metered step that ends while one is on its way counts it alive or not, by
+    timing. Allowed at the start of each step, the batch the step takes is the only one sent."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.permits = threading.Semaphore(0)
+        self.opened = False
+
+    def over(self, batches: Any) -> Any:
+        gate = self
+
+        class Gated:
+            def __len__(self) -> int:
+                return len(batches)
+
+            def __iter__(self) -> Iterator[Any]:
+                for batch in batches:
+                    if not gate.opened:
+                        gate.permits.acquire()
+                    yield batch
+
+        return Gated()
+
+    def allow(self) -> None:
+        self.permits.release()
+
+    def open(self) -> None:
+        """No more gating (before the loader is closed: its thread may be waiting)."""
+        self.opened = True
+        self.permits.release()
+
+
+def close(loader: Any, gate: Gate | None = None) -> None:
+    """Stop MpDeviceLoader's threads (a loader read partly keeps them waiting on its queues)."""
+    if gate is not None:
+        gate.open()
+    parallel = getattr(loader, "_parallel_loader", None)
+    if parallel is not None:
+        parallel.close()
+
+
+def rematerialize(layer: Any, x: Any) -> Any:
+    """torch_xla's activation checkpointing of one layer, as torchprime applies it."""
+    from torch_xla.utils.checkpoint import checkpoint
+
+    # No dropout: the RNG state need not be kept, and keeping it reads the device mid-trace.
+    return checkpoint(layer, x, use_reentrant=True, preserve_rng_state=False)
+
+
+def logged_by_closures(job: Job, loss: Any, norm: Any, losses: list[float], norms: list[float]) -> None:
+    """Loss and grad norm read after the step by a step closure (async where the release can)."""
+    import torch_xla.core.xla_model as xm
+
+    def log(loss: Any, norm: Any) -> None:
+        losses.append(loss.item())
+        norms.append(norm.item())
+
+    if "async_closure" in job.omitted:
+        xm.add_step_closure(log, (loss, norm))
+    else:
+        xm.add_step_closure(log, (loss, norm), run_async=True)
+
+
+def reference_run(model: Any, batches: Iterator[torch.Tensor]) -> tuple[list[float], list[float]]:
+    """The same training, eager and unsharded on the CPU: losses and grad norms per step."""
+    parameters = list(model.parameters())
+    optimizer, scheduler = adamw(parameters)
+    losses, norms = [], []
+    for tokens in batches:
+        optimizer.zero_grad()
+        loss = decoder.next_token_loss(model, tokens)
+        loss.backward()
+        norms.append(float(clip(parameters)))
+        optimizer.step()
+        scheduler.step()
+        losses.append(loss.item())
+    return losses, norms
+
+
+def parameter_drift(job: Job, reference: Any) -> dict[str, float]:
+    """Largest absolute difference of each parameter from the reference's."""
+    return {
+        name: (param.detach().cpu() - cpu_param.detach()).abs().max().item()
+        for (name, cpu_param), param in zip(reference.named_parameters(), job.model.parameters())
+    }
+
+
+def wait_for(condition: Callable[[], bool], what: str, seconds: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {seconds:.0f} s")
+        time.sleep(0.01)
