@@ -127,18 +127,19 @@ class Findings:
         if harness is None or not (harness.active or harness.run.exists()):
             return
         failed = [r for r in terminalreporter.stats.get("failed", []) if getattr(r, "when", "") == "call"]
+        shown = cause_lines(harness, failed) if failed else []
         if failed:
-            shown = cause_lines(harness, failed)
             changes = sum(1 for line in shown if not line.startswith((" ", "if ")))
             title = f"spmd findings: {len(failed)} failed case(s), {changes} finding(s) by cause"
             terminalreporter.section(title, red=True)
             for line in shown:
                 terminalreporter.line(line, red=not line.startswith(" "))
-            if harness.run.exists():  # for spmd-report's summary.md, which leads with them
-                try:
-                    runfolder.replace_file(harness.run.path / causes.FILE_NAME, "\n".join(shown) + "\n")
-                except OSError as exc:  # a full disk: the run's end says so, the terminal has them
-                    terminalreporter.line(f"spmd harness: could not keep the findings ({exc})", red=True)
+        if harness.run.exists():  # for spmd-report's summary.md, which leads with them
+            # Written with no failure too (empty): one a case planted must not read as this run's.
+            try:
+                runfolder.replace_file(harness.run.path / causes.FILE_NAME, "".join(f"{line}\n" for line in shown))
+            except OSError as exc:  # a full disk, a folder put there: the run's end says so
+                terminalreporter.line(f"spmd harness: could not keep the findings ({exc})", red=True)
         _expected_xfails(terminalreporter, config)
         reports = [r for key in ("passed", "failed", "xfailed", "xpassed") for r in terminalreporter.stats.get(key, [])]
         terminalreporter.write_line(checked_line(reports))
