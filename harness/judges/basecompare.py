@@ -41,7 +41,7 @@ from harness import costs, findings, shardingcompare
 from harness.errors import DamagedRecord, HarnessUsageError
 from harness.isolation import files
 from harness.isolation.evidence import headline
-from harness.records import runfolder
+from harness.records import runfolder, vouching
 from harness.records.results import CaseRecord, contradicting, read_records, suite_exit_problem
 from harness.registry import JudgementKind
 from harness.schema import load_json, shown
@@ -105,6 +105,13 @@ class BaseRun:
             )
         for record in records.values():
             _check_record(record, where)
+        # Its report is not fatal to a CI job (its failures are the base build's), so a case there
+        # that rewrote a record would otherwise set what this run is compared with.
+        rewritten = vouching.problems(run, manifest.record_digests)
+        if rewritten:
+            raise BaseRunError(
+                f"{where} holds records not as pytest wrote them: {printable('; '.join(rewritten))}; {RERUN}"
+            )
         for record in contradicting(manifest.failed_ids, records.values()):
             raise BaseRunError(
                 f"{where}: pytest reported {record.nodeid!r} failed, but its record says "
