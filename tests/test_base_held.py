@@ -3,7 +3,8 @@
 scripts/ci-spmd.sh runs this checkout's cases on the base build first, reports that run without
 failing the job on it (its failures are the base build's), then compares the PR's run with it. A
 case of the base run that rewrites an earlier case's record there (its figures made to match
-what the PR's build does) would make the comparison agree with the PR: the base is refused."""
+what the PR's build does) would make the comparison agree with the PR: the base is refused, and so
+is one whose own end named what a case did to it (its manifest's problems)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def body_ok(ctx):
     pass
 
 def body_rewrites(ctx, results, rewrite):
+    if rewrite == "build":  # a build.json of its making: the run's end names it in its manifest
+        for run in pathlib.Path(results).glob("run-*"):
+            (run / "build.json").write_text(json.dumps({"id": "forged", "torch_xla": "2.9.0"}))
     if rewrite != "1":
         return
     for path in pathlib.Path(results).glob("run-*/verdicts-*.jsonl"):
@@ -41,12 +45,13 @@ def test_b(spmd):
 """
 
 
-@pytest.mark.parametrize("rewrite", ["0", "1"], ids=["as-written", "rewritten"])
+@pytest.mark.parametrize("rewrite", ["0", "1", "build"], ids=["as-written", "rewritten", "build-planted"])
 def test_a_base_run_whose_records_a_case_rewrote_is_refused(pytester, monkeypatch, rewrite):
     pytester.makepyfile(test_base=REWRITES_THE_BASE)
     monkeypatch.setenv("REWRITE", rewrite)
+    monkeypatch.setenv("HARNESS_FAKE_BUILD", "base-build")  # so the run writes its build.json
     base = run_fake(pytester, "--spmd-results-dir=base")
-    assert base.ret == 0, base.stdout.str()
+    assert base.ret == (1 if rewrite == "build" else 0), base.stdout.str()
     monkeypatch.setenv("REWRITE", "0")
     compared = run_fake(pytester, "--spmd-results-dir=results", f"--spmd-compare={only_run_folder(pytester, 'base')}")
     said = compared.stdout.str() + compared.stderr.str()
@@ -54,4 +59,5 @@ def test_a_base_run_whose_records_a_case_rewrote_is_refused(pytester, monkeypatc
         assert compared.ret == 0, said
         return
     assert compared.ret != 0, said
-    assert "test_base.py::test_a was rewritten after its case ended" in said, said
+    named = {"1": "test_base.py::test_a was rewritten after its case ended", "build": "build.json in run-"}
+    assert named[rewrite] in said, said

@@ -112,6 +112,9 @@ class BaseRun:
             raise BaseRunError(
                 f"{where} holds records not as pytest wrote them: {printable('; '.join(rewritten))}; {RERUN}"
             )
+        if manifest.problems:  # what its own end found a case did to it (a planted build.json, ...)
+            said = printable("; ".join(manifest.problems[:3]))
+            raise BaseRunError(f"{where} ended with run problem(s): {said}; it is no base to trust; {RERUN}")
         for record in contradicting(manifest.failed_ids, records.values()):
             raise BaseRunError(
                 f"{where}: pytest reported {record.nodeid!r} failed, but its record says "
