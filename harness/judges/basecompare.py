@@ -105,16 +105,6 @@ class BaseRun:
             )
         for record in records.values():
             _check_record(record, where)
-        # Its report is not fatal to a CI job (its failures are the base build's), so a case there
-        # that rewrote a record would otherwise set what this run is compared with.
-        rewritten = vouching.problems(run, manifest.record_digests)
-        if rewritten:
-            raise BaseRunError(
-                f"{where} holds records not as pytest wrote them: {printable('; '.join(rewritten))}; {RERUN}"
-            )
-        if manifest.problems:  # what its own end found a case did to it (a planted build.json, ...)
-            said = printable("; ".join(manifest.problems[:3]))
-            raise BaseRunError(f"{where} ended with run problem(s): {said}; it is no base to trust; {RERUN}")
         for record in contradicting(manifest.failed_ids, records.values()):
             raise BaseRunError(
                 f"{where}: pytest reported {record.nodeid!r} failed, but its record says "
@@ -133,6 +123,16 @@ class BaseRun:
             raise BaseRunError(
                 f"{where} mixes torch_xla builds ({', '.join(builds)}): it is not one base build's run; {RERUN}"
             )
+        # Its report is not fatal to a CI job (its failures are the base build's), so a case there
+        # that rewrote a record would otherwise set what this run is compared with.
+        rewritten = vouching.problems(run, manifest.record_digests)
+        if rewritten:
+            raise BaseRunError(
+                f"{where} holds records not as pytest wrote them: {printable('; '.join(rewritten))}; {RERUN}"
+            )
+        if manifest.problems:  # what its own end found a case did to it (a planted build.json, ...)
+            said = printable("; ".join(manifest.problems[:3]))
+            raise BaseRunError(f"{where} ended with run problem(s): {said}; it is no base to trust; {RERUN}")
         return cls(run, builds[0] if builds else None, backend, devices, records, chosen)
 
 
