@@ -46,3 +46,42 @@ def test_a_planted_findings_file_is_not_the_summarys_findings(pytester, outcome)
     assert "every failure below is infrastructure" not in summary, summary
     assert "every failure below is infrastructure" not in proc.stdout + proc.stderr
     assert proc.returncode == (0 if outcome == "passed" else report.EXIT_CASES_FAILED), proc.stdout + proc.stderr
+
+
+REWRITES_A_FAILED_RECORD = """
+import json, pathlib
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_ok(ctx):
+    pass
+
+def body_rewrites(ctx, results):
+    for path in pathlib.Path(results).glob("run-*/verdicts-*.jsonl"):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        for record in records:
+            if record.get("nodeid", "").endswith("test_a_fails"):
+                record["cost_changes"] = ["step0: compiles 1 -> 9 per step (forged by a later case)"]
+        path.write_text("".join(json.dumps(record) + "\\n" for record in records))
+
+def test_a_fails(spmd):
+    spmd.run(body_ok)
+    assert False, "the real failure"
+
+def test_b_rewrites(spmd):
+    spmd.run(body_rewrites, results=str(pathlib.Path("results").absolute()))
+"""
+
+
+def test_the_findings_are_not_drawn_from_a_record_a_later_case_rewrote(pytester):
+    """The run's end groups failures by cause from their records: a record not as its case's
+    process wrote it (its digest, carried by the case's report) gives the findings nothing."""
+    pytester.makepyfile(test_rewriter=REWRITES_A_FAILED_RECORD)
+    result = run_fake(pytester, "--spmd-results-dir=results")
+    assert result.ret == 1
+    run = only_run_folder(pytester)
+    assert "forged by a later case" in "".join(p.read_text() for p in run.glob("verdicts-*")), "no rewrite"
+    findings = result.stdout.str().split("spmd findings", 1)[1]
+    assert "forged" not in findings and "compilations per step" not in findings, findings
+    assert "1 case(s): AssertionError: the real failure" in findings, findings
