@@ -25,6 +25,7 @@ from typing import Any
 
 MAX_CASES_SHOWN = 6
 EXAMPLE_CHARACTERS = 160  # of one case's line: the rest is in its failure
+HEADLINE_CHARACTERS = 100  # of a failure's first words, where no figure moved (an exception message)
 FILE_NAME = "findings.txt"  # in the run folder: the end of the run's findings, for spmd-report
 _BYTES_TOLERANCE = 0.02  # "by the parameters' bytes": within 2% (XLA pads a scalar or two)
 
@@ -77,7 +78,7 @@ def classify(item: str) -> tuple[str, str]:
             before, after = _amount(groups["before"]), _amount(groups["after"])
             return kind, "grew" if after > before else "went down" if after < before else "moved"
         return kind, "changed" if kind == "shardings" else "grew"
-    return "other", " ".join(item.split()[:8])
+    return "other", " ".join(item.split()[:8])[:HEADLINE_CHARACTERS]
 
 
 def cause_of(case: FailedCase) -> tuple[str, str]:
@@ -122,7 +123,8 @@ def lines(cases: list[FailedCase], update_hint: str = "") -> list[str]:
             + ", ".join(names[:MAX_CASES_SHOWN])
             + (f" and {len(names) - MAX_CASES_SHOWN} more" if len(names) > MAX_CASES_SHOWN else "")
         )
-    if out and update_hint:
+    # The update is offered only where a figure moved: it cannot answer an exception or an assertion.
+    if update_hint and any(kind != "other" for (kind, _), _members in group(cases)):
         out.append(f"if these changes are intended (and only then): {update_hint}")
     return out
 

@@ -41,7 +41,7 @@ from harness import costs, findings, shardingcompare
 from harness.errors import DamagedRecord, HarnessUsageError
 from harness.isolation import files
 from harness.isolation.evidence import headline
-from harness.records import runfolder
+from harness.records import runfolder, vouching
 from harness.records.results import CaseRecord, contradicting, read_records, suite_exit_problem
 from harness.registry import JudgementKind
 from harness.schema import load_json, shown
@@ -123,6 +123,16 @@ class BaseRun:
             raise BaseRunError(
                 f"{where} mixes torch_xla builds ({', '.join(builds)}): it is not one base build's run; {RERUN}"
             )
+        # Its report is not fatal to a CI job (its failures are the base build's), so a case there
+        # that rewrote a record would otherwise set what this run is compared with.
+        rewritten = vouching.problems(run, manifest.record_digests)
+        if rewritten:
+            raise BaseRunError(
+                f"{where} holds records not as pytest wrote them: {printable('; '.join(rewritten))}; {RERUN}"
+            )
+        if manifest.problems:  # what its own end found a case did to it (a planted build.json, ...)
+            said = printable("; ".join(manifest.problems[:3]))
+            raise BaseRunError(f"{where} ended with run problem(s): {said}; it is no base to trust; {RERUN}")
         return cls(run, builds[0] if builds else None, backend, devices, records, chosen)
 
 

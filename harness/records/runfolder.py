@@ -507,9 +507,28 @@ def finished_at(run: Path) -> datetime.datetime | None:
 def newest_finished_first(runs: list[Path]) -> list[Path]:
     """runs ordered by the finish time their manifests hold, newest first; the unfinished last.
     Not by name: a wrapper names a run as it likes (--spmd-run-id), and a folder named to sort
-    newest says nothing about when it ran."""
+    newest says nothing about when it ran. Nor by a finish time later than the manifest's file
+    was last changed (its ctime, which no user can set): pytest writes run.json as it finishes,
+    so such a time is made up (a run a case planted beside its own, "finished" in an hour)."""
     never = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
-    return sorted(runs, key=lambda run: finished_at(run) or never, reverse=True)
+
+    def finished(run: Path) -> datetime.datetime:
+        when, written = finished_at(run), _changed_at(run / MANIFEST_NAME)
+        if when is None or written is None:
+            return when or never
+        return min(when + _TO_THE_SECOND, written)  # a manifest's times are cut to the second
+
+    return sorted(runs, key=finished, reverse=True)
+
+
+_TO_THE_SECOND = datetime.timedelta(seconds=1)
+
+
+def _changed_at(path: Path) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromtimestamp(os.lstat(path).st_ctime, datetime.timezone.utc)
+    except OSError:
+        return None
 
 
 def find_runs(path: Path) -> list[Path]:

@@ -73,17 +73,23 @@ def checked_line(reports: Iterable[pytest.TestReport]) -> str:
 def cause_lines(harness: HarnessSession, failed: list[pytest.TestReport]) -> list[str]:
     """The run's failed cases by cause (harness.findings), with their records' signatures and the
     base run's beside them for the diagnoses."""
-    records = {}
+    from harness.run.writing import RECORD_DIGEST_PROPERTY  # here: harness.run.writing imports this module
+
+    records: dict[str, Any] = {}
+    found: dict[str, str] = {}  # each record's digest, as read
     if harness.run.exists():
         try:  # the records the run wrote (a case can damage them: then the findings go without signatures)
-            records = {r.nodeid: r for r in results.read_records(harness.run.path, unreadable=[])}
+            records = {r.nodeid: r for r in results.read_records(harness.run.path, unreadable=[], digests=found)}
         except (OSError, ValueError):
             records = {}
     base = harness.compare.base.records if harness.compare is not None else {}
     cases = []
     for report in failed:
         case_id = str(dict(report.user_properties).get("spmd_case_id", report.nodeid))
-        record = records.get(case_id)
+        # Only the record its case's process wrote (the digest its report carries): a later case
+        # can rewrite one, and the findings would lead with what it wrote.
+        vouched = dict(report.user_properties).get(RECORD_DIGEST_PROPERTY)
+        record = records.get(case_id) if vouched is not None and found.get(case_id) == vouched else None
         items = list(finding_of(report))
         if record is not None and len(items) == 1:  # its own lines, where no base run listed them
             items += list(record.cost_changes) + list(record.sharding_changes)
@@ -127,18 +133,19 @@ class Findings:
         if harness is None or not (harness.active or harness.run.exists()):
             return
         failed = [r for r in terminalreporter.stats.get("failed", []) if getattr(r, "when", "") == "call"]
+        shown = cause_lines(harness, failed) if failed else []
         if failed:
-            shown = cause_lines(harness, failed)
             changes = sum(1 for line in shown if not line.startswith((" ", "if ")))
             title = f"spmd findings: {len(failed)} failed case(s), {changes} finding(s) by cause"
             terminalreporter.section(title, red=True)
             for line in shown:
                 terminalreporter.line(line, red=not line.startswith(" "))
-            if harness.run.exists():  # for spmd-report's summary.md, which leads with them
-                try:
-                    runfolder.replace_file(harness.run.path / causes.FILE_NAME, "\n".join(shown) + "\n")
-                except OSError as exc:  # a full disk: the run's end says so, the terminal has them
-                    terminalreporter.line(f"spmd harness: could not keep the findings ({exc})", red=True)
+        if harness.run.exists():  # for spmd-report's summary.md, which leads with them
+            # Written with no failure too (empty): one a case planted must not read as this run's.
+            try:
+                runfolder.replace_file(harness.run.path / causes.FILE_NAME, "".join(f"{line}\n" for line in shown))
+            except OSError as exc:  # a full disk, a folder put there: the run's end says so
+                terminalreporter.line(f"spmd harness: could not keep the findings ({exc})", red=True)
         _expected_xfails(terminalreporter, config)
         reports = [r for key in ("passed", "failed", "xfailed", "xpassed") for r in terminalreporter.stats.get(key, [])]
         terminalreporter.write_line(checked_line(reports))
