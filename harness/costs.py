@@ -622,12 +622,14 @@ def metered_steps(tier: str) -> int:
 
 # Native growth a healthy loop never reaches per step after the warm-up: measured on torch_xla
 # 2.4.0, 2.6.0 and 2.9.0 (the FSDPv2 and ViT loops: heap -10 to +27 KiB, resident set +0 to +252 KiB
-# per step; 20-step loops: heap at most +17.8 KiB a step); a C++ leak of 64 KiB or more per step, or
-# MiBs of untracked objects, is above. (Slower leaks: the nightly tier's slope, slow_leaks.)
-NATIVE_GROWTH_PER_STEP = {"heap_bytes": 64 << 10, "rss_bytes": 1 << 20}
+# per step; 20-step loops: heap at most +17.8 KiB a step). 64 KiB was tried (#50) and refused: the
+# training job's loops (cases/test_training_job.py: loader, AdamW, remat) grow +67 and +81 KiB a step
+# on 2.6.0, every run, and pass on 2.4.0 and 2.9.0. A C++ leak of 128 KiB or more per step, or MiBs
+# of untracked objects, is above. (Slower leaks: the nightly tier's slope, slow_leaks.)
+NATIVE_GROWTH_PER_STEP = {"heap_bytes": 128 << 10, "rss_bytes": 1 << 20}
 NATIVE_NAMES = {"heap_bytes": "native heap (malloc in use)", "rss_bytes": "resident set"}
 # More native growth per step than the base run: a finding when this build's growth on every judged
-# step exceeds the base's by more than half the absolute threshold (32 KiB heap, 512 KiB resident set),
+# step exceeds the base's by more than half the absolute threshold (64 KiB heap, 512 KiB resident set),
 # above the least growth of a healthy loop's judged steps (heap +0 to +10 KiB, resident set +0 to +252 KiB).
 NATIVE_MARGIN_OVER_BASE = {field: floor // 2 for field, floor in NATIVE_GROWTH_PER_STEP.items()}
 

@@ -68,7 +68,7 @@ def test_a_leak_on_every_other_step_fails_a_six_step_loop_in_either_phase(odd):
     ), problems
     host = costs.steady_state_problems(loop({"host_objects": every_other(300, 4, 6, odd)}))
     assert "a leak every other step): host objects" in host[0], host
-    # 300 KiB malloc'd every other step: 150 KiB per step, above the 64 KiB a healthy step stays under
+    # 300 KiB malloc'd every other step: 150 KiB per step, above the 128 KiB a healthy step stays under
     native = loop({"heap_bytes": every_other(50 << 20, 300 << 10, 6, odd), "rss_bytes": [400 << 20] * 6})
     (line,) = costs.steady_state_problems(native)
     assert "native heap (malloc in use) +150 KiB per step" in line, line
@@ -150,7 +150,7 @@ def body_loop(ctx, attack, warmup, steps):
     real_get_objects, real_now = gc.get_objects, nativememory.now
     for _ in range(steps):
         with meter.step():
-            if attack == "slow_native":  # under the per-step threshold (64 KiB), for many steps: 800 KiB over 20
+            if attack == "slow_native":  # under the per-step threshold (128 KiB), for many steps: 800 KiB over 20
                 ctypes.memset(libc.malloc(40 << 10), 1, 40 << 10)
             if attack in ("native", "hide_native"):  # a C++ block never freed: 300 KiB per step, written
                 ctypes.memset(libc.malloc(300 << 10), 1, 300 << 10)

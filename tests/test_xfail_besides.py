@@ -91,10 +91,10 @@ def test_native_growth_beside_the_known_bug_fails_the_run_naming_both(suite):
 
 def test_more_growth_than_the_base_run_beside_the_known_bug_fails_against_the_base(suite):
     suite(leaking(heap_per_step=0), results="base")
-    # +48 KiB per step: under steady state's +64 KiB, over the base run's +0 by more than 32 KiB
-    result = suite(leaking(heap_per_step=48 << 10), "--spmd-compare=base")
+    # +100 KiB per step: under steady state's +128 KiB, over the base run's +0 by more than 64 KiB
+    result = suite(leaking(heap_per_step=100 << 10), "--spmd-compare=base")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"*XFAIL {ENTRY} and besides: native: native heap*+48 KiB per step*"])
+    result.stdout.fnmatch_lines([f"*XFAIL {ENTRY} and besides: native: native heap*+100 KiB per step*"])
 
 
 def test_the_cost_baseline_holds_a_case_that_reproduces_its_bug(suite, pytester):
