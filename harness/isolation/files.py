@@ -83,27 +83,26 @@ def kind_name(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "of another kind")
 
 
-def read_text(path: str | os.PathLike[str]) -> str:
-    """The file's text (UTF-8), read only if it is a regular file, not a link, and not beyond READ_LIMIT."""
+def _open_within_limit(path: str | os.PathLike[str]) -> int:
+    """A descriptor of the file for reading: a regular file, not a link, not beyond READ_LIMIT."""
     fd = open_file(path, os.O_RDONLY)
     try:
         check_size(fd, path)
     except BaseException:
         os.close(fd)
         raise
-    with os.fdopen(fd, encoding="utf-8") as fh:
+    return fd
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """The file's text (UTF-8), read only if it is a regular file, not a link, and not beyond READ_LIMIT."""
+    with os.fdopen(_open_within_limit(path), encoding="utf-8") as fh:
         return fh.read()
 
 
 def read_bytes(path: str | os.PathLike[str]) -> bytes:
     """The file's bytes, on the terms of read_text: a regular file, not a link, within READ_LIMIT."""
-    fd = open_file(path, os.O_RDONLY)
-    try:
-        check_size(fd, path)
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as fh:
+    with os.fdopen(_open_within_limit(path), "rb") as fh:
         return fh.read()
 
 
