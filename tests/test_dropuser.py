@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 from tests.conftest import REPO
 
 pytestmark = [
@@ -57,6 +58,10 @@ def test_a_dropped_process_is_the_case_user_for_good_not_dumpable_with_a_home_re
         text=True,
         timeout=60,
         cwd=REPO,
+        # Not the dump root of the run this test runs in (`pytest` from the root runs cases/ first,
+        # and their run's root is root's, 0700): a real run gives its root to the case user
+        # (harness.run.caseuser.give_dump_root); here HOME goes to the system's temporary folder.
+        env={k: v for k, v in os.environ.items() if k != XLA_DUMP_ROOT_ENV},
     )
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
