@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import options
 from harness.oracles import repro, runner, search
 from harness.oracles.program import ProgramError, check_program
 
@@ -63,7 +62,7 @@ def test_committed_programs_agree_with_cpu(spmd) -> None:
 @pytest.mark.nightly
 def test_drawn_programs_agree_with_cpu(spmd, request) -> None:
     """Hypothesis draws programs for --spmd-fuzz-budget seconds; every finding is shrunk and printed."""
-    budget = options.value(request.config, "spmd_fuzz_budget")
+    budget = search.budget(request.config)
     summary = search.search(spmd, spmd.backend.devices, budget)
     print(
         f"differential search: {summary.programs} programs in {summary.rounds} rounds, {len(summary.findings)} findings"

@@ -22,6 +22,7 @@ __all__ = [
     "costs",  # cost signatures and their comparison
     "hlo",  # HLO text read by role
     "meshes",  # training mesh layouts
+    "oracles",  # the differential oracle: programs, their runner and search (harness/oracles/)
     "recording",  # what bodies record of shardings, by stable name
     "registry",  # known_bugs.toml entries (get_entry)
     "sharding",  # HLO sharding values and assertions on them

@@ -66,6 +66,13 @@ class SearchSummary:
     findings: list[Finding] = dataclasses.field(default_factory=list)
 
 
+def budget(config: Any) -> float:
+    """--spmd-fuzz-budget (its ini key, its default): how long the nightly search may draw programs."""
+    from harness.config import options  # the pytest side's option table; cases ask through here
+
+    return float(options.value(config, "spmd_fuzz_budget"))
+
+
 def search(
     spmd: Any, devices: int, budget_s: float, batch: int = 8, examples: int = 6, fault: str | None = None
 ) -> SearchSummary:
