@@ -180,7 +180,9 @@ def fill_typing_caches() -> None:
         _ = (Sequence[fresh], List[fresh], Tuple[fresh, ...])  # noqa: UP006
 
 
-def _run(spmd, steps: int = costs.METERED_STEPS, **kwargs):
+def _run(spmd, steps: int | None = None, **kwargs):
+    if steps is None:
+        steps = costs.metered_steps(spmd.tier)  # 5 on a PR, 20 nightly (docs/tiers.md)
     result = spmd.run(body_scan_layers_fsdpv2_train, steps=steps, fresh=True, **kwargs)
     if "skip" in result.values:
         pytest.skip(f"torch_xla {result.torch_xla} {result.values['skip']}")

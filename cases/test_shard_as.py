@@ -259,7 +259,8 @@ def check_train(spmd, **kwargs) -> None:
     state, memory and both baselines judge the loop (the plugin)."""
     from harness.sharding import canonical_text
 
-    result = spmd.run(body_shard_as_scan_train, steps=costs.METERED_STEPS, stand_in_for_flax=True, fresh=True, **kwargs)
+    steps = costs.metered_steps(spmd.tier)  # 5 on a PR, 20 nightly (docs/tiers.md)
+    result = spmd.run(body_shard_as_scan_train, steps=steps, stand_in_for_flax=True, fresh=True, **kwargs)
     _skip_unless_ran(result)
     specs = result.shardings
     for name in result.values["param_shapes"]:
