@@ -419,6 +419,9 @@ def write_updates(
         return None, str(exc)
 
 
+WITHOUT_ENTRY = "spmd_without_baseline_entry"  # a report's user property: "<kind> <case id>"
+
+
 class BaselineCheck(Generic[F]):
     """One baseline check's state in one pytest process: which file, read once, and what an
     update run may write. harness.judges.shardingcheck and harness.judges.costcheck each make one."""
@@ -471,6 +474,19 @@ class BaselineCheck(Generic[F]):
         that one is read when the first case needs it, still before its verdict."""
         if self._backend.name != "tpu" or self._option:
             self.baseline()
+
+    def note_without_entry(self, report: pytest.TestReport, case_id: str) -> None:
+        """A case the baseline has no entry for: said on its report, which travels from an xdist
+        worker to the controller, where collect() lists it (the worker's own list is never printed)."""
+        report.user_properties.append((WITHOUT_ENTRY, f"{self.file.KIND} {case_id}"))
+
+    def collect(self, report: pytest.TestReport) -> None:
+        """The owning process: the cases without an entry, from every case's report."""
+        prefix = f"{self.file.KIND} "
+        for name, value in report.user_properties:
+            case = str(value)[len(prefix) :]
+            if name == WITHOUT_ENTRY and str(value).startswith(prefix) and case not in self.cases_without_entry:
+                self.cases_without_entry.append(case)
 
     def rewrite_command(self, item: pytest.Item, path: Path) -> str:
         return rewrite_command(item, self.file.FLAG, self.file.OPTION if self._option else None, path)

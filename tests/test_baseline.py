@@ -320,3 +320,15 @@ def test_the_real_vit_case_passes_a_silent_output_change_without_the_baseline_an
             "*" + lit("blocks.0:output: {devices=[4,1,1]0,1,2,3} -> {devices=[1,1,4]0,1,2,3}"),
         ]
     )
+
+
+def test_the_cases_without_an_entry_are_listed_under_xdist(suite, pytester):
+    """The judges run in the workers and the controller prints the section: the list travels on
+    each case's report (a worker's own list was never printed: the section never showed under -n)."""
+    suite({"w": TILED}, "--spmd-update-shardings")
+    data = baseline_file(pytester)
+    data["cases"] = {}
+    (pytester.path / "baseline.json").write_text(json.dumps(data))
+    result = suite({"w": TILED}, "-n", "2")
+    result.assert_outcomes(passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["*cases without a sharding baseline entry*", "test_cases.py::test_block", "add them*"])

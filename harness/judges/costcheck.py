@@ -95,7 +95,7 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
         changes = base.compare(case.case_id, signatures)
         changes = None if changes is None else findings.no_improvement_beside_growth(changes)
         if changes is None:
-            self.cases_without_entry.append(case.case_id)
+            self.note_without_entry(report, case.case_id)
             return
         checked.mark(report, checked.COST_BASELINE)
         if changes:

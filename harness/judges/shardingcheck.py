@@ -45,7 +45,7 @@ class ShardingJudge(BaselineCheck[Baseline], Judge):
             return
         check = base.check(case.case_id, case.shardings, case.torch_xla, self.rewrite_command(item, base.path))
         if check is None:
-            self.cases_without_entry.append(case.case_id)
+            self.note_without_entry(report, case.case_id)
             return
         checked.mark(report, checked.SHARDING_BASELINE)
         if entry is not None:  # the bug excuses its failure, not a drift
