@@ -21,6 +21,11 @@ tests/test_errors.py keeps the drawing true:
     ├── RegistryError
     ├── DamagedRecord                     also a ValueError
     ├── CostReadError                     harness.costs; also a ValueError
+    ├── HloParseError                     harness.hlo; also a ValueError
+    ├── ShardingParseError                harness.sharding; also a ValueError
+    ├── NotARegularFile                   harness.isolation.files; also an OSError: a link, pipe or folder
+    ├── FileTooLarge                      harness.isolation.files; also an OSError
+    ├── ChangedSinceCollection            a case module rewritten after collection (raised in the child)
     ├── CountersReset                     harness.costs: torch_xla's counters reset during a measured step
     ├── ChildStartError                   a child's start-up, not a case, failed
     ├── OracleRunError                    harness.oracles.runner: the oracle's own body failed in a child
@@ -48,8 +53,10 @@ tests/test_errors.py keeps the drawing true:
         │   └── ReportCorrupt             harness.gke.report_channel
         └── PodStuckError
 
-Not in the tree: harness.hlo.HloParseError and harness.sharding.ShardingParseError are plain
-ValueErrors, raised by readers that case bodies use (harness.__all__).
+The readers case bodies use (harness.hlo, harness.sharding) raise errors that are also
+ValueErrors, and the file helpers errors that are also OSErrors, so a caller that catches the
+built-in class keeps working. tests/test_errors.py also checks that no class the harness defines
+derives from a built-in exception without deriving from HarnessError.
 """
 
 from __future__ import annotations
@@ -129,3 +136,7 @@ class CaseProtocolError(CaseError):
 
 class ObservationsTooLarge(HarnessUsageError):
     """A case recorded more than harness.isolation.protocol.MAX_MESSAGE_BYTES of observations."""
+
+
+class ChangedSinceCollection(HarnessError):
+    """The case's module on disk is not what the run collected (a case before it rewrote it?)."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from harness.errors import HarnessError
 from harness.sharding import NoSharding, Sharding, TupleSharding, parse_sharding
 
 __all__ = [
@@ -67,7 +68,7 @@ _OPCODE = re.compile(r"[A-Za-z][\w.\-]*")
 _HLO_MODULE_LINE = re.compile(r"^\s*HloModule\b")
 
 
-class HloParseError(ValueError):
+class HloParseError(HarnessError, ValueError):
     """HLO text without the structure a question needs (e.g. no ENTRY computation, or two)."""
 
 

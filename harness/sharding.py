@@ -37,6 +37,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from harness.errors import HarnessError
+
 __all__ = [
     "MAX_DEVICES",
     "SUBGROUP_TYPES",
@@ -69,7 +71,7 @@ MAX_DEVICES = 1 << 20
 SUBGROUP_TYPES = ("replicated", "manual", "unreduced", "maximal")
 
 
-class ShardingParseError(ValueError):
+class ShardingParseError(HarnessError, ValueError):
     """Sharding text that is not valid HLO sharding syntax.
 
     `text` is the whole input, `position` the 0-based offset where parsing stopped (None when the

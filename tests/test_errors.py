@@ -74,3 +74,31 @@ def test_the_drawn_error_tree_is_the_class_tree():
 )
 def test_each_case_error_carries_its_outcome(error, outcome):
     assert error("x", evidence="e").outcome == outcome
+
+
+def _exception_classes_outside_the_tree() -> list[str]:
+    """Classes in harness/ whose bases name a built-in exception and no harness error: read from
+    the source (the child-only modules cannot be imported here). A private class (a leading
+    underscore) is control flow inside its module and never raised out of it."""
+    import ast
+    import builtins
+
+    built_in = {
+        name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
+    }
+    tree_names = set(_drawn_tree())
+    outside = []
+    for path in sorted((REPO / "harness").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ClassDef) or node.name.startswith("_") or node.name == "HarnessError":
+                continue
+            bases = {base.id for base in node.bases if isinstance(base, ast.Name)}
+            if bases & built_in and not bases & tree_names:
+                outside.append(f"{path.relative_to(REPO)}: {node.name}({', '.join(sorted(bases))})")
+    return outside
+
+
+def test_every_error_the_harness_defines_is_a_harness_error():
+    """One error tree (a caller catches HarnessError for anything the harness raised on purpose); an
+    OS-level or parse error may also be an OSError or a ValueError."""
+    assert _exception_classes_outside_the_tree() == []

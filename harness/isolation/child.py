@@ -37,6 +37,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from harness.errors import ChangedSinceCollection
 from harness.isolation import dropuser, files, processes, protocol
 from harness.isolation.context import CaseContext
 
@@ -97,10 +98,6 @@ def load_body(ref: dict[str, str]) -> Callable[..., Any]:
     if ref.get("sha256") and ref["module"] not in sys.modules:
         import_held(ref["module"], ref["sha256"])
     return resolve(f"{ref['module']}:{ref['qualname']}")
-
-
-class ChangedSinceCollection(Exception):
-    """The case's module on disk is not what the run collected (a case before it rewrote it?)."""
 
 
 class _HeldSource(importlib.machinery.SourceFileLoader):

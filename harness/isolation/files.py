@@ -17,8 +17,10 @@ import os
 import stat
 from pathlib import Path
 
+from harness.errors import HarnessError
 
-class NotARegularFile(OSError):
+
+class NotARegularFile(HarnessError, OSError):
     """What is at the path is a pipe, a device, a socket or a folder (placed there by a case?)."""
 
 
@@ -63,7 +65,7 @@ _KINDS = {
 READ_LIMIT = 256 * 2**20
 
 
-class FileTooLarge(OSError):
+class FileTooLarge(HarnessError, OSError):
     """A file the harness reads back is larger than any it writes (READ_LIMIT)."""
 
 
