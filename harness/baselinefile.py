@@ -24,6 +24,8 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import hashlib
+import json
 import os
 import shlex
 import tempfile
@@ -228,14 +230,16 @@ def rewrite(
     load: Callable[[], F | None],
     empty: Callable[[], F],
     entries: Mapping[str, tuple[Any, str | None]],
+    before: Mapping[str, Any] | None = None,
 ) -> dict[str, list[Any]]:
     """Apply this run's entries to the file as it is on disk now, under its lock; what changed per
-    case. BaselineUpdateRefused (nothing written) where that cannot be done safely."""
+    case. BaselineUpdateRefused (nothing written) where that cannot be done safely. `before`: the
+    file's entries as the run read them before any case ran (None: not read)."""
     where = f"{kind} baseline {path}"
     path.parent.mkdir(parents=True, exist_ok=True)
     first: dict[str, list[Any]] | None = None
     for _ in range(LOCK_ATTEMPTS):
-        with _locked(path, where) as still_ours:
+        with _locked(path, where) as (lock_fd, still_ours):
             try:
                 base = load() or empty()
             except BaselineError as exc:
@@ -243,16 +247,76 @@ def rewrite(
                     f"{where} is not written: the file on disk cannot be merged with: {exc}"
                 ) from None
             _refuse_mixed_release_lines(base, entries, where, flag)
+            written = _journal(lock_fd)
+            if before is not None:
+                _refuse_entries_changed_meanwhile(base, before, entries, written, where, flag)
             changes = {
                 case: base.update(case, observed, version) for case, (observed, version) in sorted(entries.items())
             }
             first = changes if first is None else first  # what this run changes, as it first found the file
+            written.update({case: _digest(base.cases[case]) for case in entries})
+            _write_journal(lock_fd, written)
             if _replace(path, base.render(), still_ours):
                 return first
     raise BaselineUpdateRefused(
         f"{where} is not written: its lock file was removed or replaced {LOCK_ATTEMPTS} times while this run "
         "held it (by a case?); run the update again"
     )
+
+
+def _digest(entry: Any) -> str:
+    return hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()
+
+
+JOURNAL_LIMIT = 16 * 2**20
+
+
+def _journal(lock_fd: int) -> dict[str, str]:
+    """What update runs wrote, case -> digest of its entry, kept in the lock file (written only
+    under its lock): another update beside this one is told from a case body's write by it. Read
+    as untrusted: anything but that mapping reads as empty, which refuses more, never less."""
+    try:
+        if os.fstat(lock_fd).st_size > JOURNAL_LIMIT:
+            return {}
+        data = json.loads(os.pread(lock_fd, JOURNAL_LIMIT, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    written = data.get("written") if isinstance(data, dict) else None
+    if not isinstance(written, dict):
+        return {}
+    return {str(case): digest for case, digest in written.items() if isinstance(digest, str)}
+
+
+def _write_journal(lock_fd: int, written: Mapping[str, str]) -> None:
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, json.dumps({"written": dict(sorted(written.items()))}).encode(), 0)
+
+
+def _refuse_entries_changed_meanwhile(
+    base: BaselineFile[Any],
+    before: Mapping[str, Any],
+    entries: Mapping[str, Any],
+    written: Mapping[str, str],
+    where: str,
+    flag: str,
+) -> None:
+    """An update writes only the cases the run took: an entry this run did not take that differs on
+    disk from what the run read before its first case would be written as if the run had taken it,
+    unless another update run wrote it (under the lock, in its journal): then it is that run's."""
+    changed = sorted(
+        case
+        for case in set(base.cases) | set(before)
+        if case not in entries
+        and base.cases.get(case) != before.get(case)
+        and not (case in base.cases and written.get(case) == _digest(base.cases[case]))
+    )
+    if changed:
+        raise BaselineUpdateRefused(
+            f"{where} is not written: {len(changed)} entr{'y' if len(changed) == 1 else 'ies'} this run did not take "
+            f"changed on disk while it ran ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}): written "
+            f"by a case body, or by another update run beside this one? Look at the file's diff, restore what no "
+            f"run of yours wrote, and run {flag} again"
+        )
 
 
 def _refuse_mixed_release_lines(
@@ -287,7 +351,7 @@ def _line(version: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: Path, where: str) -> Iterator[Callable[[], bool]]:
+def _locked(path: Path, where: str) -> Iterator[tuple[int, Callable[[], bool]]]:
     """An exclusive flock on `<file>.lock` beside the file, held while the file is read and replaced.
     Never follows a link planted there; waits LOCK_TIMEOUT_S at most.
 
@@ -315,7 +379,7 @@ def _locked(path: Path, where: str) -> Iterator[Callable[[], bool]]:
             raise
         os.close(fd)  # a lock file that was removed or replaced while we waited: lock the one there now
     try:
-        yield lambda: _names(lock, fd)
+        yield fd, lambda: _names(lock, fd)
     finally:
         os.close(fd)  # releases the lock
 
@@ -402,6 +466,7 @@ def write_updates(
     flag: str,
     load: Callable[[], F | None],
     empty: Callable[[], F],
+    before: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, list[Any]] | None, str | None]:
     """At the end of an update run: what changed per case, or why nothing was written (the run
     was interrupted; rewrite() refused, which makes the run a usage error, exit 4)."""
@@ -413,7 +478,7 @@ def write_updates(
     if not updates.passed:
         return None, None
     try:
-        return rewrite(path, kind, flag, load, empty, updates.passed), None
+        return rewrite(path, kind, flag, load, empty, updates.passed, before), None
     except BaselineUpdateRefused as exc:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return None, str(exc)
@@ -460,7 +525,8 @@ class BaselineCheck(Generic[F]):
         return self.file.default_path(self._rootpath, self.backend, self.devices)
 
     def baseline(self) -> F | None:
-        """The file, read the first time it is asked for; a damaged one is a usage error."""
+        """The file, read the first time it is asked for; a damaged one is a usage error. In an
+        update run, what was read is never updated in memory: rewrite() re-reads the file."""
         if not self._loaded:
             self._loaded = True
             try:
@@ -472,8 +538,8 @@ class BaselineCheck(Generic[F]):
     def read_unless_probed(self) -> None:
         """Read the file now, unless its name waits on a TPU's device count (a probe of the chips):
         that one is read when the first case needs it, still before its verdict."""
-        if self._backend.name != "tpu" or self._option:
-            self.baseline()
+        if self._backend.name != "tpu" or self._option or self.update:
+            self.baseline()  # an update run reads it before any case: rewrite() holds it to what it read
 
     def note_without_entry(self, report: pytest.TestReport, case_id: str) -> None:
         """A case the baseline has no entry for: said on its report, which travels from an xdist
@@ -503,6 +569,7 @@ class BaselineCheck(Generic[F]):
             self.file.FLAG,
             lambda: self.file.load(self.path, self.backend, self.devices),
             lambda: self.file.empty(self.path, self.backend, self.devices),
+            dict(self._baseline.cases) if self._baseline is not None else ({} if self._loaded else None),
         )
 
     def summarise(self, terminalreporter: Any) -> None:

@@ -332,3 +332,34 @@ def test_the_cases_without_an_entry_are_listed_under_xdist(suite, pytester):
     result = suite({"w": TILED}, "-n", "2")
     result.assert_outcomes(passed=1, xfailed=1)
     result.stdout.fnmatch_lines(["*cases without a sharding baseline entry*", "test_cases.py::test_block", "add them*"])
+
+
+PLANTING = """
+import json
+import os
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_plants(ctx, path):
+    ctx.record_sharding("w", "{devices=[4,1]0,1,2,3}")
+    data = json.loads(open(path).read()) if os.path.exists(path) else None
+    if data:
+        data["cases"]["test_other.py::test_never_ran"] = {"w": "{replicated}"}
+        open(path, "w").write(json.dumps(data))
+
+def test_planter(spmd):
+    spmd.run(body_plants, path=os.environ["BASELINE_PATH"])
+"""
+
+
+def test_an_update_writes_only_the_cases_the_run_took(suite, pytester, monkeypatch):
+    """A case body that writes an entry for a case the run did not take, during an update run: the
+    update refuses (exit 4, naming the entry) instead of writing it as if the run had taken it."""
+    suite({"w": TILED}, "--spmd-update-shardings").assert_outcomes(passed=1, xfailed=1)
+    pytester.makepyfile(test_planting=PLANTING)
+    monkeypatch.setenv("BASELINE_PATH", str(pytester.path / "baseline.json"))
+    result = suite({"w": TILED}, "--spmd-update-shardings")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stdout.fnmatch_lines(["*is not written: 1 entry this run did not take changed on disk while it ran*"])
+    result.stdout.fnmatch_lines(["*test_other.py::test_never_ran*"])
