@@ -89,3 +89,26 @@ MATMUL_SIZE1_PROGRAM = {
 def test_matmul_with_weight_sharded_over_size1_contraction_dim(spmd) -> None:
     """The nightly search's shrunk program (values numbered as the oracle numbers them)."""
     spmd.run(body_program_agrees_with_cpu, program=MATMUL_SIZE1_PROGRAM, fresh=True)
+
+
+def _gather_program(dim: int) -> dict:
+    """A [4, 3] tensor cut over its columns on a (2, 2) mesh, gathered along `dim`."""
+    return {
+        "mesh": {"shape": [2, 2], "axes": ["x", "y"], "devices": [0, 1, 2, 3]},
+        "inputs": [{"shape": [4, 3], "seed": 0, "spec": [None, "y"]}],
+        "ops": [{"op": "gather", "x": 0, "dim": dim, "index": {"shape": [2, 3], "seed": 8, "high": [4, 3][dim]}}],
+        "outputs": [1],
+    }
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.known_bug("gather-along-sharded-dim-hlo-verifier")
+def test_gather_along_the_sharded_dim(spmd) -> None:
+    """A committed program's failure on 2.7.0 (release matrix), shrunk by hand."""
+    spmd.run(body_program_agrees_with_cpu, program=_gather_program(1))
+
+
+@pytest.mark.needs(devices=4)
+def test_gather_along_an_unsharded_dim(spmd) -> None:
+    """The control: the same tensor gathered along its rows compiles and agrees."""
+    spmd.run(body_program_agrees_with_cpu, program=_gather_program(0))

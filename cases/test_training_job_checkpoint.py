@@ -32,7 +32,12 @@ ACROSS_MESHES_ATOL = 1e-4  # as cases/test_training_job.py's parameters against 
 
 
 def body_checkpoint_resume(
-    ctx, save_layout: str, restore_layout: str, manager: bool = False, fault: str | None = None
+    ctx,
+    save_layout: str,
+    restore_layout: str,
+    manager: bool = False,
+    fault: str | None = None,
+    writer_threads: int = 1,
 ) -> None:
     import tempfile
 
@@ -54,7 +59,7 @@ def body_checkpoint_resume(
     if store is not None:
         assert store.save(SAVE_AFTER, job.state(SAVE_AFTER)), f"CheckpointManager did not save at step {SAVE_AFTER}"
     else:
-        checkpointing.save(job.state(SAVE_AFTER), folder)
+        checkpointing.save(job.state(SAVE_AFTER), folder, writer_threads)
         lost = checkpointing.unsaved(job.state(SAVE_AFTER), folder)
         if lost:
             raise AssertionError(
@@ -184,7 +189,12 @@ def check_resumed(resume: dict, atol: float = 0.0) -> None:
 
 
 @pytest.mark.parametrize(
-    "manager", [False, pytest.param(True, marks=pytest.mark.nightly)], ids=["planners", "checkpoint-manager"]
+    "manager",
+    [
+        pytest.param(False, marks=pytest.mark.known_bug("dcp-filesystem-writer-picks-torchax-device-module")),
+        pytest.param(True, marks=pytest.mark.nightly),
+    ],
+    ids=["planners", "checkpoint-manager"],
 )
 def test_a_resumed_job_is_the_uninterrupted_job(spmd, manager: bool) -> None:
     resume = _run(spmd, save_layout="fsdp", restore_layout="fsdp", manager=manager)
@@ -192,6 +202,7 @@ def test_a_resumed_job_is_the_uninterrupted_job(spmd, manager: bool) -> None:
     check_resumed(resume)
 
 
+@pytest.mark.known_bug("dcp-filesystem-writer-picks-torchax-device-module")
 def test_a_job_saved_on_one_mesh_resumes_on_another(spmd) -> None:
     """Saved on the 1-D mesh of 4 devices (the (4, 1) layout), restored onto (2, 2) fsdp x tensor."""
     resume = _run(spmd, save_layout="fsdp", restore_layout="fsdp-tensor")
@@ -202,13 +213,16 @@ def test_a_job_saved_on_one_mesh_resumes_on_another(spmd) -> None:
 @pytest.mark.known_bug("spmd-save-planner-drops-partially-replicated-tensors")
 def test_a_job_saved_on_the_fsdp_tensor_mesh_resumes(spmd) -> None:
     """torchprime's fsdp x tensor layout: the norms are cut over fsdp and replicated over tensor."""
-    resume = _run(spmd, save_layout="fsdp-tensor", restore_layout="fsdp-tensor")
+    resume = _run(
+        spmd, save_layout="fsdp-tensor", restore_layout="fsdp-tensor", writer_threads=2
+    )  # checkpointing.OTHER_WRITER_THREADS
     check_shardings(resume)
     check_resumed(resume)
 
 
 @pytest.mark.nightly  # 10-16 s each: the PR tier runs the checks, the nightly tier shows they can fail
 @pytest.mark.parametrize("fault", ["restore-permutes-shards", "restore-replicates-shards"])
+@pytest.mark.known_bug("dcp-filesystem-writer-picks-torchax-device-module")
 def test_a_resume_fails_naming_a_restore_that_moves_shards(spmd, fault: str) -> None:
     """Self-test: each restore fault put back into torch_xla fails the check that guards it."""
     resume = _run(spmd, save_layout="fsdp", restore_layout="fsdp", fault=fault)
@@ -248,7 +262,7 @@ def body_restore_right_after_sync(ctx, attempts: int) -> None:
     saved = torch.randn(RESTORE_SHAPE).to(xla.device())
     xs.mark_sharding(saved, mesh, ("fsdp", None))
     folder = tempfile.mkdtemp(prefix="job-checkpoint-", dir=xla.scratch_folder("job-checkpoints-"))
-    checkpointing.save({"weight": saved}, folder)
+    checkpointing.save({"weight": saved}, folder, checkpointing.OTHER_WRITER_THREADS)  # judges the load planner
     failures = ctx.record("in_flight", [])
     for _ in range(attempts):
         target = torch.zeros(RESTORE_SHAPE, device=xla.device())

@@ -69,7 +69,9 @@ def body_host_peaks(ctx, layout: str, fault: str | None = None) -> None:
     saved = source.to(xla.device())
     xs.mark_sharding(saved, mesh, spec)
     folder = tempfile.mkdtemp(prefix="peak-checkpoint-", dir=xla.scratch_folder("job-checkpoints-"))
-    checkpointing.save({"weight": saved}, folder)
+    # fsdp-tensor's case has an entry of its own (the transfer's copies): the writer 2.8 runs
+    threads = checkpointing.OTHER_WRITER_THREADS if layout == "fsdp-tensor" else checkpointing.DEFAULT_WRITER_THREADS
+    checkpointing.save({"weight": saved}, folder, threads)
     target = torch.zeros(ROWS, COLUMNS, device=xla.device())
     xs.mark_sharding(target, mesh, spec)
     xla.sync()
@@ -143,11 +145,14 @@ def check_peaks(result, backend: str) -> None:
 @pytest.mark.parametrize(
     "layout",
     [
-        "fsdp",
+        pytest.param("fsdp", marks=pytest.mark.known_bug("dcp-filesystem-writer-picks-torchax-device-module")),
         # the batch replicated over tensor: upstream's ShardTensor stages a host copy per device, replicas too
         pytest.param(
             "fsdp-tensor",
-            marks=[pytest.mark.nightly, pytest.mark.known_bug("sharded-transfer-stages-a-host-copy-per-device")],
+            marks=[
+                pytest.mark.nightly,
+                pytest.mark.known_bug("sharded-transfer-stages-a-host-copy-per-device"),
+            ],
         ),
     ],
 )
@@ -163,6 +168,7 @@ def test_the_host_peak_of_a_sharded_transfer_and_restore(spmd, layout: str, requ
     check_nothing_kept(result)
 
 
+@pytest.mark.known_bug("dcp-filesystem-writer-picks-torchax-device-module")
 def test_a_transfer_that_copies_per_device_fails_naming_the_bytes(spmd) -> None:
     """Self-test: the sharded transfer stages a whole copy of the tensor per device."""
     result = _run(spmd, "fsdp", fault="transfer-copies-per-device")
@@ -172,6 +178,7 @@ def test_a_transfer_that_copies_per_device_fails_naming_the_bytes(spmd) -> None:
         check_peaks(result, spmd.backend.name)
 
 
+@pytest.mark.known_bug("dcp-filesystem-writer-picks-torchax-device-module")
 def test_a_restore_that_keeps_its_host_copies_fails_naming_the_bytes(spmd) -> None:
     """Self-test: the restore keeps the shards it staged on the host (a planner that never drops them)."""
     result = _run(spmd, "fsdp", fault="restore-keeps-host-copies")
