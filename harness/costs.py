@@ -37,7 +37,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.errors import HarnessError
-from harness.hlo import COLLECTIVE_OPCODES, HloModule, HloParseError, entry_parameters, instructions_naming, parse_hlo
+from harness.hlo import (
+    COLLECTIVE_OPCODES,
+    HloModule,
+    HloParseError,
+    donated_parameters,
+    entry_parameter_count,
+    entry_parameters,
+    instructions_naming,
+    parse_hlo,
+    shape_index,
+)
 from harness.schema import shown
 from harness.sharding import ShardingParseError, format_sharding, iota_device_ids
 
@@ -117,6 +127,8 @@ HELD_PEAK_NAME = "step peak (program's arguments + outputs + temp, and other liv
 NATIVE_FIELDS = ("heap_bytes", "rss_bytes")
 # A compiled step graph's memory per device, from XLA's buffer assignment of the partitioned module.
 GRAPH_MEMORY_FIELDS = ("arguments", "outputs", "temp", "donated", "peak")
+# A compiled step graph's aliasing (module_aliases): kept by records, not by baselines.
+GRAPH_ALIAS_FIELDS = ("donated", "parameters")
 
 _ARRAY_SHAPE = re.compile(r"(?P<type>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\]")
 
@@ -276,7 +288,7 @@ def buffer_memory(
         parameter = _PARAMETER_ALLOCATION.search(kinds)
         if parameter:
             totals["arguments"] += size
-            if (int(parameter.group("number")), _shape_index(parameter.group("index"))) in donated:
+            if (int(parameter.group("number")), shape_index(parameter.group("index"))) in donated:
                 totals["donated"] += size
         elif "maybe-live-out" in kinds or "output shape is" in kinds:
             totals["outputs"] += size
@@ -307,38 +319,27 @@ def program_bytes(memory: Mapping[str, int]) -> int:
     return memory.get("arguments", 0) + memory.get("outputs", 0) + memory.get("temp", 0)
 
 
-def _shape_index(text: str) -> str:
-    return ",".join(part.strip() for part in text.split(",") if part.strip())
-
-
-_DONATION_ATTRIBUTES = ("input_output_alias={", "buffer_donor={")
-# In either attribute, a parameter is named as `(number, {shape index}`: `{1}: (3, {}, may-alias)`, `(0, {})`.
-_DONATED_PARAMETER = re.compile(r"\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}")
-
-
 def module_donations(hlo: str, where: str = "the partitioned module") -> frozenset[tuple[int, str]]:
-    """The (parameter number, shape index) pairs a module gives up to its outputs, from its header's
-    `input_output_alias={ {1}: (3, {}, may-alias) }` and `buffer_donor={ (0, {}) }`: the arguments
-    whose buffers the step reuses (torch_xla donates parameters and optimizer state; with
-    XLA_ENABLE_PARAM_ALIASING=0 the header has neither and every argument stays alive)."""
-    header = hlo[: hlo.find("\n")] if "\n" in hlo else hlo
-    if not header.startswith("HloModule"):
-        raise CostReadError(f"{where}: its first line is not an 'HloModule' header")
-    donated = set()
-    for attribute in _DONATION_ATTRIBUTES:
-        start = header.find(attribute)
-        if start < 0:
-            continue
-        body, depth = "", 0
-        for char in header[start + len(attribute) - 1 :]:
-            depth += (char == "{") - (char == "}")
-            body += char
-            if depth == 0:
-                break
-        if depth:
-            raise CostReadError(f"{where}: {attribute}...}} is not closed on the module's header line")
-        donated |= {(int(n), _shape_index(i)) for n, i in _DONATED_PARAMETER.findall(body)}
-    return frozenset(donated)
+    """harness.hlo.donated_parameters (the one reader of a module's `input_output_alias` and
+    `buffer_donor`), its error a CostReadError naming `where`."""
+    try:
+        return donated_parameters(hlo)
+    except HloParseError as exc:
+        raise CostReadError(f"{where}: {exc}") from None
+
+
+def module_aliases(hlo: str, donated: frozenset[tuple[int, str]], where: str) -> dict[str, int] | None:
+    """{"donated": parameters the module gives up to its outputs, "parameters": its entry parameters}:
+    what a record keeps of a step module's aliasing (two counts, not the module), so a later run
+    can say "the build's step module aliases 0 of 12 parameters (base: 12)". None where the header
+    does not say how many parameters there are."""
+    try:
+        count = entry_parameter_count(hlo)
+    except HloParseError as exc:
+        raise CostReadError(f"{where}: {exc}") from None
+    if count is None:
+        return None
+    return {"donated": len({number for number, _ in donated}), "parameters": count}
 
 
 def read_module(text: str, where: str) -> HloModule:
@@ -478,6 +479,10 @@ def _check_graph(graph: Any, where: str) -> None:
         raise CostReadError(f"{where}: {shown(graph)}, not a graph (collectives, fingerprint)")
     if "memory" in graph:
         _check_counts(graph["memory"], GRAPH_MEMORY_FIELDS, f"{where}: memory")
+    if "aliases" in graph:
+        _check_counts(graph["aliases"], GRAPH_ALIAS_FIELDS, f"{where}: aliases")
+        if graph["aliases"].get("donated", 0) > graph["aliases"].get("parameters", 0):
+            raise CostReadError(f"{where}: aliases: more parameters donated than the module takes")
     listed = graph.get("collectives")
     if listed is None:  # not read: the reason says why
         if not isinstance(graph.get("unread"), str):
@@ -519,6 +524,10 @@ def with_native(signature: Mapping[str, Any]) -> dict[str, Any]:
     later run compared with this one (--spmd-compare) can judge its own growth against it. Not in
     a baseline: native memory depends on the process's history."""
     kept = comparable(signature)
+    for name, graph in kept["graphs"].items():  # the donation-lost diagnosis reads them against a base run
+        aliases = signature.get("graphs", {}).get(name, {}).get("aliases")
+        if aliases is not None:
+            graph["aliases"] = dict(aliases)
     growth = native_growth(signature)
     if growth:
         kept["native"] = growth

@@ -440,12 +440,14 @@ class StepMeter:
         where = f"{after.name} (partitioned module of {name})"
         graph: dict[str, Any] = {"collectives": costs.collectives(text, self.ctx.devices or xla.num_devices(), where)}
         self.dumps[f"{self.label}/{name}"] = text
+        donated = costs.module_donations(text, where)
+        aliases = costs.module_aliases(text, donated, where)
+        if aliases is not None:  # kept by the record, for the donation-lost diagnosis against a base run
+            graph["aliases"] = aliases
         buffers = stages.get("buffers")
         if buffers is not None:
             graph["memory"] = costs.buffer_memory(
-                _read_text(buffers),
-                f"{buffers.name} (buffer assignment of {name})",
-                donated=costs.module_donations(text, where),
+                _read_text(buffers), f"{buffers.name} (buffer assignment of {name})", donated=donated
             )
         before = stages.get("before")
         if before is not None:

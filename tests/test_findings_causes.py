@@ -43,6 +43,37 @@ def test_outputs_that_grew_by_the_parameters_bytes_are_one_finding_diagnosed_as_
     assert sum(1 for line in shown if not line.startswith(" ")) == 2  # one finding, then the advice
 
 
+def test_a_step_module_that_aliases_fewer_parameters_than_the_base_runs_is_named_as_donation_lost():
+    case = donated("cases/test_a.py::test_loop")
+    case.base_costs["train"]["graphs"]["step0"]["aliases"] = {"donated": 6, "parameters": 9}
+    case.costs["train"]["graphs"]["step0"]["aliases"] = {"donated": 0, "parameters": 9}
+    shown = findings.lines([case])
+    assert shown[1].startswith(
+        "  diagnosis: donation lost: the build's step module aliases 0 of 9 parameters (base: 6) "
+        "(cases/test_a.py::test_loop train step0), in 1 of 1 compared step module(s); the outputs grew by the "
+        "parameters' bytes"
+    ), shown
+    # the same aliasing on both sides: the bytes alone, with a question mark
+    case.costs["train"]["graphs"]["step0"]["aliases"] = {"donated": 6, "parameters": 9}
+    assert "donation lost? in 1 of 1 loop(s)" in findings.lines([case])[1]
+
+
+@pytest.mark.parametrize(
+    "aliases",
+    [
+        {"donated": 3, "parameters": 2},  # more donated than taken
+        {"donated": -1, "parameters": 2},
+        {"donated": 1, "parameters": 2, "module": "HloModule ..."},  # nothing else kept
+        [1, 2],
+    ],
+)
+def test_a_records_step_module_aliasing_is_checked_when_read_back(aliases):
+    signature = loop(100)
+    signature["graphs"]["step0"] |= {"collectives": [], "aliases": aliases}
+    with pytest.raises(costs.CostReadError, match="aliases"):
+        costs.check_signature(signature, "record")
+
+
 def test_outputs_that_grew_by_other_bytes_are_not_called_donation():
     case = donated("c::t")
     case.costs = {"train": loop(37376 + 4000)}
