@@ -273,7 +273,11 @@ class StepMeter:
         if native is not None:
             growth = ", ".join(f"{costs.NATIVE_NAMES[f]} +{costs.kib(n)}" for f, n in grown.items())
             with self._not_the_loops():
-                self.native_stacks = [native.read(f"the step grew {growth}" if growth else "the step grew less")]
+                self.native_stacks = [
+                    native.read(
+                        f"the step grew {growth}" if growth else "the step grew less", grown.get("heap_bytes", 0)
+                    )
+                ]
         elif grown and len(steps) >= self.signature["warmup"]:
             self.suspect_native = True
         if self.native_stacks is not None:
