@@ -423,11 +423,13 @@ def check_signature(data: Any, where: str) -> dict[str, Any]:
     """`data` as a signature, each field of the type the meter writes, or CostReadError naming it."""
     if not isinstance(data, dict):
         raise CostReadError(f"{where}: {shown(data)}, not a cost signature (a mapping with steps, graphs, memory)")
-    unknown = sorted(set(data) - {"warmup", "steps", "graphs", "memory", "buffers", "native"})
+    unknown = sorted(set(data) - {"warmup", "steps", "graphs", "memory", "buffers", "native", "spmd_calls"})
     if unknown:
         raise CostReadError(
-            f"{where}: unknown key {unknown[0]!r} (known: buffers, graphs, memory, native, steps, warmup)"
+            f"{where}: unknown key {unknown[0]!r} (known: buffers, graphs, memory, native, spmd_calls, steps, warmup)"
         )
+    if "spmd_calls" in data:
+        _check_calls(data["spmd_calls"], f"{where}: spmd_calls")
     buffers = data.get("buffers", {})
     if not isinstance(buffers, dict) or not all(
         isinstance(k, str) and len(k) <= 2000 and _is_count(v) for k, v in buffers.items()
@@ -464,7 +466,10 @@ def _check_step(step: Any, where: str) -> None:
             raise CostReadError(f"{where}: {lines} must be a list of lines")
     if "live" in step:
         _check_counts(step["live"], LIVE_FIELDS, f"{where}: live")
-    unknown = sorted(set(step) - {*STEP_FIELDS, "graphs", "differs", "kept", "native_stacks", "native_leaks", "live"})
+    if "spmd_calls" in step:
+        _check_calls(step["spmd_calls"], f"{where}: spmd_calls")
+    fields = {*STEP_FIELDS, "graphs", "differs", "kept", "native_stacks", "native_leaks", "live", "spmd_calls"}
+    unknown = sorted(set(step) - fields)
     if unknown:
         raise CostReadError(f"{where}: unknown key {unknown[0]!r}")
 
@@ -472,6 +477,19 @@ def _check_step(step: Any, where: str) -> None:
 def _check_counts(value: Any, fields: tuple[str, ...], where: str) -> None:
     if not isinstance(value, dict) or not all(k in fields and _is_count(v) for k, v in value.items()):
         raise CostReadError(f"{where} must map {', '.join(fields)} to whole numbers; got {shown(value)}")
+
+
+MAX_CALL_NAMES = 16  # SPMD APIs counted per step (harness.spmdcalls names six)
+
+
+def _check_calls(value: Any, where: str) -> None:
+    """SPMD API calls per step: a few API names (identifiers) to counts."""
+    if not (
+        isinstance(value, dict)
+        and len(value) <= MAX_CALL_NAMES
+        and all(isinstance(k, str) and k.isidentifier() and len(k) <= 64 and _is_count(v) for k, v in value.items())
+    ):
+        raise CostReadError(f"{where} must map at most {MAX_CALL_NAMES} API names to call counts; got {shown(value)}")
 
 
 def _check_graph(graph: Any, where: str) -> None:
@@ -531,7 +549,20 @@ def with_native(signature: Mapping[str, Any]) -> dict[str, Any]:
     growth = native_growth(signature)
     if growth:
         kept["native"] = growth
+    calls = calls_per_step(signature)
+    if calls:
+        kept["spmd_calls"] = calls
     return kept
+
+
+def calls_per_step(signature: Mapping[str, Any]) -> dict[str, int]:
+    """The SPMD API calls (harness.spmdcalls) every step after the warm-up made at least: what a
+    native leak per call multiplies by."""
+    steps = signature.get("steps", [])[max(signature.get("warmup", DEFAULT_WARMUP), 1) :]
+    if not steps:
+        return {}
+    names = set.intersection(*(set(step.get("spmd_calls") or {}) for step in steps))
+    return {name: min(step["spmd_calls"][name] for step in steps) for name in sorted(names)}
 
 
 def native_growth(signature: Mapping[str, Any]) -> dict[str, int]:

@@ -265,24 +265,55 @@ _PER_STEP = re.compile(r"native heap \(malloc in use\) \+(?P<amount>[\d.]+ ?[KMG
 
 def native_leak(members: list[FailedCase]) -> list[str]:
     """Native heap growth per step, loop by loop: about one rate everywhere is one allocation kept
-    per call of something every loop calls once per step; rates in ratio are calls per step."""
-    rates = []
+    per call of something every loop calls once per step; rates in ratio are calls per step, which
+    the records count for torch_xla's SPMD API (harness.spmdcalls): a rate that is one amount per
+    call of one API in every loop names that API."""
+    rates, calls = [], []
     for case in members:
         found = next((m for m in map(_PER_STEP.search, case.items) if m), None)
         if found:
             rates.append(_amount(found.group("amount")))
+            calls.append(_calls_of(case))
     if not rates:
         return []
     shown = f"+{_kib(min(rates))}" + (f" to +{_kib(max(rates))}" if max(rates) > min(rates) else "")
     ratios = sorted({round(rate / min(rates), 1) for rate in rates}) if min(rates) > 0 else []
     head = f"diagnosis: native memory kept on every step, {shown} per step across {len(rates)} loop(s)"
-    head += (
-        ": about the same amount in every loop, one allocation kept per call of something each step calls once"
-        if max(rates) <= min(rates) * 1.15
-        else f": rates x{', x'.join(map(str, ratios[:6]))} of the least, in proportion to how often each step "
-        "calls what leaks (compare the loops' spmd calls per step)"
-    )
+    per_call = per_call_of(rates, calls)
+    if per_call:
+        head += f", {per_call}"
+    elif max(rates) <= min(rates) * 1.15:
+        head += ": about the same amount in every loop, one allocation kept per call of something each step calls once"
+    else:
+        head += (
+            f": rates x{', x'.join(map(str, ratios[:6]))} of the least, in proportion to how often each step "
+            "calls what leaks (compare the loops' spmd calls per step)"
+        )
     return [head, "  memray's stacks (under each case) show only allocations it tracks: read the rate, not the stack"]
+
+
+def _calls_of(case: FailedCase) -> dict[str, int]:
+    """The SPMD calls per step of the case's loop (its first loop that counted any)."""
+    for _label, signature in sorted(case.costs.items()):
+        calls = signature.get("spmd_calls") if isinstance(signature, Mapping) else None
+        if isinstance(calls, Mapping) and calls:
+            return {k: v for k, v in calls.items() if isinstance(k, str) and isinstance(v, int) and v > 0}
+    return {}
+
+
+def per_call_of(rates: list[float], calls: list[dict[str, int]]) -> str:
+    """ "1 mark_sharding call per step: ~256.0 KiB per call" where every loop's rate divided by its
+    calls of one API is about one amount (within 15%); "" where no API's calls explain the rates."""
+    if not all(calls):
+        return ""
+    for api in sorted(set.intersection(*(set(c) for c in calls)), key=lambda a: -min(c[a] for c in calls)):
+        each = [rate / c[api] for rate, c in zip(rates, calls)]
+        if max(each) <= min(each) * 1.15:
+            counts = sorted({c[api] for c in calls})
+            said = f"{counts[0]}" + (f" to {counts[-1]}" if len(counts) > 1 else "")
+            plural = "s" if counts[-1] > 1 else ""
+            return f"{said} {api} call{plural} per step: ~{_kib(sum(each) / len(each))} per call"
+    return ""
 
 
 def _kib(count: float) -> str:

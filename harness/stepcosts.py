@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import costs, creationsites, nativememory, nativestacks, xla
+from harness import costs, creationsites, nativememory, nativestacks, spmdcalls, xla
 from harness.errors import HarnessUsageError
 
 # XLA's dump file names: module_0003.<module name>.<unique id>.<stage>.txt; stage
@@ -119,6 +119,8 @@ class StepMeter:
         # frozen with the rest and so not listed after a step: held here by weak reference, their
         # bytes join the loop's in the step's device footprint.
         self.before_loop = [] if host_only else _device_tensors_now()
+        if not host_only:  # a native growth per step is read beside the SPMD calls each step made
+            spmdcalls.install()
         self.freezes = _FreezeWatch()
         self.frozen_loop: list[weakref.ReferenceType[Any]] = []  # the loop's XLA tensors a body froze
         self.frozen_listed_at: int | None = None  # the freeze count when they were last listed
@@ -158,6 +160,7 @@ class StepMeter:
             return
         self._clear_dumps()
         before = _counters()
+        calls_before = spmdcalls.now()
         watch = _CounterWatch(self.sentinel)
         previous_name = xla.name_graphs(f"{self.graph_prefix}step{index}")
         # Once a step kept more XLA tensors than the one before, the next ones note where each is
@@ -183,6 +186,9 @@ class StepMeter:
             self._stop_native(native)
         watch.check(f"step{index}")
         entry = {name: after[name] - before[name] for name in costs.STEP_FIELDS}
+        calls = spmdcalls.since(calls_before)
+        if calls:
+            entry["spmd_calls"] = calls
         entry["graphs"] = self._read_graphs(index, entry)
         self._record_alive(index, entry)
         self._window_clamp(entry)

@@ -31,3 +31,63 @@ def test_a_build_that_stops_donating_is_diagnosed_from_the_base_runs_step_module
     )
     assert found, text[-4000:]
     assert 0 < int(found.group(2)) <= int(found.group(1))
+
+
+LEAK_PER_CALL = """
+import pytest
+
+pytestmark = [pytest.mark.spmd]
+
+
+def body_marks(ctx, calls):
+    import ctypes
+
+    import torch
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.distributed.spmd.xla_sharding as xla_sharding
+
+    from harness import stepcosts, xla
+
+    # build B: every xs.mark_sharding keeps 256 KiB of native memory (malloc'd, written, never freed)
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    marked = xla_sharding.mark_sharding
+
+    def leaking_mark_sharding(*args, **kwargs):
+        ctypes.memset(libc.malloc(256 << 10), 1, 256 << 10)
+        return marked(*args, **kwargs)
+
+    xs.mark_sharding = xla_sharding.mark_sharding = leaking_mark_sharding
+    n = xla.num_devices()
+    mesh = xla.mesh((n, 1), ("fsdp", "model"))
+    weight = torch.zeros(16, 8).to(xla.device())
+    xs.mark_sharding(weight, mesh, ("fsdp", None))
+    meter = stepcosts.StepMeter(ctx, parameters=[weight])
+    for step in range(6):
+        with meter.step():
+            for _ in range(calls):
+                x = torch.randn(4 * n, 16).to(xla.device())
+                xs.mark_sharding(x, mesh, ("fsdp", None))
+                weight.data = weight.data + (x.T @ x)[:, :8] * 1e-6
+            xla.sync()
+
+
+@pytest.mark.parametrize("calls", [1, 4])
+def test_marks(spmd, calls):
+    spmd.run(body_marks, calls=calls, fresh=True)
+"""
+
+
+def test_a_native_leak_per_mark_sharding_call_is_said_per_call(pytester):
+    from tests.conftest import run_cpu
+
+    pytester.makepyfile(test_marks=LEAK_PER_CALL)
+    result = run_cpu(pytester)
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "2 case(s): native memory per step grew",
+            "  diagnosis: native memory kept on every step, +2* KiB to +1.0 MiB per step across 2 loop(s), "
+            "1 to 4 mark_sharding calls per step: ~2??.? KiB per call",
+        ]
+    )

@@ -99,6 +99,21 @@ def test_native_growth_at_one_rate_in_every_loop_is_one_leak_per_call():
     assert "+256.0 KiB per step across 2 loop(s): about the same amount in every loop" in shown[1]
 
 
+def test_native_growth_that_scales_with_an_spmd_apis_calls_is_said_per_call():
+    def leak(case: str, kib: int, calls: int) -> FailedCase:
+        item = f"steady state: step2..step5 each left more alive than the step before: native heap (malloc in use) +{kib} KiB per step"
+        signature = loop(100) | {"spmd_calls": {"mark_sharding": calls, "clear_sharding": 1}}
+        return FailedCase(case, [item], costs={"train": signature})
+
+    shown = findings.lines([leak("a::t", 257, 1), leak("b::t", 1027, 4)])
+    assert shown[1] == (
+        "  diagnosis: native memory kept on every step, +257.0 KiB to +1.0 MiB per step across 2 loop(s), "
+        "1 to 4 mark_sharding calls per step: ~256.9 KiB per call"
+    ), shown
+    # calls that do not scale with the growth explain nothing
+    assert "per call" not in findings.lines([leak("a::t", 257, 1), leak("b::t", 1027, 1)])[1]
+
+
 def test_a_decrease_beside_a_growth_is_not_labelled_an_improvement():
     changes = [
         costs.CostChange("step0", "outputs 36.5 KiB -> 55.2 KiB per device"),
