@@ -136,6 +136,10 @@ def test_piped_failed_lines_lead_with_their_cause_within_120_columns(pytester: p
     (line,) = [line for line in result.stdout.lines if line.startswith("FAILED test_long.py::test_long - ")]
     assert "step0: compiles 1 -> 4" in line and len(line) <= 120 and line.endswith("..."), line
     assert "END-OF-REASON" in result.stdout.str()  # whole in the failure above the summary
+    # the findings, before the short summary, read the whole message, not the FAILED line's cut
+    result.stdout.fnmatch_lines(
+        ["  e.g. test_long.py::test_long: *step0: compiles 1 -> 4, executions 1 -> 4 " + "x" * 40 + "*"]
+    )
 
 
 CONTROL_REASON = """

@@ -63,9 +63,15 @@ class WholeFailedLines:
         self.saved_verbosity: int | None = None
         self.saved: list[tuple[Any, Any, str | None]] = []  # (report, its longrepr, its crash message)
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
-        # trylast: after every other summary, just before pytest's own short summary is written.
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> Generator[None, None, None]:
+        # The innermost wrapper: after every other summary (the findings read the whole messages),
+        # just before pytest's own wrapper writes the short summary.
+        result = yield
+        self._cause_first(terminalreporter, config)
+        return result
+
+    def _cause_first(self, terminalreporter: Any, config: pytest.Config) -> None:
         harness = config.stash.get(SESSION_KEY, None)
         if harness is None or not (harness.active or harness.run.exists()):
             return  # not an SPMD run: pytest's output is left as it is
