@@ -55,6 +55,11 @@ from harness.sharding import ShardingParseError, format_sharding, iota_device_id
 # (CaseContext values; the parent pops the dumps so they reach the results folder only on failure).
 SIGNATURES_VALUE = "harness:costs"
 DUMPS_VALUE = "harness:cost-dumps"
+# memray's captures of a loop's tracked step (harness.nativestacks), base64, by `<label>_step<N>`:
+# the parent keeps them under the run folder's memray/ when the case fails.
+CAPTURES_VALUE = "harness:memray-captures"
+MAX_CAPTURE_BYTES = 4 << 20  # of one capture kept (an aggregated capture of one step is far smaller)
+MAX_CAPTURES = 4  # per case
 DEFAULT_LABEL = "train"
 DEFAULT_WARMUP = 2
 

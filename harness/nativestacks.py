@@ -81,6 +81,7 @@ class StepTrace:
         # The Python objects memray's import and tracker made: not the loop's (the meter leaves them
         # out of what a step keeps), held so that no id of theirs names a later object.
         self.made: list[Any] = []
+        self.capture: bytes | None = None  # what read() kept of the capture (at most MAX_CAPTURE_BYTES)
 
     def start(self) -> str | None:
         existing = {id(obj) for obj in gc.get_objects()}
@@ -131,6 +132,7 @@ class StepTrace:
             if self.folder is None:
                 return "native stacks not named (memray wrote no capture)"
             found = _read_in_child(self.folder)
+            self.capture = _kept_capture(os.path.join(self.folder, CAPTURE_NAME))
         finally:
             self.close()
         if isinstance(found, str):
@@ -233,6 +235,18 @@ def window_lines(first: int, steps: int, found: dict[str, Any]) -> list[str]:
         + " < ".join(terminal_safe(f).replace("\n", " ") for f in s["frames"][: FRAMES_SHOWN + 2])
         for s in found["stacks"][:TOP_STACKS]
     ]
+
+
+def _kept_capture(path: str) -> bytes | None:
+    """The capture's bytes, for the results folder, where it is no larger than MAX_CAPTURE_BYTES."""
+    from harness.costs import MAX_CAPTURE_BYTES
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CAPTURE_BYTES + 1)
+    except OSError:
+        return None
+    return data if len(data) <= MAX_CAPTURE_BYTES else None
 
 
 def _scratch_root() -> str | None:

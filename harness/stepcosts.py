@@ -17,6 +17,7 @@ results folder only when the case fails. What the signature holds is described i
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
 import gc
@@ -284,10 +285,22 @@ class StepMeter:
                         f"the step grew {growth}" if growth else "the step grew less", grown.get("heap_bytes", 0)
                     )
                 ]
+                self._keep_capture(native)
         elif grown and len(steps) >= self.signature["warmup"]:
             self.suspect_native = True
         if self.native_stacks is not None:
             entry["native_stacks"] = list(self.native_stacks)
+
+    def _keep_capture(self, native: nativestacks.StepTrace) -> None:
+        """memray's capture of the tracked step, for the parent to keep in the results folder (memray/)
+        if the case fails: `memray stats` or `memray flamegraph` on it shows what memray saw."""
+        if native.capture is None or self.native_stacks is None:
+            return
+        captures = self.ctx.values.setdefault(costs.CAPTURES_VALUE, {})
+        if len(captures) < costs.MAX_CAPTURES:
+            name = f"{self.label}_step{native.step}"
+            captures[name] = base64.b64encode(native.capture).decode("ascii")
+            self.native_stacks[-1] += f"; memray's capture: the run folder's memray/*__{name}.memray, if the case fails"
 
     def _stop_native(self, native: nativestacks.StepTrace) -> None:
         gc.collect()  # the step's garbage goes first: what it frees is the loop's, not memray's

@@ -10,7 +10,9 @@ import re
 
 import pytest
 
+from harness import costs
 from tests import test_memory
+from tests.conftest import only_run_folder
 
 pytestmark = [
     pytest.mark.selftest,
@@ -91,3 +93,31 @@ def test_a_native_leak_per_mark_sharding_call_is_said_per_call(pytester):
             "1 to 4 mark_sharding calls per step: ~2??.? KiB per call",
         ]
     )
+    # memray's share first, and its capture kept in the run folder (the line says where)
+    result.stdout.fnmatch_lines(["*; memray saw *% of this growth: the rest is allocated where it does not track; *"])
+    result.stdout.fnmatch_lines(
+        ["*memray's capture: the run folder's memray/[*]__train_step3.memray, if the case fails*"]
+    )
+    kept = sorted(p.name for p in only_run_folder(pytester).glob("memray/*.memray"))
+    assert kept == [
+        "test_marks.py__test_marks[1]__train_step3.memray",
+        "test_marks.py__test_marks[4]__train_step3.memray",
+    ] or (len(kept) == 2 and all(name.endswith("__train_step3.memray") for name in kept)), kept
+    assert all(p.stat().st_size > 0 for p in only_run_folder(pytester).glob("memray/*.memray"))
+
+
+@pytest.mark.parametrize(
+    "captures",
+    [
+        {"../escape": "AAAA"},  # a name that is not a plain name
+        {"train_step3": "not base64!"},
+        {"train_step3": "A" * (costs.MAX_CAPTURE_BYTES * 2)},  # over the bound
+        {f"train_step{i}": "AAAA" for i in range(costs.MAX_CAPTURES + 1)},
+        ["AAAA"],
+    ],
+)
+def test_memray_captures_from_a_child_are_checked_as_untrusted(captures):
+    from harness.isolation import observations
+
+    assert "memray captures" in (observations.problem({"values": {costs.CAPTURES_VALUE: captures}}) or "")
+    assert observations.problem({"values": {costs.CAPTURES_VALUE: {"train_step3": "AAAA"}}}) is None
