@@ -131,3 +131,23 @@ def test_failed_lines_lead_with_the_cause_within_120_columns_and_80_on_an_80_col
     message = cause_first(report, "base 2.9.0 -> this build 2.9.0: " + differences[0], 80)  # type: ignore[arg-type]
     line = f"FAILED {report.nodeid} - {message}"
     assert line == "FAILED cases/test_vit.py::test_train[fsdpv2] - step2: compiles 1 -> 4 (+3 more)", line
+
+
+def test_a_failed_line_leads_with_a_split_step_beside_the_drift_of_its_renumbered_parameters():
+    from types import SimpleNamespace
+
+    from harness.run.failedlines import cause_first
+
+    drift = (
+        "sharding drift: 42 tensor(s) differ from cpu-4.json (taken on torch_xla 2.9.0; this run: 2.9.0):\n"
+        + "\n".join(f"  step0:parameter({i}): {TILED} -> {REPLICATED}" for i in range(14, 56))
+    )
+    report = SimpleNamespace(
+        nodeid="cases/test_meshes.py::test_fsdpv2_vit_train_steps_match_cpu[fsdp]",
+        user_properties=[],
+        longrepr=None,
+        sections=[("cost check", "train: step0: compiles 1 -> 3, executions 1 -> 3, step peak 151.9 KiB -> 171.3 KiB")],
+    )
+    message = cause_first(report, drift, 120)  # type: ignore[arg-type]
+    assert message.startswith("train: step0: compiles 1 -> 3, exec"), message
+    assert len(f"FAILED {report.nodeid} - {message}") <= 120

@@ -28,6 +28,7 @@ WHOLE_LINES_VERBOSITY = 2  # what pytest's short summary needs to print a failur
 MAX_COLUMNS = 120  # of a FAILED line, however wide the terminal or the log
 MIN_MESSAGE = 40  # characters of the cause however long the case's id
 MAX_LINES_READ = 200  # of a failure's message, looking for its cause
+COST_CHECK_SECTION = "cost check"  # harness.judges.costcheck's section beside a failure
 # What every line against a base run starts with, and the harness's wrapper of a child's error:
 # words every such failure shares, not its cause.
 _BOILERPLATE = re.compile(r"^(?:(?:harness\.errors\.)?CaseFailed: )?(?:base \S+ -> this build \S+: )?")
@@ -43,7 +44,10 @@ def cause_first(report: pytest.TestReport, message: str, columns: int) -> str:
     items = list(finding_of(report))
     differences = len(items) > 1  # against the base run, one item each (else the failure's own lines)
     if not differences:
-        lines = [line.strip() for line in message.splitlines()[:MAX_LINES_READ] if line.strip()]
+        # The message, and a cost check's lines put beside a failure it did not cause (a split step's
+        # compilations beside the sharding drift of its renumbered parameters).
+        beside = [text for title, text in report.sections if title == COST_CHECK_SECTION]
+        lines = [line.strip() for line in "\n".join([message, *beside]).splitlines()[:MAX_LINES_READ] if line.strip()]
         items = [_BOILERPLATE.sub("", line) for line in lines] or items
     kind, direction = causes.cause_of(causes.FailedCase(report.nodeid, items))
     lead = next((i for i in items if causes.classify(i) == (kind, direction)), "") if kind != "other" else ""
