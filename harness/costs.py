@@ -37,7 +37,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from harness.errors import HarnessError
-from harness.hlo import COLLECTIVE_OPCODES, HloModule, HloParseError, entry_parameters, instructions_naming, parse_hlo
+from harness.hlo import (
+    COLLECTIVE_OPCODES,
+    HloModule,
+    HloParseError,
+    donated_parameters,
+    entry_parameter_count,
+    entry_parameters,
+    instructions_naming,
+    parse_hlo,
+    shape_index,
+)
 from harness.schema import shown
 from harness.sharding import ShardingParseError, format_sharding, iota_device_ids
 
@@ -45,6 +55,11 @@ from harness.sharding import ShardingParseError, format_sharding, iota_device_id
 # (CaseContext values; the parent pops the dumps so they reach the results folder only on failure).
 SIGNATURES_VALUE = "harness:costs"
 DUMPS_VALUE = "harness:cost-dumps"
+# memray's captures of a loop's tracked step (harness.nativestacks), base64, by `<label>_step<N>`:
+# the parent keeps them under the run folder's memray/ when the case fails.
+CAPTURES_VALUE = "harness:memray-captures"
+MAX_CAPTURE_BYTES = 4 << 20  # of one capture kept (an aggregated capture of one step is far smaller)
+MAX_CAPTURES = 4  # per case
 DEFAULT_LABEL = "train"
 DEFAULT_WARMUP = 2
 
@@ -117,6 +132,8 @@ HELD_PEAK_NAME = "step peak (program's arguments + outputs + temp, and other liv
 NATIVE_FIELDS = ("heap_bytes", "rss_bytes")
 # A compiled step graph's memory per device, from XLA's buffer assignment of the partitioned module.
 GRAPH_MEMORY_FIELDS = ("arguments", "outputs", "temp", "donated", "peak")
+# A compiled step graph's aliasing (module_aliases): kept by records, not by baselines.
+GRAPH_ALIAS_FIELDS = ("donated", "parameters")
 
 _ARRAY_SHAPE = re.compile(r"(?P<type>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\]")
 
@@ -276,7 +293,7 @@ def buffer_memory(
         parameter = _PARAMETER_ALLOCATION.search(kinds)
         if parameter:
             totals["arguments"] += size
-            if (int(parameter.group("number")), _shape_index(parameter.group("index"))) in donated:
+            if (int(parameter.group("number")), shape_index(parameter.group("index"))) in donated:
                 totals["donated"] += size
         elif "maybe-live-out" in kinds or "output shape is" in kinds:
             totals["outputs"] += size
@@ -307,38 +324,27 @@ def program_bytes(memory: Mapping[str, int]) -> int:
     return memory.get("arguments", 0) + memory.get("outputs", 0) + memory.get("temp", 0)
 
 
-def _shape_index(text: str) -> str:
-    return ",".join(part.strip() for part in text.split(",") if part.strip())
-
-
-_DONATION_ATTRIBUTES = ("input_output_alias={", "buffer_donor={")
-# In either attribute, a parameter is named as `(number, {shape index}`: `{1}: (3, {}, may-alias)`, `(0, {})`.
-_DONATED_PARAMETER = re.compile(r"\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}")
-
-
 def module_donations(hlo: str, where: str = "the partitioned module") -> frozenset[tuple[int, str]]:
-    """The (parameter number, shape index) pairs a module gives up to its outputs, from its header's
-    `input_output_alias={ {1}: (3, {}, may-alias) }` and `buffer_donor={ (0, {}) }`: the arguments
-    whose buffers the step reuses (torch_xla donates parameters and optimizer state; with
-    XLA_ENABLE_PARAM_ALIASING=0 the header has neither and every argument stays alive)."""
-    header = hlo[: hlo.find("\n")] if "\n" in hlo else hlo
-    if not header.startswith("HloModule"):
-        raise CostReadError(f"{where}: its first line is not an 'HloModule' header")
-    donated = set()
-    for attribute in _DONATION_ATTRIBUTES:
-        start = header.find(attribute)
-        if start < 0:
-            continue
-        body, depth = "", 0
-        for char in header[start + len(attribute) - 1 :]:
-            depth += (char == "{") - (char == "}")
-            body += char
-            if depth == 0:
-                break
-        if depth:
-            raise CostReadError(f"{where}: {attribute}...}} is not closed on the module's header line")
-        donated |= {(int(n), _shape_index(i)) for n, i in _DONATED_PARAMETER.findall(body)}
-    return frozenset(donated)
+    """harness.hlo.donated_parameters (the one reader of a module's `input_output_alias` and
+    `buffer_donor`), its error a CostReadError naming `where`."""
+    try:
+        return donated_parameters(hlo)
+    except HloParseError as exc:
+        raise CostReadError(f"{where}: {exc}") from None
+
+
+def module_aliases(hlo: str, donated: frozenset[tuple[int, str]], where: str) -> dict[str, int] | None:
+    """{"donated": parameters the module gives up to its outputs, "parameters": its entry parameters}:
+    what a record keeps of a step module's aliasing (two counts, not the module), so a later run
+    can say "the build's step module aliases 0 of 12 parameters (base: 12)". None where the header
+    does not say how many parameters there are."""
+    try:
+        count = entry_parameter_count(hlo)
+    except HloParseError as exc:
+        raise CostReadError(f"{where}: {exc}") from None
+    if count is None:
+        return None
+    return {"donated": len({number for number, _ in donated}), "parameters": count}
 
 
 def read_module(text: str, where: str) -> HloModule:
@@ -422,11 +428,13 @@ def check_signature(data: Any, where: str) -> dict[str, Any]:
     """`data` as a signature, each field of the type the meter writes, or CostReadError naming it."""
     if not isinstance(data, dict):
         raise CostReadError(f"{where}: {shown(data)}, not a cost signature (a mapping with steps, graphs, memory)")
-    unknown = sorted(set(data) - {"warmup", "steps", "graphs", "memory", "buffers", "native"})
+    unknown = sorted(set(data) - {"warmup", "steps", "graphs", "memory", "buffers", "native", "spmd_calls"})
     if unknown:
         raise CostReadError(
-            f"{where}: unknown key {unknown[0]!r} (known: buffers, graphs, memory, native, steps, warmup)"
+            f"{where}: unknown key {unknown[0]!r} (known: buffers, graphs, memory, native, spmd_calls, steps, warmup)"
         )
+    if "spmd_calls" in data:
+        _check_calls(data["spmd_calls"], f"{where}: spmd_calls")
     buffers = data.get("buffers", {})
     if not isinstance(buffers, dict) or not all(
         isinstance(k, str) and len(k) <= 2000 and _is_count(v) for k, v in buffers.items()
@@ -463,7 +471,10 @@ def _check_step(step: Any, where: str) -> None:
             raise CostReadError(f"{where}: {lines} must be a list of lines")
     if "live" in step:
         _check_counts(step["live"], LIVE_FIELDS, f"{where}: live")
-    unknown = sorted(set(step) - {*STEP_FIELDS, "graphs", "differs", "kept", "native_stacks", "native_leaks", "live"})
+    if "spmd_calls" in step:
+        _check_calls(step["spmd_calls"], f"{where}: spmd_calls")
+    fields = {*STEP_FIELDS, "graphs", "differs", "kept", "native_stacks", "native_leaks", "live", "spmd_calls"}
+    unknown = sorted(set(step) - fields)
     if unknown:
         raise CostReadError(f"{where}: unknown key {unknown[0]!r}")
 
@@ -473,11 +484,28 @@ def _check_counts(value: Any, fields: tuple[str, ...], where: str) -> None:
         raise CostReadError(f"{where} must map {', '.join(fields)} to whole numbers; got {shown(value)}")
 
 
+MAX_CALL_NAMES = 16  # SPMD APIs counted per step (harness.spmdcalls names six)
+
+
+def _check_calls(value: Any, where: str) -> None:
+    """SPMD API calls per step: a few API names (identifiers) to counts."""
+    if not (
+        isinstance(value, dict)
+        and len(value) <= MAX_CALL_NAMES
+        and all(isinstance(k, str) and k.isidentifier() and len(k) <= 64 and _is_count(v) for k, v in value.items())
+    ):
+        raise CostReadError(f"{where} must map at most {MAX_CALL_NAMES} API names to call counts; got {shown(value)}")
+
+
 def _check_graph(graph: Any, where: str) -> None:
     if not isinstance(graph, dict):
         raise CostReadError(f"{where}: {shown(graph)}, not a graph (collectives, fingerprint)")
     if "memory" in graph:
         _check_counts(graph["memory"], GRAPH_MEMORY_FIELDS, f"{where}: memory")
+    if "aliases" in graph:
+        _check_counts(graph["aliases"], GRAPH_ALIAS_FIELDS, f"{where}: aliases")
+        if graph["aliases"].get("donated", 0) > graph["aliases"].get("parameters", 0):
+            raise CostReadError(f"{where}: aliases: more parameters donated than the module takes")
     listed = graph.get("collectives")
     if listed is None:  # not read: the reason says why
         if not isinstance(graph.get("unread"), str):
@@ -519,10 +547,27 @@ def with_native(signature: Mapping[str, Any]) -> dict[str, Any]:
     later run compared with this one (--spmd-compare) can judge its own growth against it. Not in
     a baseline: native memory depends on the process's history."""
     kept = comparable(signature)
+    for name, graph in kept["graphs"].items():  # the donation-lost diagnosis reads them against a base run
+        aliases = signature.get("graphs", {}).get(name, {}).get("aliases")
+        if aliases is not None:
+            graph["aliases"] = dict(aliases)
     growth = native_growth(signature)
     if growth:
         kept["native"] = growth
+    calls = calls_per_step(signature)
+    if calls:
+        kept["spmd_calls"] = calls
     return kept
+
+
+def calls_per_step(signature: Mapping[str, Any]) -> dict[str, int]:
+    """The SPMD API calls (harness.spmdcalls) every step after the warm-up made at least: what a
+    native leak per call multiplies by."""
+    steps = signature.get("steps", [])[max(signature.get("warmup", DEFAULT_WARMUP), 1) :]
+    if not steps:
+        return {}
+    names = set.intersection(*(set(step.get("spmd_calls") or {}) for step in steps))
+    return {name: min(step["spmd_calls"][name] for step in steps) for name in sorted(names)}
 
 
 def native_growth(signature: Mapping[str, Any]) -> dict[str, int]:

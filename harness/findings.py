@@ -7,7 +7,8 @@ steady state in one case, against the base run in another. Grouping by exact tex
 groups; this groups by the kind of figure that moved and its direction (the case's first cause,
 in the order below), then says what the records allow about the cause:
 
-    donation lost      the step graph's outputs grew by the parameters' bytes (the record holds both)
+    donation lost      the step module aliases fewer parameters than the base run's (the records keep
+                       both counts), its outputs grew by the parameters' bytes
     a step graph split compilations or executions per step went up (and the step graph's
                        parameters renumbered: their sharding lines are a consequence, not a cause)
     a native leak      the native heap grew by the same amount per step in every loop
@@ -172,7 +173,61 @@ def _graph_memory(signature: Mapping[str, Any], field: str) -> dict[str, int]:
 
 def donation_lost(members: list[FailedCase]) -> list[str]:
     """Outputs that grew by the parameters' bytes: the updated parameters are no longer written
-    into their input buffers (aliased, donated), so a device holds old and new ones."""
+    into their input buffers (aliased, donated), so a device holds old and new ones. Said from the
+    step modules themselves where both runs' records keep their aliasing (harness.hlo's reader)."""
+    fewer, compared = _aliases_lost(members)
+    matched, measured, example = _bytes_matched(members)
+    if fewer:
+        said = "; the outputs grew by the parameters' bytes" + (f" ({example})" if example else "")
+        return [
+            f"diagnosis: donation lost: {fewer[0]}, in {len(fewer)} of {compared} compared step module(s)"
+            + (said if matched else "")
+            + ": the step no longer aliases the updated parameters onto their input buffers, so a device holds "
+            "old and new parameters during every step"
+        ]
+    if not measured:
+        return []
+    if matched == measured:
+        aliased = " (the records keep no step module aliasing to confirm it)" if not compared else ""
+        return [
+            f"diagnosis: donation lost? in {matched} of {measured} loop(s) the outputs grew by the parameters' "
+            f"bytes ({example}): the step no longer aliases the updated parameters onto their input buffers, "
+            f"so a device holds old and new parameters during every step{aliased}"
+        ]
+    return [f"the outputs grew by the parameters' bytes in {matched} of {measured} loop(s) only"]
+
+
+def _aliases_lost(members: list[FailedCase]) -> tuple[list[str], int]:
+    """Each step module that aliases fewer parameters than the base run's of the same name, said as
+    "the build's step module aliases 0 of 12 parameters (base: 12)" (the case, loop and graph after
+    it), and how many modules both runs' records keep the aliasing of."""
+    fewer, compared = [], 0
+    for case, label, base, this in _loops(members):
+        before, after = _graph_aliases(base), _graph_aliases(this)
+        for graph in sorted(set(before) & set(after)):
+            compared += 1
+            (donated_a, count_a), (donated_b, count_b) = before[graph], after[graph]
+            if donated_b < donated_a:
+                was = f"{donated_a}" + (f" of {count_a}" if count_a != count_b else "")
+                fewer.append(
+                    f"the build's step module aliases {donated_b} of {count_b} parameters (base: {was}) "
+                    f"({case.case} {label} {graph})"
+                )
+    return fewer, compared
+
+
+def _graph_aliases(signature: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    graphs = signature.get("graphs") or {}
+    found = {}
+    for name, graph in graphs.items():
+        aliases = graph.get("aliases") if isinstance(graph, Mapping) else None
+        if isinstance(aliases, Mapping) and all(isinstance(aliases.get(k), int) for k in ("donated", "parameters")):
+            found[name] = (aliases["donated"], aliases["parameters"])
+    return found
+
+
+def _bytes_matched(members: list[FailedCase]) -> tuple[int, int, str]:
+    """Loops whose outputs grew by the parameters' bytes, loops whose outputs grew, an example."""
     matched, measured, example = 0, 0, ""
     for case, label, base, this in _loops(members):
         parameters = (this.get("memory") or {}).get("parameters")
@@ -185,16 +240,7 @@ def donation_lost(members: list[FailedCase]) -> list[str]:
             if abs(grew - parameters) <= parameters * _BYTES_TOLERANCE:
                 matched += 1
                 example = example or f"{case.case} {label} {graph}: outputs +{grew:,} B, parameters {parameters:,} B"
-    if not measured:
-        return []
-    if matched == measured:
-        return [
-            f"diagnosis: donation lost? in {matched} of {measured} loop(s) the outputs grew by the parameters' "
-            f"bytes ({example}): the step no longer aliases the updated parameters onto their input buffers, "
-            "so a device holds old and new parameters during every step (look for input_output_alias in the "
-            "step module, kept under costs/)"
-        ]
-    return [f"the outputs grew by the parameters' bytes in {matched} of {measured} loop(s) only"]
+    return matched, measured, example
 
 
 def graph_split(members: list[FailedCase]) -> list[str]:
@@ -219,24 +265,55 @@ _PER_STEP = re.compile(r"native heap \(malloc in use\) \+(?P<amount>[\d.]+ ?[KMG
 
 def native_leak(members: list[FailedCase]) -> list[str]:
     """Native heap growth per step, loop by loop: about one rate everywhere is one allocation kept
-    per call of something every loop calls once per step; rates in ratio are calls per step."""
-    rates = []
+    per call of something every loop calls once per step; rates in ratio are calls per step, which
+    the records count for torch_xla's SPMD API (harness.spmdcalls): a rate that is one amount per
+    call of one API in every loop names that API."""
+    rates, calls = [], []
     for case in members:
         found = next((m for m in map(_PER_STEP.search, case.items) if m), None)
         if found:
             rates.append(_amount(found.group("amount")))
+            calls.append(_calls_of(case))
     if not rates:
         return []
     shown = f"+{_kib(min(rates))}" + (f" to +{_kib(max(rates))}" if max(rates) > min(rates) else "")
     ratios = sorted({round(rate / min(rates), 1) for rate in rates}) if min(rates) > 0 else []
     head = f"diagnosis: native memory kept on every step, {shown} per step across {len(rates)} loop(s)"
-    head += (
-        ": about the same amount in every loop, one allocation kept per call of something each step calls once"
-        if max(rates) <= min(rates) * 1.15
-        else f": rates x{', x'.join(map(str, ratios[:6]))} of the least, in proportion to how often each step "
-        "calls what leaks (compare the loops' spmd calls per step)"
-    )
+    per_call = per_call_of(rates, calls)
+    if per_call:
+        head += f", {per_call}"
+    elif max(rates) <= min(rates) * 1.15:
+        head += ": about the same amount in every loop, one allocation kept per call of something each step calls once"
+    else:
+        head += (
+            f": rates x{', x'.join(map(str, ratios[:6]))} of the least, in proportion to how often each step "
+            "calls what leaks (compare the loops' spmd calls per step)"
+        )
     return [head, "  memray's stacks (under each case) show only allocations it tracks: read the rate, not the stack"]
+
+
+def _calls_of(case: FailedCase) -> dict[str, int]:
+    """The SPMD calls per step of the case's loop (its first loop that counted any)."""
+    for _label, signature in sorted(case.costs.items()):
+        calls = signature.get("spmd_calls") if isinstance(signature, Mapping) else None
+        if isinstance(calls, Mapping) and calls:
+            return {k: v for k, v in calls.items() if isinstance(k, str) and isinstance(v, int) and v > 0}
+    return {}
+
+
+def per_call_of(rates: list[float], calls: list[dict[str, int]]) -> str:
+    """ "1 mark_sharding call per step: ~256.0 KiB per call" where every loop's rate divided by its
+    calls of one API is about one amount (within 15%); "" where no API's calls explain the rates."""
+    if not all(calls):
+        return ""
+    for api in sorted(set.intersection(*(set(c) for c in calls)), key=lambda a: -min(c[a] for c in calls)):
+        each = [rate / c[api] for rate, c in zip(rates, calls)]
+        if max(each) <= min(each) * 1.15:
+            counts = sorted({c[api] for c in calls})
+            said = f"{counts[0]}" + (f" to {counts[-1]}" if len(counts) > 1 else "")
+            plural = "s" if counts[-1] > 1 else ""
+            return f"{said} {api} call{plural} per step: ~{_kib(sum(each) / len(each))} per call"
+    return ""
 
 
 def _kib(count: float) -> str:

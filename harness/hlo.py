@@ -9,7 +9,10 @@ so cases ask by role instead:
 * `sharding_custom_calls`: every `custom_call_target="Sharding"` instruction, annotated or not
   (an unannotated one is bug 2a; `assert_every_sharding_call_annotated` is its detector);
 * `output_sharding`: the ROOT of the entry computation;
-* `count_collectives`: how many all-reduce / all-gather / ... instructions there are.
+* `count_collectives`: how many all-reduce / all-gather / ... instructions there are;
+* `donated_parameters`: the parameters a module gives up to its outputs (its header's
+  `input_output_alias` and `buffer_donor`), the one reader of them: the step's held peak
+  (harness.costs) and the donation-lost diagnosis (harness.findings) both count what it returns.
 
 The reader is line based (XLA prints one instruction per line) and tolerant: it understands
 enough of an instruction (name, shape, opcode, operands, top-level attributes) to find these
@@ -34,6 +37,8 @@ __all__ = [
     "HloParseError",
     "assert_every_sharding_call_annotated",
     "count_collectives",
+    "donated_parameters",
+    "entry_parameter_count",
     "entry_parameters",
     "instructions_naming",
     "output_sharding",
@@ -507,3 +512,50 @@ def _unescape_mlir(value: str) -> str:
             out.append(char)
             index += 1
     return "".join(out)
+
+
+_DONATION_ATTRIBUTES = ("input_output_alias={", "buffer_donor={")
+# In either attribute, a parameter is named as `(number, {shape index}`: `{1}: (3, {}, may-alias)`, `(0, {})`.
+_DONATED_PARAMETER = re.compile(r"\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}")
+
+
+def shape_index(text: str) -> str:
+    """`1, 0` -> `1,0`: a shape index as both XLA's header and its buffer assignment can be matched on."""
+    return ",".join(part.strip() for part in text.split(",") if part.strip())
+
+
+def donated_parameters(hlo: str) -> frozenset[tuple[int, str]]:
+    """The (parameter number, shape index) pairs a module gives up to its outputs, from its header's
+    `input_output_alias={ {1}: (3, {}, may-alias) }` and `buffer_donor={ (0, {}) }`: the arguments
+    whose buffers the step reuses (torch_xla donates parameters and optimizer state; with
+    XLA_ENABLE_PARAM_ALIASING=0 the header has neither and every argument stays alive).
+    Only the first line is read, so a module's header alone (what a record keeps) answers too."""
+    header = hlo[: hlo.find("\n")] if "\n" in hlo else hlo
+    if not _HLO_MODULE_LINE.match(header):
+        raise HloParseError("its first line is not an 'HloModule' header")
+    donated = set()
+    for attribute in _DONATION_ATTRIBUTES:
+        start = header.find(attribute)
+        if start < 0:
+            continue
+        close = _matching_close(header, start + len(attribute) - 1)
+        if close is None:
+            raise HloParseError(f"{attribute}...}} is not closed on the module's header line")
+        body = header[start + len(attribute) - 1 : close + 1]
+        donated |= {(int(n), shape_index(i)) for n, i in _DONATED_PARAMETER.findall(body)}
+    return frozenset(donated)
+
+
+def entry_parameter_count(hlo: str) -> int | None:
+    """How many parameters the entry computation takes, from the header's
+    `entry_computation_layout={(f32[2]{0}, (f32[], s32[]))->...}` (a tuple parameter counts once);
+    None where the header has no such layout (then the count is not known, never guessed)."""
+    header = hlo[: hlo.find("\n")] if "\n" in hlo else hlo
+    start = header.find("entry_computation_layout={(")
+    if start < 0:
+        return None
+    opening = start + len("entry_computation_layout={")
+    close = _matching_close(header, opening)
+    if close is None:
+        raise HloParseError("entry_computation_layout={(... is not closed on the module's header line")
+    return len(_split_top_level(header[opening + 1 : close]))

@@ -81,6 +81,7 @@ class StepTrace:
         # The Python objects memray's import and tracker made: not the loop's (the meter leaves them
         # out of what a step keeps), held so that no id of theirs names a later object.
         self.made: list[Any] = []
+        self.capture: bytes | None = None  # what read() kept of the capture (at most MAX_CAPTURE_BYTES)
 
     def start(self) -> str | None:
         existing = {id(obj) for obj in gc.get_objects()}
@@ -122,19 +123,21 @@ class StepTrace:
             tracker, self.tracker = self.tracker, None
             tracker.__exit__(None, None, None)
 
-    def read(self, grown: str) -> str:
-        """The line naming the largest stacks of what the step allocated and kept; `grown` says by
-        how much the step grew the heap ("the native heap +265 KiB"). Removes the capture."""
+    def read(self, grown: str, grown_bytes: int = 0) -> str:
+        """The line naming the largest stacks of what the step allocated and kept, led by how much of
+        the step's growth (`grown_bytes` of the heap; `grown` says it: "native heap +265 KiB") memray
+        saw. Removes the capture."""
         self.stop()
         try:
             if self.folder is None:
                 return "native stacks not named (memray wrote no capture)"
             found = _read_in_child(self.folder)
+            self.capture = _kept_capture(os.path.join(self.folder, CAPTURE_NAME))
         finally:
             self.close()
         if isinstance(found, str):
             return f"native stacks not named: {found}"
-        return _line(self.step, found, grown)
+        return _line(self.step, found, grown, grown_bytes)
 
     def close(self) -> None:
         if self.folder is not None:
@@ -234,6 +237,18 @@ def window_lines(first: int, steps: int, found: dict[str, Any]) -> list[str]:
     ]
 
 
+def _kept_capture(path: str) -> bytes | None:
+    """The capture's bytes, for the results folder, where it is no larger than MAX_CAPTURE_BYTES."""
+    from harness.costs import MAX_CAPTURE_BYTES
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CAPTURE_BYTES + 1)
+    except OSError:
+        return None
+    return data if len(data) <= MAX_CAPTURE_BYTES else None
+
+
 def _scratch_root() -> str | None:
     """The run's dump root, where XLA's dumps go too (harness.xla.enable_step_dumps), else the system's."""
     root = os.environ.get(XLA_DUMP_ROOT_ENV)
@@ -293,7 +308,7 @@ def _well_formed(found: Any) -> bool:
     )
 
 
-def _line(step: int, found: dict[str, Any], grown: str) -> str:
+def _line(step: int, found: dict[str, Any], grown: str, grown_bytes: int = 0) -> str:
     from harness.costs import kib
 
     stacks = [s for s in found["stacks"] if s["frames"]][:TOP_STACKS]
@@ -304,10 +319,25 @@ def _line(step: int, found: dict[str, Any], grown: str) -> str:
     ]
     named = sum(s["bytes"] for s in stacks)
     return (
-        f"native allocations of step{step} alive at its end (memray): "
+        coverage(found["bytes"], grown_bytes)
+        + f"native allocations of step{step} alive at its end (memray): "
         + ("; ".join(shown) if shown else "none")
         + f" (these {kib(named)} of the {kib(found['bytes'])} memray saw step{step} keep; {grown})"
     )
+
+
+SAW_ALL = 0.9  # of a step's growth: below it, most of what the step kept is where memray does not look
+
+
+def coverage(seen: int, grown: int) -> str:
+    """What share of the step's native growth memray saw, first on its line: its stacks name only
+    that share, so a line that saw 14% must not be read as naming the leak."""
+    if grown <= 0:
+        return ""
+    share = seen / grown
+    if share >= SAW_ALL:
+        return f"memray saw {min(share, 1.0):.0%} of this growth: "
+    return f"memray saw {share:.0%} of this growth: the rest is allocated where it does not track; "
 
 
 def _short(exc: BaseException) -> str:

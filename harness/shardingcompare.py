@@ -10,7 +10,9 @@ form: harness.gke.aggregate).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import re
 from collections.abc import Mapping
 
 from harness.sharding import canonical_text
@@ -60,6 +62,68 @@ def compare(before: Mapping[str, str], after: Mapping[str, str], reference: str 
         ShardingChange(name, old[name], new.get(name), reference) for name in sorted(old) if old[name] != new.get(name)
     ]
     return changes + [ShardingChange(name, None, new[name], reference) for name in sorted(set(new) - set(old))]
+
+
+# A step graph's parameters as the cost meter records them: `step0:parameter(7)`. XLA numbers them in
+# the order the graph takes them, so a graph that gains or loses one (a step split in four) renumbers
+# the rest: they are compared as each graph's multiset of shardings, never number against number.
+GRAPH_PARAMETER = re.compile(r"(?P<graph>.+):parameter\(\d+\)")
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphParametersChange(ShardingChange):
+    """A step graph's parameters whose shardings differ as a multiset: `before` lists the shardings
+    it lost (None: none lost, only gained, not a drift), `after` those it gained."""
+
+    counts: tuple[int, int] = (0, 0)  # parameters before, after
+
+    def __str__(self) -> str:
+        parts = [f"-{self.before}"] if self.before else []
+        parts += [f"+{self.after}"] if self.after else []
+        return (
+            f"{self.tensor}: graph parameters {self.counts[0]} -> {self.counts[1]} (matched by sharding, "
+            f"whatever their numbers): {', '.join(parts)}"
+        )
+
+    def grids(self, labels: tuple[str, str]) -> list[str]:
+        return []
+
+
+def compare_by_role(
+    before: Mapping[str, str], after: Mapping[str, str], reference: str = "baseline"
+) -> list[ShardingChange]:
+    """compare(), with each step graph's numbered parameters matched by their shardings (one line per
+    graph whose multiset differs), the named tensors by name."""
+    named_a, graphs_a = _split(canonical(before))
+    named_b, graphs_b = _split(canonical(after))
+    changes = compare(named_a, named_b, reference)
+    for graph in sorted(set(graphs_a) | set(graphs_b)):
+        was, now = graphs_a.get(graph, collections.Counter()), graphs_b.get(graph, collections.Counter())
+        if was == now:
+            continue
+        lost, gained = was - now, now - was
+        changes.append(
+            GraphParametersChange(
+                graph,
+                ", -".join(f"{n} x {spec}" for spec, n in sorted(lost.items())) or None,
+                ", +".join(f"{n} x {spec}" for spec, n in sorted(gained.items())) or None,
+                reference,
+                (sum(was.values()), sum(now.values())),
+            )
+        )
+    return changes
+
+
+def _split(shardings: Mapping[str, str]) -> tuple[dict[str, str], dict[str, collections.Counter[str]]]:
+    named: dict[str, str] = {}
+    graphs: dict[str, collections.Counter[str]] = {}
+    for name, spec in shardings.items():
+        match = GRAPH_PARAMETER.fullmatch(name)
+        if match:
+            graphs.setdefault(match["graph"], collections.Counter())[spec] += 1
+        else:
+            named[name] = spec
+    return named, graphs
 
 
 def group(observations: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:

@@ -17,6 +17,7 @@ results folder only when the case fails. What the signature holds is described i
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
 import gc
@@ -30,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import costs, creationsites, nativememory, nativestacks, xla
+from harness import costs, creationsites, nativememory, nativestacks, spmdcalls, xla
 from harness.errors import HarnessUsageError
 
 # XLA's dump file names: module_0003.<module name>.<unique id>.<stage>.txt; stage
@@ -119,6 +120,8 @@ class StepMeter:
         # frozen with the rest and so not listed after a step: held here by weak reference, their
         # bytes join the loop's in the step's device footprint.
         self.before_loop = [] if host_only else _device_tensors_now()
+        if not host_only:  # a native growth per step is read beside the SPMD calls each step made
+            spmdcalls.install()
         self.freezes = _FreezeWatch()
         self.frozen_loop: list[weakref.ReferenceType[Any]] = []  # the loop's XLA tensors a body froze
         self.frozen_listed_at: int | None = None  # the freeze count when they were last listed
@@ -158,6 +161,7 @@ class StepMeter:
             return
         self._clear_dumps()
         before = _counters()
+        calls_before = spmdcalls.now()
         watch = _CounterWatch(self.sentinel)
         previous_name = xla.name_graphs(f"{self.graph_prefix}step{index}")
         # Once a step kept more XLA tensors than the one before, the next ones note where each is
@@ -183,6 +187,9 @@ class StepMeter:
             self._stop_native(native)
         watch.check(f"step{index}")
         entry = {name: after[name] - before[name] for name in costs.STEP_FIELDS}
+        calls = spmdcalls.since(calls_before)
+        if calls:
+            entry["spmd_calls"] = calls
         entry["graphs"] = self._read_graphs(index, entry)
         self._record_alive(index, entry)
         self._window_clamp(entry)
@@ -273,11 +280,27 @@ class StepMeter:
         if native is not None:
             growth = ", ".join(f"{costs.NATIVE_NAMES[f]} +{costs.kib(n)}" for f, n in grown.items())
             with self._not_the_loops():
-                self.native_stacks = [native.read(f"the step grew {growth}" if growth else "the step grew less")]
+                self.native_stacks = [
+                    native.read(
+                        f"the step grew {growth}" if growth else "the step grew less", grown.get("heap_bytes", 0)
+                    )
+                ]
+                self._keep_capture(native)
         elif grown and len(steps) >= self.signature["warmup"]:
             self.suspect_native = True
         if self.native_stacks is not None:
             entry["native_stacks"] = list(self.native_stacks)
+
+    def _keep_capture(self, native: nativestacks.StepTrace) -> None:
+        """memray's capture of the tracked step, for the parent to keep in the results folder (memray/)
+        if the case fails: `memray stats` or `memray flamegraph` on it shows what memray saw."""
+        if native.capture is None or self.native_stacks is None:
+            return
+        captures = self.ctx.values.setdefault(costs.CAPTURES_VALUE, {})
+        if len(captures) < costs.MAX_CAPTURES:
+            name = f"{self.label}_step{native.step}"
+            captures[name] = base64.b64encode(native.capture).decode("ascii")
+            self.native_stacks[-1] += f"; memray's capture: the run folder's memray/*__{name}.memray, if the case fails"
 
     def _stop_native(self, native: nativestacks.StepTrace) -> None:
         gc.collect()  # the step's garbage goes first: what it frees is the loop's, not memray's
@@ -440,12 +463,14 @@ class StepMeter:
         where = f"{after.name} (partitioned module of {name})"
         graph: dict[str, Any] = {"collectives": costs.collectives(text, self.ctx.devices or xla.num_devices(), where)}
         self.dumps[f"{self.label}/{name}"] = text
+        donated = costs.module_donations(text, where)
+        aliases = costs.module_aliases(text, donated, where)
+        if aliases is not None:  # kept by the record, for the donation-lost diagnosis against a base run
+            graph["aliases"] = aliases
         buffers = stages.get("buffers")
         if buffers is not None:
             graph["memory"] = costs.buffer_memory(
-                _read_text(buffers),
-                f"{buffers.name} (buffer assignment of {name})",
-                donated=costs.module_donations(text, where),
+                _read_text(buffers), f"{buffers.name} (buffer assignment of {name})", donated=donated
             )
         before = stages.get("before")
         if before is not None:

@@ -44,6 +44,7 @@ def test_known_bug(spmd):
     spmd.run(body_fails)
 """
 TILED = "{devices=[4,1]0,1,2,3}"
+COLUMNS = "{devices=[1,4]0,1,2,3}"
 
 
 def lit(text: str) -> str:
@@ -167,6 +168,28 @@ def test_the_policy_fails_drift_on_the_release_line_and_reports_the_rest():
     new = base.check("c", {"w": TILED, "b": TILED}, "2.9.0", "t.py::c")
     assert new is not None and new.failure is None and new.changes == [ShardingChange("b", None, TILED)]
     assert new.heading == "sharding changes (reported, not failed: new tensors)"
+
+
+def test_a_step_graphs_renumbered_parameters_are_matched_by_sharding_against_the_baseline():
+    """A step split (one sync more per block) renumbers the graph's parameters: number against
+    number, 42 lines of drift; as each graph's multiset of shardings, one line per graph or none."""
+    taken = {f"step0:parameter({i})": spec for i, spec in enumerate([TILED, "{replicated}", TILED, COLUMNS])}
+    base = Baseline(Path("cpu-4.json"), "cpu", 4, "2.9.0", {"c": {"w": TILED, **taken}})
+    renumbered = {f"step0:parameter({i})": spec for i, spec in enumerate([COLUMNS, TILED, TILED, "{replicated}"])}
+    assert base.check("c", {"w": TILED, **renumbered}, "2.9.0", "t.py::c") == CaseCheck([])
+    # one parameter more (a tiled one): listed, not failed
+    more = base.check("c", {"w": TILED, **renumbered, "step0:parameter(4)": TILED}, "2.9.0", "t.py::c")
+    assert more is not None and more.failure is None and len(more.changes) == 1, more
+    assert str(more.changes[0]) == (
+        f"step0: graph parameters 4 -> 5 (matched by sharding, whatever their numbers): +1 x {TILED}"
+    )
+    # a sharding the graph had is gone: drift, in one line, however many parameters moved number
+    fewer = {f"step0:parameter({i})": spec for i, spec in enumerate([COLUMNS, TILED, "{replicated}"])}
+    drift = base.check("c", {"w": TILED, **fewer}, "2.9.0", "t.py::c")
+    assert drift is not None and drift.failure is not None and drift.failure.startswith("sharding drift: 1 tensor(s)")
+    assert (
+        f"step0: graph parameters 4 -> 3 (matched by sharding, whatever their numbers): -1 x {TILED}" in drift.failure
+    )
 
 
 @pytest.mark.parametrize(

@@ -104,3 +104,50 @@ def test_a_moved_multi_axis_sharding_fails_with_both_device_grids(suite):
             "              0,2  1,3 *0,2  1,3",
         ]
     )
+
+
+def test_failed_lines_lead_with_the_cause_within_120_columns_and_80_on_an_80_column_terminal(suite):
+    from types import SimpleNamespace
+
+    from harness.judges import basecheck
+    from harness.run.failedlines import cause_first
+
+    suite(version=BASE_BUILD, results="base")
+    drift = {f"blocks.{i}.weight": REPLICATED for i in range(40)}
+    result = suite("--spmd-compare=base", shardings=drift, costs=signature(all_gather=5))
+    failed = [line for line in result.stdout.lines if line.startswith("FAILED ")]
+    assert failed and all(len(line) <= 120 for line in failed), failed
+    # the collectives lead: the 40 sharding lines after them are counted, not shown
+    assert any(line.startswith("FAILED test_cases.py::test_block - step0: all-gather 3 -> 5") for line in failed), (
+        failed
+    )
+    # an 80-column terminal: the build names and the wrapper left out, the cause first, the line cut to fit
+    differences = [f"blocks.{i}.weight: {TILED} -> {REPLICATED}" for i in range(3)] + ["step2: compiles 1 -> 4"]
+    report = SimpleNamespace(
+        nodeid="cases/test_vit.py::test_train[fsdpv2]",
+        user_properties=[(basecheck.PROPERTY, json.dumps({"differences": differences}))],
+        longrepr=None,
+    )
+    message = cause_first(report, "base 2.9.0 -> this build 2.9.0: " + differences[0], 80)  # type: ignore[arg-type]
+    line = f"FAILED {report.nodeid} - {message}"
+    assert line == "FAILED cases/test_vit.py::test_train[fsdpv2] - step2: compiles 1 -> 4 (+3 more)", line
+
+
+def test_a_failed_line_leads_with_a_split_step_beside_the_drift_of_its_renumbered_parameters():
+    from types import SimpleNamespace
+
+    from harness.run.failedlines import cause_first
+
+    drift = (
+        "sharding drift: 42 tensor(s) differ from cpu-4.json (taken on torch_xla 2.9.0; this run: 2.9.0):\n"
+        + "\n".join(f"  step0:parameter({i}): {TILED} -> {REPLICATED}" for i in range(14, 56))
+    )
+    report = SimpleNamespace(
+        nodeid="cases/test_meshes.py::test_fsdpv2_vit_train_steps_match_cpu[fsdp]",
+        user_properties=[],
+        longrepr=None,
+        sections=[("cost check", "train: step0: compiles 1 -> 3, executions 1 -> 3, step peak 151.9 KiB -> 171.3 KiB")],
+    )
+    message = cause_first(report, drift, 120)  # type: ignore[arg-type]
+    assert message.startswith("train: step0: compiles 1 -> 3, exec"), message
+    assert len(f"FAILED {report.nodeid} - {message}") <= 120

@@ -43,6 +43,37 @@ def test_outputs_that_grew_by_the_parameters_bytes_are_one_finding_diagnosed_as_
     assert sum(1 for line in shown if not line.startswith(" ")) == 2  # one finding, then the advice
 
 
+def test_a_step_module_that_aliases_fewer_parameters_than_the_base_runs_is_named_as_donation_lost():
+    case = donated("cases/test_a.py::test_loop")
+    case.base_costs["train"]["graphs"]["step0"]["aliases"] = {"donated": 6, "parameters": 9}
+    case.costs["train"]["graphs"]["step0"]["aliases"] = {"donated": 0, "parameters": 9}
+    shown = findings.lines([case])
+    assert shown[1].startswith(
+        "  diagnosis: donation lost: the build's step module aliases 0 of 9 parameters (base: 6) "
+        "(cases/test_a.py::test_loop train step0), in 1 of 1 compared step module(s); the outputs grew by the "
+        "parameters' bytes"
+    ), shown
+    # the same aliasing on both sides: the bytes alone, with a question mark
+    case.costs["train"]["graphs"]["step0"]["aliases"] = {"donated": 6, "parameters": 9}
+    assert "donation lost? in 1 of 1 loop(s)" in findings.lines([case])[1]
+
+
+@pytest.mark.parametrize(
+    "aliases",
+    [
+        {"donated": 3, "parameters": 2},  # more donated than taken
+        {"donated": -1, "parameters": 2},
+        {"donated": 1, "parameters": 2, "module": "HloModule ..."},  # nothing else kept
+        [1, 2],
+    ],
+)
+def test_a_records_step_module_aliasing_is_checked_when_read_back(aliases):
+    signature = loop(100)
+    signature["graphs"]["step0"] |= {"collectives": [], "aliases": aliases}
+    with pytest.raises(costs.CostReadError, match="aliases"):
+        costs.check_signature(signature, "record")
+
+
 def test_outputs_that_grew_by_other_bytes_are_not_called_donation():
     case = donated("c::t")
     case.costs = {"train": loop(37376 + 4000)}
@@ -66,6 +97,21 @@ def test_native_growth_at_one_rate_in_every_loop_is_one_leak_per_call():
     shown = findings.lines([FailedCase("a::t", [leak]), FailedCase("b::t", [leak])])
     assert shown[0] == "2 case(s): native memory per step grew"
     assert "+256.0 KiB per step across 2 loop(s): about the same amount in every loop" in shown[1]
+
+
+def test_native_growth_that_scales_with_an_spmd_apis_calls_is_said_per_call():
+    def leak(case: str, kib: int, calls: int) -> FailedCase:
+        item = f"steady state: step2..step5 each left more alive than the step before: native heap (malloc in use) +{kib} KiB per step"
+        signature = loop(100) | {"spmd_calls": {"mark_sharding": calls, "clear_sharding": 1}}
+        return FailedCase(case, [item], costs={"train": signature})
+
+    shown = findings.lines([leak("a::t", 257, 1), leak("b::t", 1027, 4)])
+    assert shown[1] == (
+        "  diagnosis: native memory kept on every step, +257.0 KiB to +1.0 MiB per step across 2 loop(s), "
+        "1 to 4 mark_sharding calls per step: ~256.9 KiB per call"
+    ), shown
+    # calls that do not scale with the growth explain nothing
+    assert "per call" not in findings.lines([leak("a::t", 257, 1), leak("b::t", 1027, 1)])[1]
 
 
 def test_a_decrease_beside_a_growth_is_not_labelled_an_improvement():

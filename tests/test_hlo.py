@@ -426,3 +426,19 @@ def test_any_module_of_these_lines_gives_the_same_collectives_both_ways(computat
     text = "\n".join(line for header, body in computations for line in (header, *body, "}"))
     whole = sorted(_named_instructions(parse_hlo(text).instructions))
     assert sorted(_named_instructions(instructions_naming(text, COLLECTIVE_OPCODES))) == whole
+
+
+def test_a_modules_donations_and_entry_parameters_are_read_from_its_header_alone():
+    from harness.hlo import donated_parameters, entry_parameter_count
+
+    header = (
+        "HloModule S, input_output_alias={ {1}: (1, {}, may-alias), {2}: (0, {1}, may-alias) }, "
+        "buffer_donor={ (3, {}) }, entry_computation_layout={(f32[2]{0}, (f32[], s32[]), f32[2,32]{1,0}, "
+        "f32[])->(f32[], f32[32,2]{1,0})}"
+    )
+    assert donated_parameters(header + "\nENTRY ...") == {(1, ""), (0, "1"), (3, "")}
+    assert entry_parameter_count(header) == 4  # the tuple parameter counts once
+    assert entry_parameter_count("HloModule m, entry_computation_layout={()->f32[]}") == 0
+    assert entry_parameter_count("HloModule m") is None  # not said: not guessed
+    with pytest.raises(HloParseError, match="not closed"):
+        entry_parameter_count("HloModule m, entry_computation_layout={(f32[2]{0}, f32[]")

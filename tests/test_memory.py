@@ -339,7 +339,7 @@ def test_the_nightly_tier_fails_a_numpy_copy_per_step_by_its_stack_and_a_leak_ev
     )
     result.stdout.fnmatch_lines(
         [
-            "FAILED test_loop.py::test_tier_loop[[]numpy_copy[]]*"
+            "*"
             + lit("native stack holding more blocks after each of step12..step15 (memray): +25 KiB per step in ")
             + "* blocks at *PyDataMem_UserNEW*"
             + lit(f"< <genexpr> (test_loop.py:{made_at})")
@@ -348,7 +348,7 @@ def test_the_nightly_tier_fails_a_numpy_copy_per_step_by_its_stack_and_a_leak_ev
     )
     result.stdout.fnmatch_lines(
         [
-            "FAILED test_loop.py::test_tier_loop[[]every_other[]]*step2..step19 (a slow leak): native heap (malloc in "
+            "*step2..step19 (a slow leak): native heap (malloc in "
             "use) +* KiB per step over 18 steps (least-squares slope; *"
         ]
     )
@@ -366,7 +366,8 @@ def test_native_growth_names_the_stack_that_allocated_what_the_step_kept(suite):
     result.stdout.fnmatch_lines(
         [
             "*step2..step4 each left more alive than the step before: native heap (malloc in use) +5* KiB per step*"
-            + lit("; native allocations of step3 alive at its end (memray): 512 KiB in 1 block at ")
+            + "; memray saw *% of this growth: "
+            + lit("native allocations of step3 alive at its end (memray): 512 KiB in 1 block at ")
             + "*PyDataMem_UserNEW*"
             + lit(" < full (numeric.py:")
             + "*"

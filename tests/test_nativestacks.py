@@ -60,6 +60,20 @@ def test_the_line_escapes_what_memray_read_and_says_what_share_it_names():
     )
 
 
+def test_the_line_leads_with_the_share_of_the_steps_growth_memray_saw():
+    found = {
+        "bytes": 36 << 10,
+        "blocks": 2,
+        "stacks": [{"bytes": 36 << 10, "blocks": 2, "frames": ["forward (models.py:55)"]}],
+    }
+    line = nativestacks._line(3, found, "the step grew native heap (malloc in use) +257 KiB", 257 << 10)
+    assert line.startswith(
+        "memray saw 14% of this growth: the rest is allocated where it does not track; native allocations of step3"
+    ), line
+    assert nativestacks._line(3, found, "", 37 << 10).startswith("memray saw 97% of this growth: native allocations")
+    assert nativestacks._line(3, found, "the step grew less").startswith("native allocations")  # no growth: no share
+
+
 @pytest.mark.parametrize(
     "found",
     [[], {"bytes": -1, "blocks": 0, "stacks": []}, {"bytes": 1, "blocks": 1, "stacks": [{"bytes": 1, "blocks": 1}]}],

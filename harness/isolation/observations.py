@@ -15,6 +15,7 @@ parent reads is listed in RESERVED_VALUES with its check.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,25 @@ def _signatures_problem(value: Any) -> str | None:
     return None
 
 
+def _captures_problem(value: Any) -> str | None:
+    """memray's captures: at most MAX_CAPTURES, each base64 of at most MAX_CAPTURE_BYTES, by a plain name."""
+    limit = -(-costs.MAX_CAPTURE_BYTES // 3) * 4
+    if not (
+        isinstance(value, dict)
+        and len(value) <= costs.MAX_CAPTURES
+        and all(
+            isinstance(name, str)
+            and re.fullmatch(r"[A-Za-z0-9_]{1,80}", name)
+            and isinstance(text, str)
+            and len(text) <= limit
+            and re.fullmatch(r"[A-Za-z0-9+/]*={0,2}", text)
+            for name, text in value.items()
+        )
+    ):
+        return f"{shown(value)}, not at most {costs.MAX_CAPTURES} memray captures (base64) by name"
+    return None
+
+
 def _dumps_problem(value: Any) -> str | None:
     if not isinstance(value, dict) or not all(isinstance(text, str) for text in value.values()):
         return f"{shown(value)}, not a mapping of module names to HLO text"
@@ -45,6 +65,7 @@ def _dumps_problem(value: Any) -> str | None:
 RESERVED_VALUES: dict[str, Callable[[Any], str | None]] = {
     costs.SIGNATURES_VALUE: _signatures_problem,
     costs.DUMPS_VALUE: _dumps_problem,
+    costs.CAPTURES_VALUE: lambda value: _captures_problem(value),
 }
 
 

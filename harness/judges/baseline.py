@@ -69,7 +69,7 @@ class Baseline(BaselineFile[dict[str, str]]):
     def compare(self, case: str, observed: Mapping[str, str]) -> list[ShardingChange] | None:
         """Per-tensor changes against the case's entry; None when the baseline has no entry for it."""
         expected = self.cases.get(case)
-        return None if expected is None else shardingcompare.compare(expected, observed)
+        return None if expected is None else shardingcompare.compare_by_role(expected, observed)
 
     def check(self, case: str, observed: Mapping[str, str], version: str | None, rewrite: str) -> CaseCheck | None:
         """The policy above, for a passing case that observed these shardings on torch_xla `version`;

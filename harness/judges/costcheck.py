@@ -157,6 +157,7 @@ def _read_signatures(case: JudgedCase) -> None:
     for result in case.results:
         values = result.values
         case.cost_dumps.update(values.pop(costs.DUMPS_VALUE, None) or {})
+        case.memray_captures.update(values.pop(costs.CAPTURES_VALUE, None) or {})
         for label, signature in (values.get(costs.SIGNATURES_VALUE) or {}).items():
             case.costs[label] = costs.check_signature(signature, f"cost signature {label!r} from the case's child")
 
@@ -187,3 +188,4 @@ def keep_dumps(folder: Path, case: JudgedCase, failed: bool) -> None:
     """The partitioned modules of a failing case, for reading what the partitioner did."""
     if failed:
         results.keep_texts(folder / runfolder.COST_DUMPS_DIR, case.case_id, case.cost_dumps, ".after_optimizations.txt")
+        results.keep_captures(folder / runfolder.MEMRAY_DIR, case.case_id, case.memray_captures)

@@ -51,6 +51,7 @@ class JudgedCase:
     sharding_changes: list[str] = dataclasses.field(default_factory=list)  # against its baseline entry
     costs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)  # each loop's cost signature
     cost_dumps: dict[str, str] = dataclasses.field(default_factory=dict)  # the partitioned modules read
+    memray_captures: dict[str, str] = dataclasses.field(default_factory=dict)  # base64, by loop and step
     cost_changes: list[str] = dataclasses.field(default_factory=list)  # steady state and baseline lines
 
     @classmethod

@@ -9,6 +9,7 @@ verdict. The run folder's whole layout: harness.records.runfolder.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -302,6 +303,21 @@ def keep_texts(folder: Path, case_id: str, texts: dict[str, str], suffix: str) -
         # Written beside and renamed into place: a link or a pipe a case planted under the name is
         # replaced, never written through (the run folder is writable by the code under test).
         files.replace_file(folder / f"{safe_filename(case_id)}__{safe_filename(name)}{suffix}", text)
+
+
+def keep_captures(folder: Path, case_id: str, captures: dict[str, str]) -> None:
+    """memray's captures (base64, checked by harness.isolation.observations) as
+    `<case>__<loop>_step<N>.memray` files in `folder`, each written beside and renamed into place."""
+    if not captures:
+        return
+    files.own_folder(folder)
+    for name, text in captures.items():
+        path = folder / f"{safe_filename(case_id)}__{safe_filename(name)}.memray"
+        temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temp.unlink(missing_ok=True)
+        with os.fdopen(files.open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as fh:
+            fh.write(base64.b64decode(text, validate=True))
+        os.replace(temp, path)
 
 
 def is_failure(record: CaseRecord) -> bool:

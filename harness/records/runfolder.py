@@ -62,6 +62,7 @@ MAX_FAILED_IDS = 500
 LOGS_DIR = "logs"
 HLO_DIR = "hlo"
 COST_DUMPS_DIR = "costs"
+MEMRAY_DIR = "memray"  # memray's captures of a failed case's tracked steps
 XLA_DUMPS_DIR = "xla-dumps"
 SUMMARY_NAME = "summary.md"
 COMPARISON_NAME = "comparison.json"

@@ -1,27 +1,63 @@
-"""FAILED lines that keep their reason when pytest's output is not a terminal.
+"""FAILED lines that lead with their cause and fit a terminal.
 
-pytest cuts each line of its short test summary at the terminal's width, 80 columns when the
-output is piped (`pytest ... | tee log`), so a verdict such as `base 2.10.0+git1111111 -> this
-build 2.10.0+git2222222: step0: compiles 1 -> 4` lost its cause, or all of it. On CI pytest
-prints the message whole (its `running_on_ci()`, or -vv), every line of it. An SPMD run whose
-output is not a terminal gets one whole line per failure: for the short summary alone (the last
-thing pytest writes before its totals line) the verbosity is raised and each failure's message is
-its first line (harness.run.findings.first_item); both are put back after it. The failures above
-the summary are printed whole before this.
+pytest's short test summary prints `FAILED <case> - <message>`, cut at the terminal's width (80
+columns when the output is piped, `pytest ... | tee log`): a verdict such as `base 2.9.0 -> this
+build 2.9.0: step2: sharding drift: 80 tensor(s) differ ... compiled a new graph` showed its
+boilerplate and lost its cause. An SPMD run's short summary gives each failure one line of at
+most MAX_COLUMNS (or the terminal's width, if narrower) whose message is the failure's cause as
+harness.findings reads it (the item of the kind of figure that moved first, `step2: compiles 1
+-> 4, executions 1 -> 4`, the build names every such line shares left out), then how many other
+items it has; a failure no figure explains keeps its first line. The whole failure is printed
+above the summary and its findings at the end; the messages are put back after the summary.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Generator
 from typing import Any
 
 import pytest
 
+from harness import findings as causes
 from harness.judges.basecompare import printable
-from harness.run.findings import first_item
+from harness.run.findings import finding_of, first_item
 from harness.run.session import SESSION_KEY
 
 WHOLE_LINES_VERBOSITY = 2  # what pytest's short summary needs to print a failure's message uncut
+MAX_COLUMNS = 120  # of a FAILED line, however wide the terminal or the log
+MIN_MESSAGE = 40  # characters of the cause however long the case's id
+MAX_LINES_READ = 200  # of a failure's message, looking for its cause
+COST_CHECK_SECTION = "cost check"  # harness.judges.costcheck's section beside a failure
+# What every line against a base run starts with, and the harness's wrapper of a child's error:
+# words every such failure shares, not its cause.
+_BOILERPLATE = re.compile(r"^(?:(?:harness\.errors\.)?CaseFailed: )?(?:base \S+ -> this build \S+: )?")
+
+# `__main__.ChangedSinceCollection: ...`: the error's name is enough, not its module's.
+_MODULE_OF_ERROR = re.compile(r"^(?:\w+\.)+(?=\w+: )")
+# An absolute path, as an error names the file it is about: its last part is what the line needs.
+_LONG_PATH = re.compile(r"(?<![\w.])/(?:[^\s/:'\"]+/)+([^\s/:'\"]+)")
+
+
+def cause_first(report: pytest.TestReport, message: str, columns: int) -> str:
+    """The failure's message for its FAILED line: its cause first, the line within `columns`."""
+    items = list(finding_of(report))
+    differences = len(items) > 1  # against the base run, one item each (else the failure's own lines)
+    if not differences:
+        # The message, and a cost check's lines put beside a failure it did not cause (a split step's
+        # compilations beside the sharding drift of its renumbered parameters).
+        beside = [text for title, text in report.sections if title == COST_CHECK_SECTION]
+        lines = [line.strip() for line in "\n".join([message, *beside]).splitlines()[:MAX_LINES_READ] if line.strip()]
+        items = [_BOILERPLATE.sub("", line) for line in lines] or items
+    kind, direction = causes.cause_of(causes.FailedCase(report.nodeid, items))
+    lead = next((i for i in items if causes.classify(i) == (kind, direction)), "") if kind != "other" else ""
+    lead = _BOILERPLATE.sub("", lead or first_item(message))
+    more = f" (+{len(items) - 1} more)" if differences else ""
+    room = max(MIN_MESSAGE, columns - len(f"FAILED {report.nodeid} - "))
+    text = printable(_LONG_PATH.sub(r".../\1", _MODULE_OF_ERROR.sub("", lead)))
+    if len(text) + len(more) > room:
+        text = text[: max(0, room - len(more) - 3)].rstrip() + "..."
+    return text + more
 
 
 class WholeFailedLines:
@@ -31,26 +67,35 @@ class WholeFailedLines:
         self.saved_verbosity: int | None = None
         self.saved: list[tuple[Any, Any, str | None]] = []  # (report, its longrepr, its crash message)
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
-        # trylast: after every other summary, just before pytest's own short summary is written.
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> Generator[None, None, None]:
+        # The innermost wrapper: after every other summary (the findings read the whole messages),
+        # just before pytest's own wrapper writes the short summary.
+        result = yield
+        self._cause_first(terminalreporter, config)
+        return result
+
+    def _cause_first(self, terminalreporter: Any, config: pytest.Config) -> None:
         harness = config.stash.get(SESSION_KEY, None)
         if harness is None or not (harness.active or harness.run.exists()):
             return  # not an SPMD run: pytest's output is left as it is
-        if terminalreporter.isatty() or config.option.verbose >= WHOLE_LINES_VERBOSITY:
-            return
+        if config.option.verbose >= WHOLE_LINES_VERBOSITY:
+            return  # asked for whole messages (-vv): pytest prints them as they are
+        columns = MAX_COLUMNS
+        if terminalreporter.isatty():
+            columns = min(columns, terminalreporter._tw.fullwidth)
         self.saved_verbosity = config.option.verbose
-        config.option.verbose = WHOLE_LINES_VERBOSITY
+        config.option.verbose = WHOLE_LINES_VERBOSITY  # pytest cuts no line: each is made to fit
         for report in terminalreporter.stats.get("failed", []):
             longrepr = report.longrepr
             crash = getattr(longrepr, "reprcrash", None)
             self.saved.append((report, longrepr, crash.message if crash is not None else None))
             # The message is the code under test's text: escaped as the findings are, so it cannot
-            # clear the screen or colour the log that now shows all of it.
+            # clear the screen or colour the log.
             if isinstance(longrepr, str):
-                report.longrepr = printable(first_item(longrepr))
+                report.longrepr = cause_first(report, longrepr, columns)
             elif crash is not None:
-                crash.message = printable(first_item(crash.message))
+                crash.message = cause_first(report, crash.message, columns)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
