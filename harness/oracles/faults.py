@@ -8,6 +8,8 @@ poisons it).
                  padding put before its data instead of after it.
     mesh-order   xs.Mesh ignores the device order it is given (uses 0..n-1): a mesh's devices
                  end up on the wrong coordinates (for the metamorphic oracle's transposed mesh).
+    drop-marks   every mark_sharding after the process's first does nothing (a resharding asked
+                 for on an intermediate never happens, nor its collectives).
     replicated-tiled  mark_sharding with an all-None spec splits dim 0 over the mesh's first
                  axis instead of replicating (for its '' vs {replicated} relation).
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-FAULTS = ("swap-shards", "pad-front", "mesh-order", "replicated-tiled")
+FAULTS = ("swap-shards", "pad-front", "mesh-order", "replicated-tiled", "drop-marks")
 
 
 def inject(name: str) -> None:
@@ -29,6 +31,8 @@ def inject(name: str) -> None:
         return _ignore_device_order(xs)
     if name == "replicated-tiled":
         return _tile_replicated(xs)
+    if name == "drop-marks":
+        return _drop_later_marks(xs)
     installed = xs.mark_sharding
     damage = _swap_shards if name == "swap-shards" else _pad_front
 
@@ -93,5 +97,16 @@ def _tile_replicated(xs: Any) -> None:
         if t.dim() and all(entry is None for entry in partition_spec):
             partition_spec = (0,) + tuple(partition_spec[1:])
         return installed(t, mesh, partition_spec)
+
+    xs.mark_sharding = faulty_mark_sharding
+
+
+def _drop_later_marks(xs: Any) -> None:
+    installed = xs.mark_sharding
+    calls = []
+
+    def faulty_mark_sharding(t: Any, mesh: Any, partition_spec: Any) -> Any:
+        calls.append(1)
+        return installed(t, mesh, partition_spec) if len(calls) == 1 else None
 
     xs.mark_sharding = faulty_mark_sharding

@@ -42,16 +42,14 @@ def measure_program(program: dict[str, Any]) -> dict[str, Any]:
         values = run_program(program, Place(program["mesh"]))
         outputs = [values[slot] for slot in program["outputs"]]
         xla.sync()
+        xla.wait_device_ops()
+        # Read before the outputs come to the host: torch_xla 2.4.0 gathers a sharded tensor for
+        # .cpu() in a graph of its own (an all-gather), which that release's dumps cannot tell apart.
+        counted = {"compiles": xla.counter("UncachedCompile") - compiles, "collectives": _collectives()}
         got = [tensor.cpu().tolist() for tensor in outputs]
     except Exception as exc:
         return {"status": "xla_error", "detail": f"{type(exc).__name__}: {exc}"[:2000]}
     finally:
         if previous is not None:
             xla.name_graphs(previous)
-    xla.wait_device_ops()
-    return {
-        "status": "ok",
-        "outputs": got,
-        "compiles": xla.counter("UncachedCompile") - compiles,
-        "collectives": _collectives(),
-    }
+    return {"status": "ok", "outputs": got, **counted}
