@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from cases.test_oracle_differential import load_examples
+from harness.isolation.evidence import headline
 from harness.oracles import metamorphic, search
 from harness.oracles.body import body_measure_program
 
@@ -56,9 +57,19 @@ class Measurer:
         key = (json.dumps(program, sort_keys=True), functionalization)
         if key not in self.seen:
             result = self.spmd.run(
-                body_measure_program, program=program, fault=self.fault, functionalization=functionalization
+                body_measure_program,
+                program=program,
+                fault=self.fault,
+                functionalization=functionalization,
+                check=False,
             )
-            self.seen[key] = result.values["measure"]
+            if result.outcome == "ok":
+                self.seen[key] = result.values["measure"]
+            elif result.outcome == "error":  # the body itself raised: the oracle's bug, not a verdict
+                result.raise_for_outcome()
+            else:  # the program killed its child (a crash, a timeout): charged to the program
+                evidence = getattr(result.error, "evidence", "") or str(result.error)
+                self.seen[key] = {"status": result.outcome, "detail": headline(evidence, 2000)}
         return self.seen[key]
 
 
