@@ -14,7 +14,13 @@ pytestmark = pytest.mark.selftest
 
 # Imported by child processes only: the oracle's interpreter and comparison run programs in torch
 # (harness.oracles.body imports them inside the body).
-IN_CHILDREN_ONLY = {"harness.xla", "harness.isolation.child", "harness.oracles.compare", "harness.oracles.interpret"}
+IN_CHILDREN_ONLY = {
+    "harness.xla",
+    "harness.isolation.child",
+    "harness.oracles.compare",
+    "harness.oracles.interpret",
+    "harness.oracles.measure",
+}
 
 
 def test_importing_the_harness_and_every_case_file_loads_no_torch():

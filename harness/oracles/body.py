@@ -22,3 +22,13 @@ def body_check_programs(ctx: Any, programs: list[dict[str, Any]], fault: str | N
     for index, program in enumerate(programs):
         print(MARKER.format(index=index, count=len(programs)), file=sys.stderr, flush=True)
         verdicts.append(compare.check_program_on_xla(program))
+
+
+def body_measure_program(ctx: Any, program: dict[str, Any], fault: str | None = None) -> None:
+    """Record the program's measurement (harness.oracles.measure) as "measure"."""
+    from harness.oracles import faults, measure
+
+    if fault:
+        ctx.poison(f"fault {fault} injected into torch_xla")
+        faults.inject(fault)
+    ctx.record("measure", measure.measure_program(program))

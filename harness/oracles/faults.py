@@ -6,6 +6,12 @@ poisons it).
                  holds different data trade places: two devices each hold the other's piece.
     pad-front    mark_sharding, then each padded shard of an unevenly sharded dim has its
                  padding put before its data instead of after it.
+    mesh-order   xs.Mesh ignores the device order it is given (uses 0..n-1): a mesh's devices
+                 end up on the wrong coordinates (for the metamorphic oracle's transposed mesh).
+    drop-marks   every mark_sharding after the process's first does nothing (a resharding asked
+                 for on an intermediate never happens, nor its collectives).
+    replicated-tiled  mark_sharding with an all-None spec splits dim 0 over the mesh's first
+                 axis instead of replicating (for its '' vs {replicated} relation).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-FAULTS = ("swap-shards", "pad-front")
+FAULTS = ("swap-shards", "pad-front", "mesh-order", "replicated-tiled", "drop-marks")
 
 
 def inject(name: str) -> None:
@@ -21,6 +27,12 @@ def inject(name: str) -> None:
 
     if name not in FAULTS:
         raise ValueError(f"unknown fault {name!r}; known: {', '.join(FAULTS)}")
+    if name == "mesh-order":
+        return _ignore_device_order(xs)
+    if name == "replicated-tiled":
+        return _tile_replicated(xs)
+    if name == "drop-marks":
+        return _drop_later_marks(xs)
     installed = xs.mark_sharding
     damage = _swap_shards if name == "swap-shards" else _pad_front
 
@@ -65,3 +77,36 @@ def _pad_front(data: list[Any], indices: list[Any]) -> list[Any]:
                 tensor = torch.roll(tensor, padding, dim)
         out.append(tensor)
     return out
+
+
+def _ignore_device_order(xs: Any) -> None:
+    installed = xs.Mesh.__init__
+
+    def faulty_init(self: Any, device_ids: Any, mesh_shape: Any, axis_names: Any = None) -> None:
+        import numpy as np
+
+        installed(self, np.sort(np.asarray(device_ids).ravel()), mesh_shape, axis_names)
+
+    xs.Mesh.__init__ = faulty_init
+
+
+def _tile_replicated(xs: Any) -> None:
+    installed = xs.mark_sharding
+
+    def faulty_mark_sharding(t: Any, mesh: Any, partition_spec: Any) -> Any:
+        if t.dim() and all(entry is None for entry in partition_spec):
+            partition_spec = (0,) + tuple(partition_spec[1:])
+        return installed(t, mesh, partition_spec)
+
+    xs.mark_sharding = faulty_mark_sharding
+
+
+def _drop_later_marks(xs: Any) -> None:
+    installed = xs.mark_sharding
+    calls = []
+
+    def faulty_mark_sharding(t: Any, mesh: Any, partition_spec: Any) -> Any:
+        calls.append(1)
+        return installed(t, mesh, partition_spec) if len(calls) == 1 else None
+
+    xs.mark_sharding = faulty_mark_sharding

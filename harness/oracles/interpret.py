@@ -43,6 +43,8 @@ class Place:
 
     def __init__(self, mesh_desc: dict[str, Any] | None) -> None:
         self.mesh = None
+        self.axes: list[str] = []
+        self.by_index = False
         self.device = torch.device("cpu")
         if mesh_desc is not None:
             import numpy as np
@@ -51,6 +53,8 @@ class Place:
             from harness import xla
 
             self.device = xla.device()
+            self.axes = list(mesh_desc["axes"])
+            self.by_index = mesh_desc.get("spec_by") == "index"
             self.mesh = xs.Mesh(np.array(mesh_desc["devices"]), tuple(mesh_desc["shape"]), tuple(mesh_desc["axes"]))
 
     def leaf(self, tensor: torch.Tensor, spec: list[Any] | None) -> torch.Tensor:
@@ -63,12 +67,17 @@ class Place:
             return
         import torch_xla.distributed.spmd as xs
 
-        xs.mark_sharding(tensor, self.mesh, partition_spec(spec))
+        xs.mark_sharding(tensor, self.mesh, partition_spec(spec, self.axes if self.by_index else None))
 
 
-def partition_spec(spec: list[Any]) -> tuple[Any, ...]:
-    """JSON's lists of axis names become the tuples torch_xla wants (a list spec is refused)."""
-    return tuple(tuple(entry) if isinstance(entry, list) else entry for entry in spec)
+def partition_spec(spec: list[Any], axes: list[str] | None = None) -> tuple[Any, ...]:
+    """JSON's lists of axis names become the tuples torch_xla wants (a list spec is refused);
+    with `axes`, each name becomes its axis's index (the metamorphic oracle's by-index relation)."""
+
+    def axis(name: Any) -> Any:
+        return axes.index(name) if axes is not None and name is not None else name
+
+    return tuple(tuple(map(axis, entry)) if isinstance(entry, list) else axis(entry) for entry in spec)
 
 
 def run_program(program: dict[str, Any], place: Place) -> list[torch.Tensor]:

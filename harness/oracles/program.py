@@ -77,6 +77,10 @@ def check_mesh(mesh: Any) -> dict[str, Any]:
         raise _fail("mesh.axes", f"expected {len(shape)} distinct axis names, got {axes!r:.60}")
     if not all(isinstance(axis, str) and axis.isidentifier() for axis in axes):
         raise _fail("mesh.axes", f"axis names must be identifiers, got {axes!r:.60}")
+    if mesh.get("spec_by", "name") not in ("name", "index"):
+        raise _fail(
+            "mesh.spec_by", f"expected 'name' or 'index' (how specs reach mark_sharding), got {mesh['spec_by']!r:.40}"
+        )
     devices = mesh.get("devices")
     if not isinstance(devices, list) or sorted(devices) != list(range(math.prod(shape))):
         raise _fail("mesh.devices", f"expected a permutation of 0..{math.prod(shape) - 1}, got {devices!r:.80}")
