@@ -10,8 +10,10 @@ wrote half of what its author meant to review.
 How: two update runs at once on one file (two worktrees, two terminals) must not lose either's
 entries. rewrite() takes an exclusive lock on `<file>.lock` beside the file, re-reads the file as
 it is on disk then, applies only this run's entries and replaces the file atomically (a temporary
-file in the same folder, then os.replace): the second writer merges with the first, and a reader
-never sees half a file.
+file in the same folder, then os.replace): a reader never sees half a file. An update writes only
+the cases the run took: where an entry of another case changed on disk since the run read the file
+(another update run, or a case body that planted it: the run cannot tell which) it writes nothing,
+names the entries and asks for the update again, so neither writer's entry is lost.
 
 Release lines: a file holds one torch_xla version, whose release line decides whether a change of
 any entry fails. An update on another line would move every other entry onto it (their drift then
@@ -228,9 +230,11 @@ def rewrite(
     load: Callable[[], F | None],
     empty: Callable[[], F],
     entries: Mapping[str, tuple[Any, str | None]],
+    held: F | None = None,
 ) -> dict[str, list[Any]]:
     """Apply this run's entries to the file as it is on disk now, under its lock; what changed per
-    case. BaselineUpdateRefused (nothing written) where that cannot be done safely."""
+    case. BaselineUpdateRefused (nothing written) where that cannot be done safely. `held`: the
+    file as the run read it before its first case (None: there was none)."""
     where = f"{kind} baseline {path}"
     path.parent.mkdir(parents=True, exist_ok=True)
     first: dict[str, list[Any]] | None = None
@@ -243,6 +247,7 @@ def rewrite(
                     f"{where} is not written: the file on disk cannot be merged with: {exc}"
                 ) from None
             _refuse_mixed_release_lines(base, entries, where, flag)
+            _refuse_foreign_entries(base, held, entries, where, flag)
             changes = {
                 case: base.update(case, observed, version) for case, (observed, version) in sorted(entries.items())
             }
@@ -252,6 +257,31 @@ def rewrite(
     raise BaselineUpdateRefused(
         f"{where} is not written: its lock file was removed or replaced {LOCK_ATTEMPTS} times while this run "
         "held it (by a case?); run the update again"
+    )
+
+
+def _refuse_foreign_entries(
+    base: BaselineFile[Any], held: BaselineFile[Any] | None, entries: Mapping[str, Any], where: str, flag: str
+) -> None:
+    """An update writes only the cases the run took. An entry of another case that changed on disk
+    while the run went (added, altered, removed) was written by another update run or by a case
+    body (a body that writes the file can plant an entry for a case no one took, #51): the run
+    cannot tell which, so it writes nothing rather than keep what it did not take."""
+    before = {} if held is None else held.cases
+    foreign = sorted(
+        case
+        for case in set(base.cases) | set(before)
+        if case not in entries and base.cases.get(case) != before.get(case)
+    )
+    if not foreign:
+        return
+    shown_cases = ", ".join(ascii(case[:200]) for case in foreign[:5]) + (
+        f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+    )
+    raise BaselineUpdateRefused(
+        f"{where} is not written: {len(foreign)} entr{'y' if len(foreign) == 1 else 'ies'} of case(s) this run did not "
+        f"take changed on disk while it ran ({shown_cases}), by another update run or by a case; an update writes "
+        f"only the cases it took. Check the file (git diff), then run {flag} again"
     )
 
 
@@ -402,6 +432,7 @@ def write_updates(
     flag: str,
     load: Callable[[], F | None],
     empty: Callable[[], F],
+    held: F | None = None,
 ) -> tuple[dict[str, list[Any]] | None, str | None]:
     """At the end of an update run: what changed per case, or why nothing was written (the run
     was interrupted; rewrite() refused, which makes the run a usage error, exit 4)."""
@@ -413,7 +444,7 @@ def write_updates(
     if not updates.passed:
         return None, None
     try:
-        return rewrite(path, kind, flag, load, empty, updates.passed), None
+        return rewrite(path, kind, flag, load, empty, updates.passed, held), None
     except BaselineUpdateRefused as exc:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
         return None, str(exc)
@@ -487,6 +518,7 @@ class BaselineCheck(Generic[F]):
             self.file.FLAG,
             lambda: self.file.load(self.path, self.backend, self.devices),
             lambda: self.file.empty(self.path, self.backend, self.devices),
+            self.baseline(),  # as read before the first case: what the run did not take stays as it was
         )
 
     def summarise(self, terminalreporter: Any) -> None:

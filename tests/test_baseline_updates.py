@@ -36,7 +36,16 @@ import pytest
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
 
 
-def body(ctx, shardings, signature, rendezvous, hang):
+def body(ctx, shardings, signature, rendezvous, hang, plant):
+    for folder in plant or []:  # an attacker's body: entries for cases this run does not take
+        for name in ("shardings.json", "costs.json"):
+            path = pathlib.Path(folder, name)
+            data = json.loads(path.read_text())
+            some_entry = next(iter(data["cases"].values()))
+            data["cases"]["test_cases.py::test_never_taken"] = some_entry
+            if name == "shardings.json":
+                data["cases"]["test_cases.py::test_b"] = {"w": "{planted}"}
+            path.write_text(json.dumps(data))
     for name, spec in shardings.items():
         ctx.record_sharding(name, spec)
     ctx.record("harness:costs", {"train": signature})
@@ -58,6 +67,7 @@ def run_case(spmd, name):
         signature=config["signature"],
         rendezvous=config.get("rendezvous", {}).get(name),
         hang=config.get("hang", {}).get(name),
+        plant=config.get("plant", {}).get(name),
     )
 """
 
@@ -142,8 +152,8 @@ def all_gathers(cost_entry: dict) -> int:
     return cost_entry["train"]["graphs"]["step0"]["collectives"][0]["count"]
 
 
-def test_two_update_runs_at_once_on_one_file_both_keep_their_entry(suite, pytester):
-    """Each run read the file at its start and writes at its end; without a lock and a merge the
+def test_two_update_runs_at_once_on_one_file_lose_neither_entry(suite, pytester):
+    """Each run read the file at its start and writes at its end; without a lock and a check the
     second writer puts the first one's case back to its old value."""
     suite(config(), "-k", "test_a or test_b", *UPDATE).assert_outcomes(passed=2)
     a_ready, b_ready = str(pytester.path / "a.ready"), str(pytester.path / "b.ready")
@@ -164,7 +174,13 @@ def test_two_update_runs_at_once_on_one_file_both_keep_their_entry(suite, pytest
             for name, mine_other in (("a", [a_ready, b_ready]), ("b", [b_ready, a_ready]))
         ]
         outputs = [run.communicate(timeout=180)[0] for run in runs]
-    assert [run.returncode for run in runs] == [0, 0], outputs
+    # The second writer finds the other case's entry changed since it read the file: it cannot tell
+    # another update run from a case body that planted it, so it writes nothing and says so (#51).
+    assert sorted(run.returncode for run in runs) == [0, pytest.ExitCode.USAGE_ERROR], outputs
+    second = [name for name, run in zip("ab", runs) if run.returncode][0]
+    first = "b" if second == "a" else "a"
+    assert f"this run did not take changed on disk while it ran ('test_cases.py::test_{first}')" in "".join(outputs)
+    suite(config("{replicated}", all_gather=5), "-k", f"test_{second}", *UPDATE).assert_outcomes(passed=1)
     shardings, costs = entries(pytester)
     assert shardings == {"test_cases.py::test_a": {"w": "{replicated}"}, "test_cases.py::test_b": {"w": "{replicated}"}}
     assert {case: all_gathers(entry) for case, entry in costs.items()} == {
@@ -172,6 +188,31 @@ def test_two_update_runs_at_once_on_one_file_both_keep_their_entry(suite, pytest
         "test_cases.py::test_b": 5,
     }
     assert sorted(p.name for p in pytester.path.iterdir() if p.name.endswith(".tmp")) == []
+
+
+def test_an_entry_a_case_body_plants_for_a_case_the_run_did_not_take_is_never_written(suite, pytester):
+    """#51: test_a's body adds an entry for a case no run took and changes test_b's; the update of
+    test_a alone used to merge both into the file it wrote."""
+    suite(config(), "-k", "test_a or test_b", *UPDATE).assert_outcomes(passed=2)
+    before = entries(pytester)
+    attack = config("{replicated}", 5, plant={"a": [str(pytester.path)]})
+    result = suite(attack, "-k", "test_a", *UPDATE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*shardings.json is not written: 2 entries of case(s) this run did not take changed on disk while it ran "
+            "('test_cases.py::test_b', 'test_cases.py::test_never_taken'), by another update run or by a case*",
+        ]
+    )
+    assert (
+        "costs.json is not written: 1 entry of case(s) this run did not take changed on disk while it ran "
+        "('test_cases.py::test_never_taken')" in result.stdout.str()
+    )
+    shardings, costs = entries(pytester)
+    for planted in (shardings, costs):  # what the body wrote is there, but the update kept none of it
+        assert "test_cases.py::test_never_taken" in planted
+    assert shardings["test_cases.py::test_a"] == before[0]["test_cases.py::test_a"]
+    assert costs["test_cases.py::test_a"] == before[1]["test_cases.py::test_a"]
 
 
 @pytest.mark.parametrize("flag", UPDATE)
