@@ -133,10 +133,17 @@ if server == 0:  # as a fork server dropped to the case user; each case has a ke
         os.write(report_write, json.dumps(reached).encode())
         os._exit(0)
 
-    start_keeper(attacker, dropuser.make_home(uid, gid))
+    attacker_home = dropuser.make_home(uid, gid)
+    start_keeper(attacker, attacker_home)
+    os.close(report_write)
+    for _ in range(2):  # the keepers
+        os.wait()
+    for home in (victim_home, attacker_home):
+        dropuser.remove_home(home)
     os._exit(0)
 os.close(report_write)
 print(os.read(report_read, 4096).decode())
+os.waitpid(server, 0)
 """
 
 

@@ -49,16 +49,20 @@ def _check(result: int, what: str) -> None:
 
 def enter() -> None:
     """In the keeper: a user namespace mapping only this uid and gid, and a pid namespace for the
-    children it forks next. OSError where the kernel refuses."""
+    children it forks next. OSError where the kernel refuses them (nothing changed); RuntimeError
+    where it took them but the maps cannot be written (the keeper cannot go on as before then)."""
     uid, gid = os.geteuid(), os.getegid()
     _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWPID), "unshare(CLONE_NEWUSER|CLONE_NEWPID)")
     # A process that dropped from root is not dumpable, and then its /proc/self files are root's:
     # dumpable just long enough to write its maps (the case child makes itself not dumpable again).
-    _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+    if _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0:
+        raise RuntimeError("the case namespace cannot be set up: prctl(PR_SET_DUMPABLE) failed")
     try:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
             with open(f"/proc/self/{name}", "w") as file:
                 file.write(text)
+    except OSError as exc:
+        raise RuntimeError(f"the case namespace's {exc.filename} cannot be written: {exc.strerror}") from None
     finally:
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
