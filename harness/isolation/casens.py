@@ -71,7 +71,7 @@ def start(home: str | None, body: Callable[[], NoReturn]) -> tuple[int, int, int
     """In the keeper, after enter(): fork the init, which runs `body` as pid 2. Returns (init pid,
     the body's pid in the keeper's namespace, the read end of the pipe the init writes its status to)."""
     status_read, status_write = os.pipe()
-    theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    theirs, mine = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # EOF when the init dies first
     mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
     init = os.fork()
     if init == 0:
