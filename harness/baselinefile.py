@@ -311,9 +311,12 @@ def _refuse_entries_changed_meanwhile(
         and not (case in base.cases and written.get(case) == _digest(base.cases[case]))
     )
     if changed:
+        # case names come from the file: quoted and cut, never printed as they are
+        named = ", ".join(ascii(case[:200]) for case in changed[:5])
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
         raise BaselineUpdateRefused(
             f"{where} is not written: {len(changed)} entr{'y' if len(changed) == 1 else 'ies'} this run did not take "
-            f"changed on disk while it ran ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}): written "
+            f"changed on disk while it ran ({named}{more}): written "
             f"by a case body, or by another update run beside this one? Look at the file's diff, restore what no "
             f"run of yours wrote, and run {flag} again"
         )

@@ -36,7 +36,16 @@ import pytest
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
 
 
-def body(ctx, shardings, signature, rendezvous, hang):
+def body(ctx, shardings, signature, rendezvous, hang, plant):
+    for folder in plant or []:  # an attacker's body: entries for cases this run does not take
+        for name in ("shardings.json", "costs.json"):
+            path = pathlib.Path(folder, name)
+            data = json.loads(path.read_text())
+            some_entry = next(iter(data["cases"].values()))
+            data["cases"]["test_cases.py::test_never_taken"] = some_entry
+            if name == "shardings.json":
+                data["cases"]["test_cases.py::test_b"] = {"w": "{planted}"}
+            path.write_text(json.dumps(data))
     for name, spec in shardings.items():
         ctx.record_sharding(name, spec)
     ctx.record("harness:costs", {"train": signature})
@@ -58,6 +67,7 @@ def run_case(spmd, name):
         signature=config["signature"],
         rendezvous=config.get("rendezvous", {}).get(name),
         hang=config.get("hang", {}).get(name),
+        plant=config.get("plant", {}).get(name),
     )
 """
 
@@ -164,6 +174,8 @@ def test_two_update_runs_at_once_on_one_file_both_keep_their_entry(suite, pytest
             for name, mine_other in (("a", [a_ready, b_ready]), ("b", [b_ready, a_ready]))
         ]
         outputs = [run.communicate(timeout=180)[0] for run in runs]
+    # Each finds the other's entry changed since it read the file, and written by an update run
+    # (the lock file's journal of entry digests): merged, not refused as a case body's write (#51).
     assert [run.returncode for run in runs] == [0, 0], outputs
     shardings, costs = entries(pytester)
     assert shardings == {"test_cases.py::test_a": {"w": "{replicated}"}, "test_cases.py::test_b": {"w": "{replicated}"}}
@@ -172,6 +184,31 @@ def test_two_update_runs_at_once_on_one_file_both_keep_their_entry(suite, pytest
         "test_cases.py::test_b": 5,
     }
     assert sorted(p.name for p in pytester.path.iterdir() if p.name.endswith(".tmp")) == []
+
+
+def test_an_entry_a_case_body_plants_for_a_case_the_run_did_not_take_is_never_written(suite, pytester):
+    """#51: test_a's body adds an entry for a case no run took and changes test_b's; the update of
+    test_a alone used to merge both into the file it wrote."""
+    suite(config(), "-k", "test_a or test_b", *UPDATE).assert_outcomes(passed=2)
+    before = entries(pytester)
+    attack = config("{replicated}", 5, plant={"a": [str(pytester.path)]})
+    result = suite(attack, "-k", "test_a", *UPDATE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*shardings.json is not written: 2 entries this run did not take changed on disk while it ran "
+            "('test_cases.py::test_b', 'test_cases.py::test_never_taken'): written by a case body*",
+        ]
+    )
+    assert (
+        "costs.json is not written: 1 entry this run did not take changed on disk while it ran "
+        "('test_cases.py::test_never_taken')" in result.stdout.str()
+    )
+    shardings, costs = entries(pytester)
+    for planted in (shardings, costs):  # what the body wrote is there, but the update kept none of it
+        assert "test_cases.py::test_never_taken" in planted
+    assert shardings["test_cases.py::test_a"] == before[0]["test_cases.py::test_a"]
+    assert costs["test_cases.py::test_a"] == before[1]["test_cases.py::test_a"]
 
 
 @pytest.mark.parametrize("flag", UPDATE)

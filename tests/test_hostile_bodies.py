@@ -480,6 +480,8 @@ def body(ctx, pid, targets):
             tried[what] = errno.errorcode.get(exc.errno, str(exc))
     keeper = os.getppid()  # the fork server's keeper of this child; its parent is the server
     server = int(open(f"/proc/{keeper}/stat").read().rsplit(")", 1)[1].split()[1])
+    if server == 0:  # a pid namespace of its own: its init (forked from the keeper, the server's uid) stands in
+        server = keeper
     uid = lambda pid: int(next(l for l in open(f"/proc/{pid}/status") if l.startswith("Uid:")).split()[1])
     import ctypes
     dumpable = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
@@ -574,6 +576,8 @@ def test_a_case_run_as_the_case_user_cannot_write_the_runs_files_nor_signal_it(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "cases and the fork servers that import torch_xla run as user nobody (uid 65534)" in proc.stdout
     assert "not isolated from each other" in proc.stdout  # the header says what does not hold too
+    if namespaces_refused() is None:
+        assert "runs in user, pid and mount namespaces of its own" in proc.stdout
     seen = json.loads((world_readable_folder / "seen.json").read_text())
     assert seen["server_uid"] != 0, "the fork server that imports the build ran as root"
     assert seen["dumpable"] == 0, "another case of the same uid could read this case's memory"
@@ -587,3 +591,99 @@ def test_a_case_run_as_the_case_user_cannot_write_the_runs_files_nor_signal_it(
         "SIGSTOP pytest": "EPERM",
         "SIGKILL pytest": "EPERM",
     }, seen
+
+
+CASES_ATTACK_EACH_OTHER = """
+import errno, json, os, pathlib, signal, time
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+SHARED = pathlib.Path(os.environ["SPMD_TEST_SHARED"])
+
+def wait_for(path):
+    deadline = time.time() + 60
+    while not path.exists() and time.time() < deadline:
+        time.sleep(0.05)
+
+def body_victim(ctx):
+    home = pathlib.Path(os.environ["HOME"])
+    (home / "secret").write_text("victim's secret")
+    (SHARED / "victim.json").write_text(json.dumps({"home": str(home), "pid": os.getpid()}))
+    wait_for(SHARED / "attacker.done")
+
+def body_attacker(ctx):
+    wait_for(SHARED / "victim.json")
+    victim = json.loads((SHARED / "victim.json").read_text())
+    me, ancestors = os.getpid(), {os.getpid(), os.getppid()}
+    reached = {}
+    # What an attacker does: every process of its uid it can see, and the pid the victim published.
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) in ancestors:
+            continue
+        pid = int(entry.name)
+        try:
+            if os.stat(entry.path).st_uid != os.getuid():
+                continue
+            os.kill(pid, signal.SIGSTOP)
+            os.kill(pid, signal.SIGCONT)
+            reached[f"signal {pid}"] = "done"
+        except OSError as exc:
+            reached[f"signal {pid}"] = errno.errorcode.get(exc.errno, str(exc))
+        try:
+            open(f"/proc/{pid}/environ", "rb").read()
+            reached[f"environ {pid}"] = "done"
+        except OSError as exc:
+            pass  # not dumpable: refused either way
+    if victim["pid"] not in ancestors:
+        try:
+            os.kill(victim["pid"], 0)
+            reached["signal the victim's own pid"] = "done"
+        except OSError as exc:
+            pass
+    try:
+        reached["victim's HOME"] = pathlib.Path(victim["home"], "secret").read_text()
+    except OSError as exc:
+        pass
+    (SHARED / "attacker.json").write_text(json.dumps(reached))
+    (SHARED / "attacker.done").touch()
+
+def test_victim(spmd):
+    spmd.run(body_victim)
+
+def test_attacker(spmd):
+    spmd.run(body_attacker)
+"""
+
+
+def namespaces_refused() -> str | None:
+    from harness.run import caseuser
+
+    nobody = pwd.getpwnam("nobody")
+    return caseuser.namespaces_refused(nobody.pw_uid, nobody.pw_gid)
+
+
+@pytest.mark.skipif(case_user_unusable() is not None, reason=str(case_user_unusable()))
+def test_a_case_cannot_signal_read_or_see_another_case_running_at_once(world_readable_folder: Path):
+    """#51 item 2: two cases at once (-n 2) as one case user; the attacker SIGSTOPs every process
+    of its uid it sees, reads their environ, signals the pid the victim published and reads the
+    victim's HOME. Each case's own namespaces leave it nothing of the other to reach."""
+    if namespaces_refused() is not None:
+        pytest.skip(f"the kernel refuses the case user namespaces: {namespaces_refused()}")
+    (world_readable_folder / "test_pair.py").write_text(CASES_ATTACK_EACH_OTHER)
+    shared = world_readable_folder / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--spmd-backend=fake", "-p", "no:cacheprovider"]
+        + ["--spmd-case-user=nobody", "-n", "2", "-rA"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=world_readable_folder,
+        env={**os.environ, "SPMD_TEST_SHARED": str(shared)},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    reached = json.loads((shared / "attacker.json").read_text())
+    assert {what: how for what, how in reached.items() if how != "ESRCH"} == {}, reached
+    home = json.loads((shared / "victim.json").read_text())["home"]
+    assert not Path(home).exists(), f"the victim's HOME {home} was left behind"

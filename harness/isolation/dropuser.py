@@ -5,8 +5,9 @@ child drop to the case user before anything of the build runs: the server as its
 exec'd child before its preload hooks. A keeper gives each child a HOME of its own, in the run's
 XLA dump root (the case user's, removed with the run), and removes it when the child has ended.
 A child is also made not dumpable: another case's process of the same uid can then neither read
-its memory or environment in /proc nor ptrace it. It can still signal it (same uid): the run
-header says so (harness.run.caseuser.header_line).
+its memory or environment in /proc nor ptrace it. Signals (same uid) are shut by namespaces of
+each child's own (harness.isolation.casens) where the kernel allows them; the run header says
+which holds (harness.run.caseuser.header_line).
 """
 
 from __future__ import annotations

@@ -50,10 +50,11 @@ import socket
 import struct
 import sys
 import time
+from typing import NoReturn
 
 import harness
 from harness.errors import HarnessError
-from harness.isolation import dropuser, forkwire, processes
+from harness.isolation import casens, dropuser, forkwire, processes
 from harness.isolation.forkwire import (
     CONTROL_FD_ENV,
     FIXED_FDS,
@@ -345,21 +346,41 @@ def keep_child(request: forkwire.SpawnRequest, fds: list[int], pid_write: int) -
     processes.become_subreaper()  # where it cannot be, the server's ready message says so
     user = dropuser.case_user(request.env) or dropuser.case_user()
     home = dropuser.make_home(*user) if user else None  # the child's own; removed below
-    child = os.fork()
-    if child == 0:
+    isolated = user is not None and _enter_namespaces()
+
+    def start_child() -> NoReturn:
         os.close(pid_write)
         os.close(status_fd)
-        become_child(request, stdin_fd, log_fd, passed, home)  # never returns
+        become_child(request, stdin_fd, log_fd, passed, home)
+
+    if isolated:
+        init, child, init_status = casens.start(home, start_child)
+    else:
+        child = os.fork()
+        if child == 0:
+            start_child()
     os.write(pid_write, str(child).encode())
     os.close(pid_write)
     for fd in (stdin_fd, log_fd, *passed):
         os.close(fd)
-    _, status = os.waitpid(child, 0)
+    if isolated:
+        status = casens.child_status(os.waitpid(init, 0)[1], init_status)
+    else:
+        _, status = os.waitpid(child, 0)
     reported = _write_status(status_fd, status)
     processes.end_children()
     if home is not None:
         dropuser.remove_home(home)
     return KEEPER_REPORTED if reported else KEEPER_FAILED
+
+
+def _enter_namespaces() -> bool:
+    """Namespaces of the child's own (harness.isolation.casens); False where the kernel refuses."""
+    try:
+        casens.enter()
+        return True
+    except OSError:
+        return False  # the run header says so (harness.run.caseuser.header_line probes the same)
 
 
 def _write_status(fd: int, status: int) -> bool:
@@ -380,12 +401,16 @@ def _drain(fd: int) -> None:
 
 
 def become_child(
-    request: forkwire.SpawnRequest, stdin_fd: int, log_fd: int, passed: list[int], home: str | None = None
-) -> None:
+    request: forkwire.SpawnRequest,
+    stdin_fd: int,
+    log_fd: int,
+    passed: list[int],
+    home: str | None = None,
+) -> NoReturn:
     code = 70
     gc.enable()  # off in the server (main): a child collects as any fresh process does
     try:
-        keeper = os.getppid()
+        keeper = os.getppid()  # in its own pid namespace: the init (1), which adopts its orphans
         os.setsid()
         os.dup2(stdin_fd, 0)
         os.dup2(log_fd, 1)

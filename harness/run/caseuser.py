@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import options
+from harness.isolation import casens
 from harness.isolation.protocol import CASE_USER_ENV, XLA_DUMP_ROOT_ENV
 
 MEMORY_ROOT_PREFIX = "spmd-xla-dumps-"  # harness.run.dumproot names its roots so
@@ -110,12 +111,21 @@ def header_line() -> str:
     """How isolated the case bodies are, for the run header: what holds and what does not."""
     user = os.environ.get(CASE_USER_ENV)
     if user:
-        uid = int(user.split(":")[0])
+        uid, gid = (int(part) for part in user.split(":"))
+        who = f"cases and the fork servers that import torch_xla run as user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+        refused = namespaces_refused(uid, gid)
+        if refused is None:
+            return (
+                f"{who}: they cannot write the run's files nor signal its processes; each case's process runs in "
+                "user, pid and mount namespaces of its own (harness.isolation.casens): it cannot signal, ptrace or "
+                "see another case's processes, and its HOME is a private tmpfs, gone with it; not isolated from "
+                "each other: the XLA dump folder, and what the case user may write elsewhere (/tmp)"
+            )
         return (
-            f"cases and the fork servers that import torch_xla run as user {pwd.getpwuid(uid).pw_name} (uid {uid}): "
-            "they cannot write the run's files nor signal its processes; each case's process has a HOME of its own "
-            "(removed after it) and is not dumpable (no other case reads its memory); not isolated from each other: "
-            "cases running at once (-n) share the uid, so one can signal another's process, and the XLA dump folder"
+            f"{who}: they cannot write the run's files nor signal its processes; each case's process has a HOME of "
+            "its own (removed after it) and is not dumpable (no other case reads its memory); not isolated from "
+            f"each other: the kernel refused namespaces to the case user ({refused}), so cases running at once (-n) "
+            "share the uid and one can signal another's process or read its HOME, and the XLA dump folder"
         )
     who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
     hint = " (--spmd-case-user=nobody isolates them)" if os.geteuid() == 0 else ""
@@ -123,3 +133,12 @@ def header_line() -> str:
         f"cases run as pytest's own user ({who}): unisolated, a case body can write what the run reads "
         f"and signal its processes{hint}"
     )
+
+
+def namespaces_refused(uid: int, gid: int) -> str | None:
+    """Why the case user cannot have namespaces of its own here (the kernel's word), None if it can:
+    the keeper of each case child tries the same (harness.isolation.casens.enter)."""
+    try:
+        return casens.probe(uid, gid)
+    except OSError as exc:
+        return f"the probe did not run: {exc}"
