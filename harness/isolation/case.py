@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from harness.errors import CaseError, CaseFailed, HarnessUsageError
+from harness.errors import CaseCrashed, CaseError, CaseFailed, HarnessUsageError
 from harness.isolation import evidence, files, protocol
 from harness.isolation.backend import Backend
 from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
@@ -203,12 +203,15 @@ class SpmdRunner:
         for fault in self.pool.settle():  # children released unquiet end before this case starts
             self.late_faults(fault)
         child = self.pool.acquire(spec)
+        server_was_up = child.server.is_usable()  # a spare forked before an earlier case killed it
         try:
             result, child = self._run_in(child, spec, ref, kwargs, timeout or self.case_timeout)
         except BaseException:
             self.pool.discard(child)  # Ctrl-C or an error of ours: never leave a busy child behind
             raise
         self.pool.release(child)
+        if server_was_up:
+            _charge_ended_server(result, child)
         self.results.append(result)
         return result.raise_for_outcome() if check else result
 
@@ -253,6 +256,19 @@ class SpmdRunner:
         if result.outcome == "error":
             result.error = failure_from_answer(case, answer, tail)
         return result, child
+
+
+def _charge_ended_server(result: CaseResult, child: ChildProcess) -> None:
+    """A body that killed the fork server its child came from passes otherwise (the run starts
+    another server and goes on green): its case is charged with it."""
+    if result.error is None and not child.server.is_usable():
+        result.outcome = CaseCrashed.outcome
+        result.error = CaseCrashed(
+            f"case {result.case}: the fork server its child was forked from ended during the case "
+            "(its body killed it?); the verdict cannot be trusted",
+            evidence="fork server ended",
+            log_tail=result.log_tail,
+        )
 
 
 def _raise_late_fault(fault: LateFault) -> None:

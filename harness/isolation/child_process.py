@@ -93,6 +93,7 @@ class ChildProcess:
     def __init__(self, spec: ChildSpec, log_dir: Path, server: ForkServerClient, fresh: bool = False) -> None:
         """Start the child by `server`'s keeper: forked, or (fresh) exec'd as `python -m harness.isolation.child`."""
         self.spec = spec
+        self.server = server  # checked after the case: a body that killed it is charged (harness.isolation.case)
         files.own_folder(log_dir, depth=2)  # logs/<worker>: links a case put there are replaced
         result_read, result_write = os.pipe()
         lifeline_read, self.lifeline = os.pipe()

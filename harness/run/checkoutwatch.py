@@ -32,6 +32,7 @@ from harness.isolation import files
 
 PACKAGE = Path(__file__).resolve().parents[1]
 FINGERPRINT_KEY = pytest.StashKey[dict[str, str]]()
+SEEN_CHANGED_KEY = pytest.StashKey[set[str]]()  # changes seen after a case, though put back since
 SKIPPED_FOLDERS = frozenset({"__pycache__", "node_modules", "site-packages", "results"})
 MAX_WATCHED = 5000  # files of the run's folders fingerprinted; a checkout has a few hundred
 
@@ -133,14 +134,28 @@ def take(config: pytest.Config) -> None:
     config.stash[FINGERPRINT_KEY] = _run_fingerprint(config)
 
 
-def problems(config: pytest.Config) -> list[str]:
-    """At the end of the run: what changed in the harness's code, its bytecode, the conftests or the
-    case files since take(), as one problem."""
+def _changed(config: pytest.Config) -> set[str]:
     before = config.stash.get(FINGERPRINT_KEY, None)
     if before is None:
-        return []
+        return set()
     now = _run_fingerprint(config)
-    changed = sorted(name for name in before.keys() | now.keys() if before.get(name) != now.get(name))
+    return {name for name in before.keys() | now.keys() if before.get(name) != now.get(name)}
+
+
+def note(config: pytest.Config) -> None:
+    """After each case (the controlling process): a helper module a case rewrites, another case
+    imports and a third puts back is unchanged at the end of the run; seen here, it still fails it."""
+    if FINGERPRINT_KEY in config.stash:
+        config.stash.setdefault(SEEN_CHANGED_KEY, set()).update(_changed(config))
+
+
+def problems(config: pytest.Config) -> list[str]:
+    """At the end of the run: what changed in the harness's code, its bytecode, the conftests or the
+    case files since take() (or was seen changed after a case), as one problem."""
+    if FINGERPRINT_KEY not in config.stash:
+        return []
+    seen: set[str] = config.stash.get(SEEN_CHANGED_KEY, set())
+    changed = sorted(_changed(config) | seen)
     changed += bytecode_problems()
     if not changed:
         return []

@@ -15,7 +15,7 @@ from harness.config import activation
 from harness.isolation import runservers
 from harness.isolation.evidence import headline
 from harness.judges import basecheck
-from harness.run import writing
+from harness.run import checkoutwatch, writing
 from harness.run.failedlines import WholeFailedLines
 from harness.run.findings import Findings
 from harness.run.session import (
@@ -108,6 +108,8 @@ class RunOwner:
         if harness is not None:
             for judge in harness.judges:
                 judge.collect(report)
+        if report.when == "teardown":
+            checkoutwatch.note(self.config)
 
     # tryfirst: a run that found its SPMD cases only in xdist workers prints its header here, and
     # the header comes before what the judges summarise.
