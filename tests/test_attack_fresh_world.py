@@ -99,6 +99,6 @@ def test_a_case_that_kills_its_fork_server_is_charged_with_it(pytester):
     assert "PASSED test_attack.py::test_b_ok" in out, out  # the run goes on
     assert "PASSED test_attack.py::test_a_signals_server[SIGKILL]" not in out, out
     result.stdout.fnmatch_lines(
-        ["FAILED *test_a_signals_server*SIGKILL*the fork server its child was forked from ended*"]
+        ["E*CaseCrashed: case *test_a_signals_server*SIGKILL*: the fork server its child was forked from ended*"]
     )
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out

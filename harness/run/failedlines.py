@@ -54,6 +54,7 @@ def cause_first(report: pytest.TestReport, message: str, columns: int) -> str:
     lead = _BOILERPLATE.sub("", lead or first_item(message))
     more = f" (+{len(items) - 1} more)" if differences else ""
     room = max(MIN_MESSAGE, columns - len(f"FAILED {report.nodeid} - "))
+    lead = lead.replace(f"case {report.nodeid}: ", "", 1)  # a case error names its case: the line already does
     text = printable(_LONG_PATH.sub(r".../\1", _MODULE_OF_ERROR.sub("", lead)))
     if len(text) + len(more) > room:
         text = text[: max(0, room - len(more) - 3)].rstrip() + "..."
