@@ -83,7 +83,7 @@ def body_signals_server(ctx, sig):
 def body_ok(ctx):
     pass
 
-@pytest.mark.parametrize("sig", ["SIGKILL"])
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGSTOP"])
 def test_a_signals_server(spmd, sig):
     spmd.run(body_signals_server, sig=sig)
 
@@ -92,13 +92,19 @@ def test_b_ok(spmd):
 """
 
 
-def test_a_case_that_kills_its_fork_server_is_charged_with_it(pytester):
+@pytest.mark.parametrize(
+    "sig, said",
+    [("SIGKILL", "ended during the case"), ("SIGSTOP", "was stopped during the case")],
+)
+def test_a_case_that_kills_or_stops_its_fork_server_is_charged_with_it(pytester, sig, said):
+    """SIGSTOP: before, the stopping case passed and the next waited 180 s for a server that never
+    answered, then the one after it, until the run was killed."""
     pytester.makepyfile(test_attack=KILLS_SERVER)
-    result = run_cpu(pytester, "-p", "no:randomly", "-rA")
+    result = run_cpu(pytester, "-p", "no:randomly", "-rA", "-k", f"{sig} or test_b_ok")
     out = result.stdout.str()
     assert "PASSED test_attack.py::test_b_ok" in out, out  # the run goes on
-    assert "PASSED test_attack.py::test_a_signals_server[SIGKILL]" not in out, out
+    assert f"PASSED test_attack.py::test_a_signals_server[{sig}]" not in out, out
     result.stdout.fnmatch_lines(
-        ["E*CaseCrashed: case *test_a_signals_server*SIGKILL*: the fork server its child was forked from ended*"]
+        [f"E*CaseCrashed: case *test_a_signals_server*{sig}*: the fork server its child was forked from {said}*"]
     )
     assert result.ret == pytest.ExitCode.TESTS_FAILED, out

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import CaseCrashed, CaseError, CaseFailed, HarnessUsageError
-from harness.isolation import evidence, files, protocol
+from harness.isolation import evidence, files, processes, protocol
 from harness.isolation.backend import Backend
 from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
 from harness.isolation.evidence import headline, terminal_safe
@@ -210,8 +210,7 @@ class SpmdRunner:
             self.pool.discard(child)  # Ctrl-C or an error of ours: never leave a busy child behind
             raise
         self.pool.release(child)
-        if server_was_up:
-            _charge_ended_server(result, child)
+        _charge_server_fault(result, child, server_was_up)
         self.results.append(result)
         return result.raise_for_outcome() if check else result
 
@@ -258,17 +257,26 @@ class SpmdRunner:
         return result, child
 
 
-def _charge_ended_server(result: CaseResult, child: ChildProcess) -> None:
+def _charge_server_fault(result: CaseResult, child: ChildProcess, server_was_up: bool) -> None:
     """A body that killed the fork server its child came from passes otherwise (the run starts
-    another server and goes on green): its case is charged with it."""
-    if result.error is None and not child.server.is_usable():
-        result.outcome = CaseCrashed.outcome
-        result.error = CaseCrashed(
-            f"case {result.case}: the fork server its child was forked from ended during the case "
-            "(its body killed it?); the verdict cannot be trusted",
-            evidence="fork server ended",
-            log_tail=result.log_tail,
-        )
+    another server and goes on green), and one that stopped it makes the next case wait for a
+    server that never answers: its case is charged with either, and a stopped server is resumed."""
+    ready = child.server.ready
+    stopped = ready is not None and processes.continue_if_stopped(ready.pid)
+    if result.error is not None:
+        return
+    if stopped:
+        what, evidence_line = "was stopped during the case (its body sent SIGSTOP?; resumed)", "fork server stopped"
+    elif server_was_up and not child.server.is_usable():
+        what, evidence_line = "ended during the case (its body killed it?)", "fork server ended"
+    else:
+        return
+    result.outcome = CaseCrashed.outcome
+    result.error = CaseCrashed(
+        f"case {result.case}: the fork server its child was forked from {what}; the verdict cannot be trusted",
+        evidence=evidence_line,
+        log_tail=result.log_tail,
+    )
 
 
 def _raise_late_fault(fault: LateFault) -> None:
