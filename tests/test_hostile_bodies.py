@@ -613,7 +613,10 @@ def body_victim(ctx, shared):
     SHARED = pathlib.Path(shared)
     home = pathlib.Path(os.environ["HOME"])
     (home / "secret").write_text("victim's secret")
-    (SHARED / "victim.json").write_text(json.dumps({"home": str(home), "pid": os.getpid()}))
+    import tempfile  # a file where the case's XLA dumps go (the run's dump root)
+    dump = pathlib.Path(tempfile.mkdtemp(dir=os.environ["HARNESS_XLA_DUMP_ROOT"]), "step.txt")
+    dump.write_text("victim's dump")
+    (SHARED / "victim.json").write_text(json.dumps({"home": str(home), "pid": os.getpid(), "dump": str(dump)}))
     wait_for(SHARED / "attacker.done")
 
 def body_attacker(ctx, shared):
@@ -660,6 +663,10 @@ def body_attacker(ctx, shared):
             pass
     try:
         reached["victim's HOME"] = pathlib.Path(victim["home"], "secret").read_text()
+    except OSError as exc:
+        pass
+    try:
+        reached["victim's dumps"] = pathlib.Path(victim["dump"]).read_text()
     except OSError as exc:
         pass
     (SHARED / "attacker.json").write_text(json.dumps(reached))

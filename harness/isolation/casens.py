@@ -5,7 +5,8 @@ uid; a server dropped to the case user cannot give each child a uid of its own. 
 case child (harness.isolation.forkserver.keep_child, single-threaded right after its fork) enters a
 new user namespace (needs no privilege) and a new pid namespace, and forks an init there (pid 1):
 the init takes a mount namespace of its own, mounts a /proc that shows only the namespace's
-processes and a private tmpfs on the child's HOME, and forks the case child (pid 2). The child
+processes and a private tmpfs on the run's dump root (the child's XLA dumps, memray captures and
+HOME, which the child writes and reads itself: no other case sees them), and forks the case child (pid 2). The child
 drops every capability it had in its namespace. It then cannot name a process outside its
 namespace (kill, pidfd_open and ptrace take pids of its namespace; a pidfd from the host's /proc is
 refused across namespaces), nor see another case's HOME (a tmpfs in another mount namespace). When
@@ -28,6 +29,8 @@ import struct
 import sys
 from collections.abc import Callable
 from typing import NoReturn
+
+from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -110,8 +113,7 @@ def _run_init(home: str | None, body: Callable[[], NoReturn], status_write: int,
         _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
         _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
-        if home is not None:
-            _check(_libc.mount(b"tmpfs", home.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0700"), "mount HOME")
+        _private_scratch(home)
         child = os.fork()
         if child == 0:
             os.close(status_write)
@@ -129,6 +131,19 @@ def _run_init(home: str | None, body: Callable[[], NoReturn], status_write: int,
     except BaseException as exc:  # the keeper reports our exit; say why on its stderr
         print(f"case namespace: {exc}", file=sys.stderr)
     os._exit(code)
+
+
+def _private_scratch(home: str | None) -> None:
+    """A tmpfs of this case's own on the run's dump root, where the child's dumps, captures and HOME
+    go (harness.xla.scratch_folder, dropuser.make_home), or on its HOME alone where there is none."""
+    root = os.environ.get(XLA_DUMP_ROOT_ENV)
+    if root and os.path.isdir(root):
+        _check(_libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0700"), "mount dump root")
+        if home is not None and os.path.commonpath([root, home]) == root:
+            os.makedirs(home, mode=0o700, exist_ok=True)  # hidden by the mount: made again in it
+            return
+    if home is not None:
+        _check(_libc.mount(b"tmpfs", home.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0700"), "mount HOME")
 
 
 def _drop_capabilities() -> None:

@@ -118,8 +118,8 @@ def header_line() -> str:
             return (
                 f"{who}: they cannot write the run's files nor signal its processes; each case's process runs in "
                 "user, pid and mount namespaces of its own (harness.isolation.casens): it cannot signal, ptrace or "
-                "see another case's processes, and its HOME is a private tmpfs, gone with it; not isolated from "
-                "each other: the XLA dump folder, and what the case user may write elsewhere (/tmp)"
+                "see another case's processes, and its XLA dumps and HOME are on a private tmpfs, gone with it; not "
+                "isolated from each other: what the case user may write elsewhere (/tmp)"
             )
         return (
             f"{who}: they cannot write the run's files nor signal its processes; each case's process has a HOME of "
