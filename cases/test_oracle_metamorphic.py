@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 
 from cases.test_oracle_differential import load_examples
-from harness.isolation.evidence import headline
-from harness.oracles import metamorphic, search
+from harness.oracles import metamorphic, runner, search
 from harness.oracles.body import body_measure_program
 
 pytestmark = pytest.mark.spmd
@@ -68,8 +67,7 @@ class Measurer:
             elif result.outcome == "error":  # the body itself raised: the oracle's bug, not a verdict
                 result.raise_for_outcome()
             else:  # the program killed its child (a crash, a timeout): charged to the program
-                evidence = getattr(result.error, "evidence", "") or str(result.error)
-                self.seen[key] = {"status": result.outcome, "detail": headline(evidence, 2000)}
+                self.seen[key] = runner.crash_verdict(result)
         return self.seen[key]
 
 

@@ -46,7 +46,7 @@ TABLE_NAME = "release-matrix.md"
 DEFAULT_RESULTS_DIR = "matrix-out"  # in .gitignore
 
 
-class _HelpShown(Exception):  # noqa: N818  control flow within this module, never raised out of it
+class _HelpShown(Exception):  # control flow within this module, never raised out of it
     pass
 
 

@@ -51,8 +51,7 @@ def check_programs(
             queue, size = chunk + queue, 1  # unattributable: one program per child from here
             continue
         culprit = chunk[running or 0]
-        evidence = getattr(result.error, "evidence", "") or str(result.error)
-        verdicts[culprit] = {"status": result.outcome, "detail": headline(evidence, 2000)}
+        verdicts[culprit] = crash_verdict(result)
         queue = [i for i in chunk if i != culprit] + queue
     return [verdicts[i] for i in range(len(programs))]
 
@@ -74,3 +73,10 @@ def _answered(raw: Any, count: int) -> list[dict[str, str]]:
             raise OracleRunError(f"a verdict from the child is malformed: {str(item)[:200]!r}")
         answered.append({"status": status, "detail": item["detail"][:4000]})
     return answered
+
+
+def crash_verdict(result: Any) -> dict[str, str]:
+    """The verdict of a program that killed its child (a crash, a timeout): charged to the program,
+    its evidence's first lines as the detail."""
+    evidence = getattr(result.error, "evidence", "") or str(result.error)
+    return {"status": result.outcome, "detail": headline(evidence, 2000)}
