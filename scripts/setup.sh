@@ -22,7 +22,7 @@ fi
 
 free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
 if [[ ! -d .venv && "$free_gb" -lt 10 ]]; then
-  echo "setup.sh: torch + torch_xla + jax need about 8 GB; only ${free_gb} GB free here." >&2
+  echo "setup.sh: torch + torch_xla + jax take about 8 GB installed, 10 GB while installing; only ${free_gb} GB free on $(pwd). Free some space or clone the project where there is more." >&2
   exit 1
 fi
 
