@@ -77,8 +77,8 @@ class WholeFailedLines:
         return result
 
     def _cause_first(self, terminalreporter: Any, config: pytest.Config) -> None:
-        harness = config.stash.get(SESSION_KEY, None)
-        if harness is None or not (harness.active or harness.run.exists()):
+        harness_session = config.stash.get(SESSION_KEY, None)
+        if harness_session is None or not (harness_session.active or harness_session.run_folder.exists()):
             return  # not an SPMD run: pytest's output is left as it is
         if config.option.verbose >= WHOLE_LINES_VERBOSITY:
             return  # asked for whole messages (-vv): pytest prints them as they are

@@ -36,7 +36,7 @@ def write_case_record(case: JudgedCase, report: pytest.TestReport) -> None:
     """The case's record, from the judged case alone, with the HLO its bodies kept and, where it
     failed, its cost dumps."""
     item = case.item
-    harness = item.config.stash[SESSION_KEY]
+    harness_session = item.config.stash[SESSION_KEY]
     judgement, entries = case.judgement, case.entries
     record = results.CaseRecord(
         nodeid=case.case_id,
@@ -49,8 +49,8 @@ def write_case_record(case: JudgedCase, report: pytest.TestReport) -> None:
         signature=judgement.signature if judgement else None,
         evidence=results.bounded_evidence(case.evidence or ""),
         torch_xla=case.torch_xla,
-        backend=harness.backend.name,
-        devices=harness.backend.capabilities().devices,
+        backend=harness_session.backend.name,
+        devices=harness_session.backend.capabilities().devices,
         duration_s=round(report.duration, 3),
         body_s=round(sum(r.duration_s for r in case.results), 3) if case.runner else 0.0,
         shardings=case.shardings,
@@ -61,17 +61,19 @@ def write_case_record(case: JudgedCase, report: pytest.TestReport) -> None:
     )
 
     def write() -> None:
-        folder = harness.claim_run_folder()
+        folder = harness_session.claim_run_folder()
         for result in case.results:
             results.keep_texts(folder / runfolder.HLO_DIR, case.case_id, result.hlo, ".txt")
         costcheck.keep_dumps(folder, case, report.failed)
-        results.write_record(folder, record, harness.worker)
+        results.write_record(folder, record, harness_session.worker)
         report.user_properties.append((RECORD_DIGEST_PROPERTY, results.record_digest(record)))
 
-    _write_results(harness, item.config, write)
+    _write_results(harness_session, item.config, write)
 
 
-def write_crash_record(harness: HarnessSession, config: pytest.Config, nodeid: str, reason: str, evidence: str) -> None:
+def write_crash_record(
+    harness_session: HarnessSession, config: pytest.Config, nodeid: str, reason: str, evidence: str
+) -> None:
     """The record of a case whose xdist worker died under it: the worker could not write it."""
     record = results.CaseRecord(
         nodeid=nodeid,
@@ -79,14 +81,18 @@ def write_crash_record(harness: HarnessSession, config: pytest.Config, nodeid: s
         outcome="failed",
         reason=reason,
         evidence=evidence,
-        backend=harness.backend.name,
-        devices=harness.backend.capabilities().devices,
+        backend=harness_session.backend.name,
+        devices=harness_session.backend.capabilities().devices,
         **_stack_versions(),
     )
-    _write_results(harness, config, lambda: results.write_record(harness.claim_run_folder(), record, harness.worker))
+    _write_results(
+        harness_session,
+        config,
+        lambda: results.write_record(harness_session.claim_run_folder(), record, harness_session.worker),
+    )
 
 
-def close_run(session: pytest.Session, harness: HarnessSession) -> None:
+def close_run(session: pytest.Session, harness_session: HarnessSession) -> None:
     """The manifest says how the run ended and which tests pytest saw fail, so harness.report can
     tell a finished run from a killed one and find failures that have no case record."""
     stats = getattr(session.config.pluginmanager.get_plugin("terminalreporter"), "stats", {})
@@ -110,15 +116,17 @@ def close_run(session: pytest.Session, harness: HarnessSession) -> None:
         )
     )
     xmlpath = getattr(session.config.option, "xmlpath", None)
-    problems = harness.run.manifest_problems() + basecheck.planted_comparison(harness.compare, harness.run.path)
-    problems += _record_build(harness)
+    problems = harness_session.run_folder.manifest_problems() + basecheck.planted_comparison(
+        harness_session.base_run_judge, harness_session.run_folder.path
+    )
+    problems += _record_build(harness_session)
     problems += checkoutwatch.problems(session.config)
     for problem in problems:
         session.config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
     if problems and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     try:
-        harness.run.finish(
+        harness_session.run_folder.finish(
             int(session.exitstatus),
             counts,
             failed_ids,
@@ -128,30 +136,32 @@ def close_run(session: pytest.Session, harness: HarnessSession) -> None:
         )
     except (OSError, ValueError) as exc:
         session.config.get_terminal_writer().line(
-            f"spmd harness: could not close the run manifest in {harness.run.path}: {exc}", red=True
+            f"spmd harness: could not close the run manifest in {harness_session.run_folder.path}: {exc}", red=True
         )
 
 
-def _record_build(harness: HarnessSession) -> list[str]:
+def _record_build(harness_session: HarnessSession) -> list[str]:
     """The run's build.json (harness.records.buildid), for a later run that compares with this one;
     one already there was put by a case, naming a build that may not have run: the run fails."""
-    if not harness.run.exists():
+    if not harness_session.run_folder.exists():
         return []
     try:
-        buildid.write(harness.run.path, harness.build)
+        buildid.write(harness_session.run_folder.path, harness_session.build)
     except FileExistsError:
-        return [f"{buildid.FILE_NAME} in {harness.run.path.name} was not made by this run (written by a case?)"]
+        return [
+            f"{buildid.FILE_NAME} in {harness_session.run_folder.path.name} was not made by this run (written by a case?)"
+        ]
     except OSError as exc:
         return [f"could not write {buildid.FILE_NAME}: {exc}"]
     return []
 
 
-def recheck_run(config: pytest.Config, harness: HarnessSession) -> None:
+def recheck_run(config: pytest.Config, harness_session: HarnessSession) -> None:
     """Every process of the run has ended: the manifest must still be the one pytest wrote."""
     try:
-        problem = harness.run.recheck()
+        problem = harness_session.run_folder.recheck()
     except (OSError, ValueError) as exc:
-        problem = f"could not check the run manifest in {harness.run.path}: {exc}"
+        problem = f"could not check the run manifest in {harness_session.run_folder.path}: {exc}"
     if problem is None:
         return
     config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
@@ -160,7 +170,7 @@ def recheck_run(config: pytest.Config, harness: HarnessSession) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _write_results(harness: HarnessSession, config: pytest.Config, write: Callable[[], None]) -> None:
+def _write_results(harness_session: HarnessSession, config: pytest.Config, write: Callable[[], None]) -> None:
     """Run one write into the results folder. A full disk (or a read-only or failing one) cannot
     serve the next case either: the run stops after this case with a message naming the folder,
     and every record written before stays as it was."""
@@ -170,7 +180,7 @@ def _write_results(harness: HarnessSession, config: pytest.Config, write: Callab
         if exc.errno not in RESULTS_WRITE_FATAL:
             raise
         message = (
-            f"the results folder {harness.results_dir} cannot be written ({exc.strerror}); "
+            f"the results folder {harness_session.results_dir} cannot be written ({exc.strerror}); "
             "the run stops here, records written so far are kept. Free space or use --spmd-results-dir"
         )
         config.get_terminal_writer().line(f"\nspmd harness: {message}", red=True)
