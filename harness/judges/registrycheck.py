@@ -4,6 +4,7 @@ with --spmd-bug's selection), and its judgement of the case (the first judge: ha
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
@@ -101,6 +102,16 @@ class RegistryJudge(Judge):
             report.longrepr = judgement.message
         elif judgement.kind is not JudgementKind.PASSED:
             _lead_with_judgement(report, judgement.message)
+
+    def record_fields(self, case: JudgedCase) -> dict[str, Any]:
+        """The entries the case names and the registry's judgement of it (none before its call)."""
+        judgement, entries = case.judgement, case.entries
+        return {
+            "known_bug": judgement.entry if judgement and judgement.entry else entries[0].id if entries else None,
+            "known_bugs": [entry.id for entry in entries],
+            "registry_verdict": judgement.kind.value if judgement else None,
+            "signature": judgement.signature if judgement else None,
+        }
 
 
 def _lead_with_judgement(report: pytest.TestReport, message: str) -> None:

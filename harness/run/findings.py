@@ -25,7 +25,7 @@ import pytest
 from harness import findings as causes
 from harness.judges import basecheck, basecompare, checked
 from harness.records import results, runfolder
-from harness.run.session import SESSION_KEY, HarnessSession
+from harness.run.session import SESSION_KEY, HarnessSession, checked_labels
 
 MAX_ITEMS_SHOWN = 6  # lines of one finding; the rest is in each failure and in comparison.json
 # `step0:parameter(3)` and `parameter(7)`: the numbers XLA gives a step graph's parameters move
@@ -65,7 +65,7 @@ def checked_line(reports: Iterable[pytest.TestReport]) -> str:
         f"{len(entries)} known-bug registry entr{'y' if len(entries) == 1 else 'ies'} judged"
         + (f" ({', '.join(f'{n} {v}' for v, n in sorted(verdicts.items()))})" if verdicts else "")
     )
-    for what in (checked.SHARDING_BASELINE, checked.COST_BASELINE, checked.BASE_RUN):
+    for what in checked_labels():
         parts.append(f"{held[what]} held to the {what}")
     return "spmd checked: " + "; ".join(parts)
 

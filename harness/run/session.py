@@ -42,6 +42,16 @@ WORKERINPUT_RUN_KEY = "spmd_harness_run"
 WORKERINPUT_ACTIVE_KEY = "spmd_harness_active"
 
 
+# Every kind of judge, in the order they judge a case (HarnessSession.judges holds this run's).
+JUDGE_ORDER: tuple[type[Judge], ...] = (RegistryJudge, ShardingJudge, CostJudge, BaseRunJudge)
+
+
+def checked_labels() -> list[str]:
+    """The references judges hold cases to, in their order, for the run's `spmd checked:` line
+    (a run without a judge counts 0 for its reference: the line says what was not checked too)."""
+    return [judge.CHECKED for judge in JUDGE_ORDER if judge.CHECKED]
+
+
 class HarnessSession:
     """Per-pytest-process state: one backend, one pool of warm children, one results folder."""
 
@@ -95,10 +105,11 @@ class HarnessSession:
 
     @property
     def judges(self) -> list[Judge]:
-        """In the order they judge a case: the registry (a reproduced bug excuses its failure only), the sharding
-        baseline, the cost baseline, the base build's run (it reads the first and the third)."""
-        ordered: list[Judge] = [self.registry_judge, self.sharding_judge, self.cost_judge]
-        return ordered + ([self.base_run_judge] if self.base_run_judge is not None else [])
+        """In the order they judge a case (JUDGE_ORDER): the registry (a reproduced bug excuses its
+        failure only), the sharding baseline, the cost baseline, the base build's run (it reads the
+        registry's judgement)."""
+        ordered = [self.registry_judge, self.sharding_judge, self.cost_judge, self.base_run_judge]
+        return [judge for judge in ordered if judge is not None]
 
     def settle_updates(self, nodeid: str, passed: bool) -> None:
         """An update run writes a case only once pytest reported it passed in set-up, call and teardown."""

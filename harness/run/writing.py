@@ -13,8 +13,8 @@ from typing import Any, TypedDict
 import pytest
 
 from harness.isolation.evidence import headline
-from harness.judges import basecheck, costcheck
-from harness.judges.judging import JudgedCase
+from harness.judges import basecheck
+from harness.judges.judging import Judge, JudgedCase
 from harness.records import buildid, results, runfolder, versions
 from harness.registry import Judgement, JudgementKind
 from harness.run import checkoutwatch
@@ -33,20 +33,15 @@ ACQUITTALS = (JudgementKind.PASSED, JudgementKind.UNJUDGED)
 
 
 def write_case_record(case: JudgedCase, report: pytest.TestReport) -> None:
-    """The case's record, from the judged case alone, with the HLO its bodies kept and, where it
-    failed, its cost dumps."""
+    """The case's record, from the judged case alone (each judge fills its own fields), with the
+    HLO its bodies kept and what each judge keeps beside it (a failing case's cost dumps)."""
     item = case.item
     harness_session = item.config.stash[SESSION_KEY]
-    judgement, entries = case.judgement, case.entries
     record = results.CaseRecord(
         nodeid=case.case_id,
         family=results.family_of(case.case_id),
         outcome=_outcome_of(report),
-        reason=_reason(report, judgement),
-        known_bug=(judgement.entry if judgement and judgement.entry else entries[0].id if entries else None),
-        known_bugs=[e.id for e in entries],
-        registry_verdict=judgement.kind.value if judgement else None,
-        signature=judgement.signature if judgement else None,
+        reason=_reason(report, case.judgement),
         evidence=results.bounded_evidence(case.evidence or ""),
         torch_xla=case.torch_xla,
         backend=harness_session.backend.name,
@@ -54,9 +49,7 @@ def write_case_record(case: JudgedCase, report: pytest.TestReport) -> None:
         duration_s=round(report.duration, 3),
         body_s=round(sum(r.duration_s for r in case.results), 3) if case.runner else 0.0,
         shardings=case.shardings,
-        sharding_changes=case.sharding_changes,
-        sharding_baseline=not case.has_marker("no_sharding_baseline"),
-        **costcheck.record_fields(case),
+        **_judges_fields(harness_session.judges, case),
         **_stack_versions(),
     )
 
@@ -64,11 +57,22 @@ def write_case_record(case: JudgedCase, report: pytest.TestReport) -> None:
         folder = harness_session.claim_run_folder()
         for result in case.results:
             results.keep_texts(folder / runfolder.HLO_DIR, case.case_id, result.hlo, ".txt")
-        costcheck.keep_dumps(folder, case, report.failed)
+        for judge in harness_session.judges:
+            judge.keep_files(folder, case, report.failed)
         results.write_record(folder, record, harness_session.worker)
         report.user_properties.append((RECORD_DIGEST_PROPERTY, results.record_digest(record)))
 
     _write_results(harness_session, item.config, write)
+
+
+def _judges_fields(judges: list[Judge], case: JudgedCase) -> dict[str, Any]:
+    """The record's fields each judge fills, each field by one judge."""
+    fields: dict[str, Any] = {}
+    for judge in judges:
+        own = judge.record_fields(case)
+        assert not own.keys() & fields.keys(), f"{type(judge).__name__} fills a field another judge fills"
+        fields.update(own)
+    return fields
 
 
 def write_crash_record(
