@@ -160,7 +160,7 @@ def judge(base_judge: BaseRunJudge, case: JudgedCase, report: pytest.TestReport)
             compared=comparison.not_compared is None,
             differences=comparison.differences,
             new=comparison.new,
-            moved=comparison.moved,
+            bytes_listed=comparison.bytes_listed,
         )
         if comparison.not_compared:
             finding["not_compared"] = comparison.not_compared
@@ -174,10 +174,10 @@ def judge(base_judge: BaseRunJudge, case: JudgedCase, report: pytest.TestReport)
             case.reported_superseded = True  # the committed baselines' reported changes: the same, against older
         if comparison.new:
             case.show("new in this build (the base run lacks them; listed, not failed)", "\n".join(comparison.new))
-        if comparison.moved:
+        if comparison.bytes_listed:
             case.show(
                 f"bytes moved from the base run within the band ({costs.band_text()}) or down (listed, not failed)",
-                "\n".join(comparison.moved),
+                "\n".join(comparison.bytes_listed),
             )
     report.user_properties.append((PROPERTY, json.dumps(finding, sort_keys=True)))
 
@@ -208,8 +208,8 @@ def collect(base_judge: BaseRunJudge, report: pytest.TestReport) -> None:
         comparison.differ[case] = finding["failure"]
     if finding.get("new"):
         comparison.new[case] = finding["new"]
-    if finding.get("moved"):
-        comparison.moved[case] = finding["moved"]
+    if finding.get("bytes_listed"):
+        comparison.bytes_listed[case] = finding["bytes_listed"]
     if finding.get("not_compared"):
         comparison.not_compared[case] = finding["not_compared"]
     base_record = base_judge.base.records.get(case)

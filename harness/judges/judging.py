@@ -176,7 +176,7 @@ def fail_besides(case: JudgedCase, report: pytest.TestReport, entry: str, change
 
 
 class Judge:
-    """What every judge has; a judge overrides the steps it takes part in."""
+    """What every judge has; a judge overrides the parts it takes part in."""
 
     CHECKED: ClassVar[str | None] = None  # the reference it holds a case to, in `spmd checked:`
 

@@ -16,7 +16,7 @@ from harness.judges.judging import ENTRIES_KEY, Judge, JudgedCase
 from harness.registry import JudgementKind, KnownBug
 
 ENTRY_PROPERTY = "known_bug"  # a report's user properties: the entry that judged the case,
-VERDICT_PROPERTY = "registry_verdict"  # and its verdict
+JUDGEMENT_PROPERTY = "registry_verdict"  # and its judgement (the name records keep)
 
 
 def entries_of(item: pytest.Item, registry_path: Path) -> list[KnownBug]:
@@ -91,7 +91,7 @@ class RegistryJudge(Judge):
         if not case.entries or report.skipped:
             return
         judgement = case.judgement = registry.judge(case.entries, case.torch_xla, case.evidence)
-        judged = [(ENTRY_PROPERTY, judgement.entry or case.entries[0].id), (VERDICT_PROPERTY, judgement.kind.value)]
+        judged = [(ENTRY_PROPERTY, judgement.entry or case.entries[0].id), (JUDGEMENT_PROPERTY, judgement.kind.value)]
         report.user_properties.extend(judged)  # for the run's closing line (harness.run.findings)
         case.item.user_properties.extend(judged)  # for JUnit's <properties>, which come from the teardown report
         if judgement.kind is JudgementKind.REPRODUCED:
