@@ -73,8 +73,6 @@ def checked_line(reports: Iterable[pytest.TestReport]) -> str:
 def cause_lines(harness_session: HarnessSession, failed: list[pytest.TestReport]) -> list[str]:
     """The run's failed cases by cause (harness.findings), with their records' signatures and the
     base run's beside them for the diagnoses."""
-    from harness.run.writing import RECORD_DIGEST_PROPERTY  # here: harness.run.writing imports this module
-
     records: dict[str, Any] = {}
     found: dict[str, str] = {}  # each record's digest, as read
     if harness_session.run_folder.exists():
@@ -90,7 +88,7 @@ def cause_lines(harness_session: HarnessSession, failed: list[pytest.TestReport]
         case_id = str(dict(report.user_properties).get("spmd_case_id", report.nodeid))
         # Only the record its case's process wrote (the digest its report carries): a later case
         # can rewrite one, and the findings would lead with what it wrote.
-        vouched = dict(report.user_properties).get(RECORD_DIGEST_PROPERTY)
+        vouched = dict(report.user_properties).get(results.RECORD_DIGEST_PROPERTY)
         record = records.get(case_id) if vouched is not None and found.get(case_id) == vouched else None
         items = list(finding_of(report))
         if record is not None and len(items) == 1:  # its own lines, where no base run listed them

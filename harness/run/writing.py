@@ -22,9 +22,6 @@ from harness.run.findings import first_item
 from harness.run.session import PYTEST_SESSION_KEY, SESSION_KEY, HarnessSession
 
 CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
-# A report's user property: the digest of the case record its process wrote (results.record_digest),
-# which reaches the controlling pytest process with the report, out of any case's reach.
-RECORD_DIGEST_PROPERTY = "spmd_record_digest"
 # A write into the results folder that fails with one of these cannot succeed for the next case
 # either: the run stops with a message instead of an INTERNALERROR.
 RESULTS_WRITE_FATAL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
@@ -60,7 +57,7 @@ def write_case_record(case: JudgedCase, report: pytest.TestReport) -> None:
         for judge in harness_session.judges:
             judge.keep_files(folder, case, report.failed)
         results.write_record(folder, record, harness_session.worker)
-        report.user_properties.append((RECORD_DIGEST_PROPERTY, results.record_digest(record)))
+        report.user_properties.append((results.RECORD_DIGEST_PROPERTY, results.record_digest(record)))
 
     _write_results(harness_session, item.config, write)
 
@@ -201,7 +198,7 @@ def _case_id_of_report(report: Any) -> str:
 def _record_digest_of_report(report: Any) -> str | None:
     """The digest of the record the report's process wrote, if it wrote one."""
     for prop in getattr(report, "user_properties", ()):
-        if isinstance(prop, tuple) and len(prop) == 2 and prop[0] == RECORD_DIGEST_PROPERTY:
+        if isinstance(prop, tuple) and len(prop) == 2 and prop[0] == results.RECORD_DIGEST_PROPERTY:
             return str(prop[1])
     return None
 
