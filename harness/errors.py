@@ -55,8 +55,8 @@ tests/test_errors.py keeps the drawing true:
 
 The readers case bodies use (harness.hlo, harness.sharding) raise errors that are also
 ValueErrors, and the file helpers errors that are also OSErrors, so a caller that catches the
-built-in class keeps working. tests/test_errors.py also checks that no class the harness defines
-derives from a built-in exception without deriving from HarnessError.
+built-in class keeps working. tests/test_errors.py also checks that every public exception class
+the harness defines is a HarnessError, whatever else it derives from.
 """
 
 from __future__ import annotations

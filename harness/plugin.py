@@ -62,21 +62,21 @@ def pytest_configure(config: pytest.Config) -> None:
     options.check_not_taken_for_a_test_path(config)
     caseuser.configure(config)  # before any child starts
     config.pluginmanager.register(_JunitGuard(), "spmd_junit_guard")
-    session = HarnessSession(config)
-    config.stash[SESSION_KEY] = session
-    registrycheck.check_bug_option(config, session.registry_path)  # before xdist's workers would each refuse it
+    harness_session = HarnessSession(config)
+    config.stash[SESSION_KEY] = harness_session
+    registrycheck.check_bug_option(config, harness_session.registry_path)  # before xdist's workers would each refuse it
     workerinput = getattr(config, "workerinput", None)
-    controls_workers = session.role is Role.CONTROLLER
+    controls_workers = harness_session.role is Role.CONTROLLER
     if config.stash.get(EARLY_KEY, False) or (workerinput or {}).get(WORKERINPUT_ACTIVE_KEY):
-        session.activate(config)
+        harness_session.activate(config)
     elif (_names_input_files(config) or controls_workers) and not getattr(config.option, "help", False):
         # A file the user named is checked now, in the xdist controller too; so is a default file
         # the workers would read: a worker's usage error ends the run as "no tests ran", naming nothing.
-        load_inputs(session, config)
+        load_inputs(harness_session, config)
         if controls_workers:
-            session.costs.read_unless_probed()
-    session.configure_compare(config)  # only with --spmd-compare
-    if session.role.owns_run:
+            harness_session.cost_judge.read_unless_probed()
+    harness_session.configure_compare(config)  # only with --spmd-compare
+    if harness_session.role.owns_run:
         checkoutwatch.take(config)  # a case that rewrites the harness fails the run (harness.run.checkoutwatch)
         controller.register(config)
 
@@ -98,19 +98,19 @@ def _register_markers(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    session = config.stash.get(SESSION_KEY, None)
-    if session is not None:
-        session.pool.close()
+    harness_session = config.stash.get(SESSION_KEY, None)
+    if harness_session is not None:
+        harness_session.pool.close()
     servers = config.stash.get(RUN_SERVERS_KEY, None)
     if servers is not None:
         servers.close()  # after the pool: its children are ended first
     if role_of(config) is Role.WORKER:
         processes.continue_if_stopped(os.getppid())  # the controller, if a case stopped it (SIGSTOP)
-    if session is not None and session.role.owns_run:
-        writing.recheck_run(config, session)
-        remove_dump_root(session.run.path)
+    if harness_session is not None and harness_session.role.owns_run:
+        writing.recheck_run(config, harness_session)
+        remove_dump_root(harness_session.run_folder.path)
     if role_of(config).owns_run and _refused(config):
-        run = session.run if session is not None else config.stash.get(RUN_FOLDER_KEY, None)
+        run = harness_session.run_folder if harness_session is not None else config.stash.get(RUN_FOLDER_KEY, None)
         if run is not None:
             run.retire()  # a run refused before any case leaves no folder, and `latest` keeps the last real run
 
@@ -133,25 +133,25 @@ class _JunitGuard:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        harness = session.config.stash.get(SESSION_KEY, None)
+        harness_session = session.config.stash.get(SESSION_KEY, None)
         xmlpath = getattr(session.config.option, "xmlpath", None)
-        if harness is not None and xmlpath and (harness.active or harness.run.exists()):
+        if harness_session is not None and xmlpath and (harness_session.active or harness_session.run_folder.exists()):
             with contextlib.suppress(OSError):
                 files.clear_for_writer(xmlpath)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The judges' end of the run; the run manifest's end is the run owner's (harness.run.controller)."""
-    harness = session.config.stash.get(SESSION_KEY, None)
-    if harness is None:
+    harness_session = session.config.stash.get(SESSION_KEY, None)
+    if harness_session is None:
         return
-    for judge in harness.judges:  # the xdist controller's too, which ran no case: the base run's comparison
+    for judge in harness_session.judges:  # the xdist controller's too, which ran no case: the base run's comparison
         judge.finish(session)
-    if not harness.active:
+    if not harness_session.active:
         return
-    for fault in harness.pool.idle_deaths():
-        harness.charge_late_fault(fault)
-    if harness.late_faults and session.exitstatus == pytest.ExitCode.OK:
+    for fault in harness_session.pool.idle_deaths():
+        harness_session.charge_late_fault(fault)
+    if harness_session.late_faults and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -167,17 +167,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_itemcollected(item: pytest.Item) -> None:
     """At the first SPMD case collected, start the import (a fork server's): it overlaps collection.
     A run whose options may still deselect that case waits for the end of collection."""
-    harness = item.config.stash[SESSION_KEY]
-    if harness.early_start_done or not activation.is_spmd(item) or item.config.option.collectonly:
+    harness_session = item.config.stash[SESSION_KEY]
+    if harness_session.early_start_done or not activation.is_spmd(item) or item.config.option.collectonly:
         return
-    if not harness.active and activation.may_be_deselected(item):
+    if not harness_session.active and activation.may_be_deselected(item):
         return
-    harness.early_start_done = True
-    harness.activate(item.config)
-    if harness.pool.fork and not harness.backend.exclusive_device and harness.backend.capabilities().has_xla:
-        harness.claim_run_folder()
-        runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
-        harness.pool.prewarm(runner.spec(functionalization=True))
+    harness_session.early_start_done = True
+    harness_session.activate(item.config)
+    if (
+        harness_session.pool.fork
+        and not harness_session.backend.exclusive_device
+        and harness_session.backend.capabilities().has_xla
+    ):
+        harness_session.claim_run_folder()
+        runner = SpmdRunner(harness_session.pool, harness_session.backend, harness_session.case_timeout, "prewarm")
+        harness_session.pool.prewarm(runner.spec(functionalization=True))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -186,26 +190,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     capabilities() comes first on purpose: on a TPU host its probe process must have released
     the chips before the warm child takes them.
     """
-    harness = session.config.stash[SESSION_KEY]
+    harness_session = session.config.stash[SESSION_KEY]
     spmd_items = [item for item in session.items if activation.is_spmd(item)]
     if session.config.option.collectonly or not spmd_items:
         return
-    harness.activate(session.config)
+    harness_session.activate(session.config)
     hold_sources({item.path.parent for item in spmd_items})  # before any case: what their children import
-    if not harness.backend.capabilities().has_xla:
+    if not harness_session.backend.capabilities().has_xla:
         return
-    harness.sharding.baseline()  # read at configure time, except a TPU's (see session.load_inputs)
-    runner = SpmdRunner(harness.pool, harness.backend, harness.case_timeout, "prewarm")
+    harness_session.sharding_judge.baseline()  # read at configure time, except a TPU's (see session.load_inputs)
+    runner = SpmdRunner(harness_session.pool, harness_session.backend, harness_session.case_timeout, "prewarm")
     # Cases parametrized over `functionalization` say which modes this selection needs. Only one
     # child is prewarmed where the cores are already busy (xdist) or the device is exclusive (TPU):
     # there a second import would only delay the first verdict.
     modes = [m for m in (True, False) if any(_functionalization_of(item) == m for item in spmd_items)]
-    if not harness.role.owns_run or harness.backend.exclusive_device:
+    if not harness_session.role.owns_run or harness_session.backend.exclusive_device:
         modes = modes[:1]
     if modes:
-        harness.claim_run_folder()
+        harness_session.claim_run_folder()
     for mode in modes:
-        harness.pool.prewarm(runner.spec(functionalization=mode))
+        harness_session.pool.prewarm(runner.spec(functionalization=mode))
 
 
 def _functionalization_of(item: pytest.Item) -> bool:
@@ -216,8 +220,8 @@ def _functionalization_of(item: pytest.Item) -> bool:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if not activation.is_spmd(item):
         return  # a foreign test's needs marker is its own
-    harness = item.config.stash[SESSION_KEY]
-    reason = unmet_needs(item, harness.backend) or tier_skip_reason(item, harness.tier)
+    harness_session = item.config.stash[SESSION_KEY]
+    reason = unmet_needs(item, harness_session.backend) or tier_skip_reason(item, harness_session.tier)
     if reason:
         # Reported at the case (its file and line), as a skip marker would be, not at this hook.
         raise pytest.skip.Exception(reason, _use_item_location=True)
@@ -228,17 +232,17 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
     """Runs case bodies in child processes; see harness.isolation.case.SpmdRunner.run."""
     if activation.project_owns_spmd_marker(request.config):
         pytest.fail(activation.OWNED_MARKER_ERROR, pytrace=False)  # rather than a case half-judged
-    harness = request.config.stash[SESSION_KEY]
-    harness.activate(request.config)  # a test that asks for the fixture is an SPMD case, marked or not
-    journal = harness.claim_run_folder() / runfolder.requests_name(harness.worker)
+    harness_session = request.config.stash[SESSION_KEY]
+    harness_session.activate(request.config)  # a test that asks for the fixture is an SPMD case, marked or not
+    journal = harness_session.claim_run_folder() / runfolder.requests_name(harness_session.worker)
     runner = SpmdRunner(
-        harness.pool,
-        harness.backend,
-        harness.case_timeout,
+        harness_session.pool,
+        harness_session.backend,
+        harness_session.case_timeout,
         results.item_case_id(request.node),
         journal,
-        late_faults=harness.charge_late_fault,
-        tier=harness.tier,
+        late_faults=harness_session.charge_late_fault,
+        tier=harness_session.tier,
     )
     request.node.stash[RUNNER_KEY] = runner
     yield runner
@@ -252,16 +256,16 @@ def pytest_runtest_makereport(
     if call.when == "setup" and activation.is_spmd(item) and case_id != item.nodeid:
         item.user_properties.append((writing.CASE_ID_PROPERTY, case_id))  # before the report copies them
     report: pytest.TestReport = yield
-    harness = item.config.stash[SESSION_KEY]
+    harness_session = item.config.stash[SESSION_KEY]
     spmd = activation.is_spmd(item)
     if call.when == "call":
-        case = judge_case(harness.judges, item, call, report)
+        case = judge_case(harness_session.judges, item, call, report)
         if spmd:
             writing.write_case_record(case, report)
         if not report.passed and not hasattr(report, "wasxfail"):  # a reproduced known bug may update (costcheck)
-            harness.settle_updates(item.nodeid, passed=False)
+            harness_session.settle_updates(item.nodeid, passed=False)
     elif call.when == "setup" and not report.passed and spmd:
         writing.write_case_record(JudgedCase.of(item, call), report)
     elif call.when == "teardown":
-        harness.settle_updates(item.nodeid, passed=report.passed)
+        harness_session.settle_updates(item.nodeid, passed=report.passed)
     return report

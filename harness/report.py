@@ -15,7 +15,7 @@ per-host results folders (a GKE launch). See harness.records.runfolder.
 
 Every text from the results folder reaches the summary, the annotations and the outputs through
 one escaping path (harness.records.escaping); the counts and the annotations are written first,
-then the summary, capped under GitHub's 1 MiB per step (harness.records.capping, which says what
+then the summary, capped under GitHub's 1 MiB per workflow step (harness.records.capping, which says what
 it left out); a folder or link where the report writes is refused, named, and makes the run red
 (harness.records.reportwriting).
 
@@ -72,7 +72,7 @@ from harness.records.results import CaseRecord, contradicting, family_of, is_fai
 EVIDENCE_LIMIT = 400
 MAX_FINDING_LINES = 400
 ANNOTATION_EVIDENCE_LIMIT = 1000
-# GitHub shows at most 10 error annotations per step; the last slot says how many were left out.
+# GitHub shows at most 10 error annotations per workflow step; the last slot says how many were left out.
 MAX_ERROR_ANNOTATIONS = 10
 
 # Failures first: that is what a reader of the summary is looking for.

@@ -155,6 +155,12 @@ def test_off_the_baselines_release_line_a_cost_change_is_only_reported_but_fails
     with_base = suite("--spmd-compare=base", costs=signature(all_gather=5))
     with_base.assert_outcomes(failed=1, passed=1, xfailed=1)
     with_base.stdout.fnmatch_lines(["*this build 2.10.0+git2222222: step0: all-gather 3 -> 5*"])
+    # The committed baseline's "reported" section would show the same change against an older
+    # reference: a case the base run fails shows the base run's lines alone (the record keeps both).
+    assert "cost changes (reported, not failed" not in with_base.stdout.str()
+    records = (pytester.path / "pr" / "latest" / "verdicts-main.jsonl").read_text().splitlines()
+    (block,) = [r for r in map(json.loads, records) if r["nodeid"] == "test_cases.py::test_block"]
+    assert block["cost_changes"] == ["step0: all-gather 3 -> 5 (+64 KiB per device)"]
 
 
 def test_bytes_that_move_within_the_band_or_down_are_listed_and_growth_beyond_it_fails(suite, pytester):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 
 import pytest
 
@@ -102,3 +103,23 @@ def test_every_error_the_harness_defines_is_a_harness_error():
     """One error tree (a caller catches HarnessError for anything the harness raised on purpose); an
     OS-level or parse error may also be an OSError or a ValueError."""
     assert _exception_classes_outside_the_tree() == []
+
+
+def test_every_exception_class_an_importable_module_defines_is_a_harness_error():
+    """The same rule, from the classes themselves: every module of harness/ the pytest process can
+    import (all but the child-only ones, which the source reading above covers), every public
+    exception class it defines, whatever it derives from (`json.JSONDecodeError`, a class of
+    another harness module), is a HarnessError."""
+    _harness_errors()  # imports every module
+    outside = [
+        f"{module.__name__}.{name}({', '.join(base.__name__ for base in value.__bases__)})"
+        for module in list(sys.modules.values())
+        if module is not None and module.__name__.split(".")[0] == "harness"
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and value.__module__ == module.__name__
+        and issubclass(value, BaseException)
+        and not name.startswith("_")
+        and not issubclass(value, HarnessError)
+    ]
+    assert sorted(outside) == []

@@ -27,7 +27,7 @@ from harness import costs
 from harness.config import activation, options
 from harness.errors import HarnessError
 from harness.isolation import protocol
-from harness.judges import basecompare, checked, costcheck
+from harness.judges import basecompare
 from harness.judges.basecompare import BaseRun, Comparison
 from harness.judges.judging import BESIDES, Judge, JudgedCase, fail_besides, is_xfail, reproduced_bug
 from harness.records import buildid, runfolder, versions
@@ -40,6 +40,8 @@ PROPERTY = "spmd_base_compare"  # a report's user property: this case against th
 class BaseRunJudge(Judge):
     """The base run this process holds cases to, and (the process that owns the run) what the run
     found, from every case's report, the xdist workers' included."""
+
+    CHECKED = "base run"
 
     def __init__(self, base: BaseRun, own_run: Path, owns_run: bool, backend_name: str = "") -> None:
         self.backend_name = backend_name
@@ -79,13 +81,13 @@ def configure(config: pytest.Config, backend: Any, own_run: Path, owns_run: bool
     return BaseRunJudge(base, own_run, owns_run, backend.name)
 
 
-def to_workerinput(session: BaseRunJudge | None) -> dict[str, Any] | None:
+def to_workerinput(base_judge: BaseRunJudge | None) -> dict[str, Any] | None:
     """The base run as the controller read and checked it, for each worker it starts (a worker
     xdist restarts too): the base's files are writable by the code under test, so a case that
     edits them must not change what a later worker holds its cases to."""
-    if session is None:
+    if base_judge is None:
         return None
-    base = session.base
+    base = base_judge.base
     return {
         "path": str(base.path),
         "torch_xla": base.torch_xla,
@@ -105,14 +107,14 @@ def from_workerinput(data: dict[str, Any]) -> BaseRun:
     )
 
 
-def report_header(session: BaseRunJudge | None, this_build: dict[str, Any] | None = None) -> str | None:
+def report_header(base_judge: BaseRunJudge | None, this_build: dict[str, Any] | None = None) -> str | None:
     """The base run, its build, and (once, here) how the two builds relate where their labels agree."""
-    if session is None:
+    if base_judge is None:
         return None
-    base = session.base
+    base = base_judge.base
     base_build = buildid.read(base.path)
-    session.comparison.base_build = base_build.get("id") if base_build else None
-    session.comparison.this_build = this_build.get("id") if this_build else None
+    base_judge.comparison.base_build = base_build.get("id") if base_build else None
+    base_judge.comparison.this_build = this_build.get("id") if this_build else None
     line = (
         f"compared with base run {base.path} (torch_xla {base.torch_xla or '?'}, "
         + (f"{buildid.describe(base_build)}, " if base_build else "")
@@ -123,7 +125,7 @@ def report_header(session: BaseRunJudge | None, this_build: dict[str, Any] | Non
     relation = buildid.relation(base_build, this_build)
     if relation is not None:
         line += "\n" + relation
-    elif base.torch_xla is not None and base.torch_xla == _this_build(session.backend_name):
+    elif base.torch_xla is not None and base.torch_xla == _this_build(base_judge.backend_name):
         line += "\n" + basecompare.same_build_warning(base.torch_xla)
     return line
 
@@ -135,7 +137,7 @@ def _this_build(backend_name: str) -> str | None:
     return versions.installed("torch_xla")
 
 
-def judge(session: BaseRunJudge, case: JudgedCase, report: pytest.TestReport) -> None:
+def judge(base_judge: BaseRunJudge, case: JudgedCase, report: pytest.TestReport) -> None:
     """Hold one case to its base record; its finding goes on the report for the process that owns
     the run (collect)."""
     if not activation.is_spmd(case.item):
@@ -149,59 +151,47 @@ def judge(session: BaseRunJudge, case: JudgedCase, report: pytest.TestReport) ->
     }
     entry = reproduced_bug(case, report)
     if (case.body_passed and not is_xfail(report) and not report.skipped) or entry is not None:
-        signatures = None if case.has_marker("no_cost_check") else costcheck.recorded_signatures(case)
+        signatures = None if case.has_marker("no_cost_check") else case.recorded_costs()
         judged = None if case.has_marker("no_sharding_baseline") else case.shardings
-        comparison = basecompare.compare_case(session.base, case.case_id, judged, signatures, entry)
+        comparison = basecompare.compare_case(base_judge.base, case.case_id, judged, signatures, entry)
         if comparison.not_compared is None:
-            checked.mark(report, checked.BASE_RUN)
+            base_judge.held(report)
         finding.update(
             compared=comparison.not_compared is None,
             differences=comparison.differences,
             new=comparison.new,
-            moved=comparison.moved,
+            bytes_listed=comparison.bytes_listed,
         )
         if comparison.not_compared:
             finding["not_compared"] = comparison.not_compared
         if comparison.differences and entry is not None:  # the bug excuses its own failure, not these
-            fail_besides(report, entry, comparison.differences, f"the base run {session.base.path}")
+            fail_besides(case, report, entry, comparison.differences, f"the base run {base_judge.base.path}")
             finding["failure"] = [f"{BESIDES} known bug {entry}: {line}" for line in comparison.differences]
         elif comparison.differences:
-            finding["failure"] = _fail(report, basecompare.failure_text(session.base, case.torch_xla, comparison))
-            _drop_reported_sections(report)
-        if comparison.new:
-            report.sections.append(
-                ("new in this build (the base run lacks them; listed, not failed)", "\n".join(comparison.new))
+            finding["failure"] = _fail(
+                case, report, basecompare.failure_text(base_judge.base, case.torch_xla, comparison)
             )
-        if comparison.moved:
-            report.sections.append(
-                (
-                    f"bytes moved from the base run within the band ({costs.band_text()}) or down (listed, not failed)",
-                    "\n".join(comparison.moved),
-                )
+            case.reported_superseded = True  # the committed baselines' reported changes: the same, against older
+        if comparison.new:
+            case.show("new in this build (the base run lacks them; listed, not failed)", "\n".join(comparison.new))
+        if comparison.bytes_listed:
+            case.show(
+                f"bytes moved from the base run within the band ({costs.band_text()}) or down (listed, not failed)",
+                "\n".join(comparison.bytes_listed),
             )
     report.user_properties.append((PROPERTY, json.dumps(finding, sort_keys=True)))
 
 
-def _drop_reported_sections(report: pytest.TestReport) -> None:
-    """The committed baselines' "reported, not failed" sections of a case the base run fails: the
-    same change again, against an older reference (each one is kept in the case's record, and
-    spmd-report prints it)."""
-    report.sections[:] = [(title, text) for title, text in report.sections if REPORTED_ONLY not in title]
-
-
-REPORTED_ONLY = "(reported, not failed"  # harness.judges.baseline's and harness.costbaseline's section titles
-
-
-def _fail(report: pytest.TestReport, message: str) -> list[str]:
+def _fail(case: JudgedCase, report: pytest.TestReport, message: str) -> list[str]:
     if report.passed:
         report.outcome = "failed"
         report.longrepr = message
     else:  # a committed baseline failed it already: this finding is shown next to that one
-        report.sections.append(("compared with the base run", message))
+        case.show("compared with the base run", message)
     return message.splitlines()[:-1]
 
 
-def collect(session: BaseRunJudge, report: pytest.TestReport) -> None:
+def collect(base_judge: BaseRunJudge, report: pytest.TestReport) -> None:
     """The process that owns the run adds each case's finding to the run's comparison."""
     if report.when != "call":
         return
@@ -209,7 +199,7 @@ def collect(session: BaseRunJudge, report: pytest.TestReport) -> None:
     if PROPERTY not in properties:
         return
     finding = json.loads(str(properties[PROPERTY]))
-    case, comparison = finding["case"], session.comparison
+    case, comparison = finding["case"], base_judge.comparison
     if finding.get("version") and finding["version"] not in comparison.this_torch_xla:
         comparison.this_torch_xla.append(finding["version"])
     if finding.get("compared"):
@@ -218,11 +208,11 @@ def collect(session: BaseRunJudge, report: pytest.TestReport) -> None:
         comparison.differ[case] = finding["failure"]
     if finding.get("new"):
         comparison.new[case] = finding["new"]
-    if finding.get("moved"):
-        comparison.moved[case] = finding["moved"]
+    if finding.get("bytes_listed"):
+        comparison.bytes_listed[case] = finding["bytes_listed"]
     if finding.get("not_compared"):
         comparison.not_compared[case] = finding["not_compared"]
-    base_record = session.base.records.get(case)
+    base_record = base_judge.base.records.get(case)
     entry = finding.get("known_bug")
     if base_record is not None and entry:
         line = basecompare.registry_change(
@@ -232,24 +222,24 @@ def collect(session: BaseRunJudge, report: pytest.TestReport) -> None:
             comparison.registry.append(basecompare.printable(line))
 
 
-def summarise(session: BaseRunJudge, terminalreporter: Any) -> None:
-    comparison = session.comparison
-    terminalreporter.section(f"compared with the base run {session.base.path}", red=bool(comparison.differ))
+def summarise(base_judge: BaseRunJudge, terminalreporter: Any) -> None:
+    comparison = base_judge.comparison
+    terminalreporter.section(f"compared with the base run {base_judge.base.path}", red=bool(comparison.differ))
     for line in comparison.lines():
         terminalreporter.line(line, red=line.startswith(("differs", "newly failing", "WARNING")))
 
 
-def finish(session: BaseRunJudge) -> None:
+def finish(base_judge: BaseRunJudge) -> None:
     """The process that owns the run leaves the comparison in the run's folder, for harness.report."""
-    if not runfolder.is_run_folder(session.own_run):
+    if not runfolder.is_run_folder(base_judge.own_run):
         return
-    runfolder.replace_file(session.own_run / runfolder.COMPARISON_NAME, session.comparison.to_json())
+    runfolder.replace_file(base_judge.own_run / runfolder.COMPARISON_NAME, base_judge.comparison.to_json())
 
 
-def planted_comparison(session: BaseRunJudge | None, own_run: Path) -> list[str]:
+def planted_comparison(base_judge: BaseRunJudge | None, own_run: Path) -> list[str]:
     """A run without --spmd-compare makes no comparison.json: one in its folder was written by a
     case, a forged "none differ" the report would show as a green check, so the run fails."""
-    if session is not None or not os.path.lexists(own_run / runfolder.COMPARISON_NAME):
+    if base_judge is not None or not os.path.lexists(own_run / runfolder.COMPARISON_NAME):
         return []
     return [
         f"{runfolder.COMPARISON_NAME} in {own_run.name} was not made by this run (it ran without --spmd-compare; "

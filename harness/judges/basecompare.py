@@ -48,7 +48,7 @@ from harness.schema import load_json, shown
 from harness.sharding import canonical_text
 
 OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed")
-VERDICTS = tuple(kind.value for kind in JudgementKind)
+JUDGEMENT_KINDS = tuple(kind.value for kind in JudgementKind)
 # Registry judgements in which the bug's signature showed, and in which the case passed ("failed":
 # another failure, which names no bug).
 BUG_SHOWED = ("reproduced", "regressed")
@@ -144,8 +144,10 @@ def _check_record(record: CaseRecord, where: str) -> None:
     what = f"{where}: record of {record.nodeid!r}"
     if record.outcome not in OUTCOMES:
         raise BaseRunError(f"{what}: outcome {record.outcome!r} is not one of {', '.join(OUTCOMES)}")
-    if record.registry_verdict is not None and record.registry_verdict not in VERDICTS:
-        raise BaseRunError(f"{what}: registry_verdict {record.registry_verdict!r} is not one of {', '.join(VERDICTS)}")
+    if record.registry_verdict is not None and record.registry_verdict not in JUDGEMENT_KINDS:
+        raise BaseRunError(
+            f"{what}: registry_verdict {record.registry_verdict!r} is not one of {', '.join(JUDGEMENT_KINDS)}"
+        )
     if record.torch_xla is not None:
         try:
             Version(record.torch_xla)
@@ -283,7 +285,7 @@ class CaseComparison:
     case: str
     differences: list[str] = dataclasses.field(default_factory=list)  # items that fail it, without the builds
     new: list[str] = dataclasses.field(default_factory=list)  # what the base lacks (listed)
-    moved: list[str] = dataclasses.field(default_factory=list)  # bytes within the band, improvements (listed)
+    bytes_listed: list[str] = dataclasses.field(default_factory=list)  # bytes within the band, improvements
     not_compared: str | None = None  # why the base cannot judge it (the base lacks it, or failed it)
     grids: list[str] = dataclasses.field(default_factory=list)  # device grids of the moves the text hides
 
@@ -323,7 +325,7 @@ def compare_case(
             costs.compare_loops(record.costs, measured, reference="base run")
         )
         result.differences += [printable(str(c)) for c in costs.failing(changes)]
-        result.moved += [printable(str(c)) for c in costs.listed(changes)]
+        result.bytes_listed += [printable(str(c)) for c in costs.listed(changes)]
         for label, signature in sorted(measured.items()):  # native growth: judged per step against the base's
             result.differences += [
                 printable(line) for line in costs.native_against_base(record.costs[label], signature, label)
@@ -430,12 +432,15 @@ class Comparison:
     not_compared: dict[str, str] = dataclasses.field(default_factory=dict)  # case -> why
     registry: list[str] = dataclasses.field(default_factory=list)  # registry_change lines
     schema: int = COMPARISON_SCHEMA
-    moved: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # case -> byte moves (listed)
+    # case -> bytes within the band, improvements (listed; the file's `moved`)
+    bytes_listed: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     base_build: str | None = None  # each side's build id (harness.records.buildid), where recorded
     this_build: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=1, allow_nan=False)
+        data = dataclasses.asdict(self)
+        data["moved"] = data.pop("bytes_listed")  # the file's name for them, kept
+        return json.dumps(data, sort_keys=True, indent=1, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> Comparison:
@@ -463,7 +468,7 @@ class Comparison:
         for name in ("base_build", "this_build"):  # came later too
             if not (data.get(name) is None or isinstance(data[name], str)):
                 raise ValueError(f"field {name!r} is {shown(data[name])}")
-        comparison = cls(**{name: data[name] for name in (*checks, "schema")}, moved=moved)
+        comparison = cls(**{name: data[name] for name in (*checks, "schema")}, bytes_listed=moved)
         comparison.base_build, comparison.this_build = data.get("base_build"), data.get("this_build")
         return comparison
 
@@ -491,7 +496,7 @@ class Comparison:
             )
         out += [
             f"bytes moved (listed, not failed: {costs.band_text()} band): {case}: {item}"
-            for case, items in sorted(self.moved.items())
+            for case, items in sorted(self.bytes_listed.items())
             for item in items
         ]
         out += [f"not compared: {case}: {why}" for case, why in sorted(self.not_compared.items())]

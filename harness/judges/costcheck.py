@@ -26,10 +26,11 @@ from harness.baselinefile import BaselineCheck
 from harness.config import options
 from harness.costbaseline import CostBaseline
 from harness.isolation.backend import Backend
-from harness.judges import checked, excused
+from harness.judges import excused
 from harness.judges.judging import Judge, JudgedCase, fail_besides, is_xfail, reproduced_bug
 from harness.records import results, runfolder
 
+COST_CHECK_SECTION = "cost check"  # a cost finding beside a failure another judge found (harness.run.failedlines)
 NO_COST_CHECK_MARKER = (
     "no_cost_check(reason): neither steady state nor the cost baseline judges this case "
     "(a self-test whose bodies record a cost regression on purpose)"
@@ -37,6 +38,8 @@ NO_COST_CHECK_MARKER = (
 
 
 class CostJudge(BaselineCheck[CostBaseline], Judge):
+    CHECKED = "cost baseline"
+
     def __init__(self, config: pytest.Config, backend: Backend) -> None:
         """At configure time (the xdist controller too)."""
         config.addinivalue_line("markers", NO_COST_CHECK_MARKER)
@@ -48,11 +51,9 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
         xfail; the signatures, the dumps and the lines found go on the case."""
         if case.runner is None:
             return
-        try:
-            _read_signatures(case)  # a failing body's dumps are kept too
-        except costs.CostReadError as exc:
+        if case.cost_read_error is not None:  # read with the case (JudgedCase.of)
             if case.body_passed and not is_xfail(report):
-                _fail(report, f"cost signature unreadable: {exc}")
+                _fail(case, report, f"cost signature unreadable: {case.cost_read_error}")
             return
         if case.has_marker("no_cost_check"):
             return
@@ -61,7 +62,7 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
             if case.costs and not self._besides(case, with_baseline=False):  # kept if its teardown passes
                 self.updates.observe(case.item.nodeid, case.case_id, case.costs, case.torch_xla)
         elif entry is not None:
-            fail_besides(report, entry, self._besides(case), "its steady state and the cost baseline")
+            fail_besides(case, report, entry, self._besides(case), "its steady state and the cost baseline")
         if not case.body_passed or is_xfail(report) or report.skipped:
             return
         signatures = case.costs
@@ -78,6 +79,7 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
             case.cost_changes = [f"steady state: {p}" for p in problems]
             # The cause first (a FAILED line shows the first line): the rule it breaks after it.
             _fail(
+                case,
                 report,
                 f"steady state: {problems[0]}\n"
                 + "".join(f"  {p}\n" for p in problems[1:])
@@ -97,7 +99,7 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
         if changes is None:
             self.note_without_entry(report, case.case_id)
             return
-        checked.mark(report, checked.COST_BASELINE)
+        self.held(report)
         if changes:
             case.cost_changes += [str(c) for c in changes]
             self._report_changes(case, report, base, changes)
@@ -125,11 +127,9 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
     ) -> None:
         moves = costs.listed(changes)  # bytes within the band, improvements: listed, never failed
         if moves:
-            report.sections.append(
-                (
-                    f"cost byte moves within the band ({costs.band_text()}) or improvements (listed, not failed)",
-                    "\n".join(f"  {c}" for c in moves),
-                )
+            case.show(
+                f"cost byte moves within the band ({costs.band_text()}) or improvements (listed, not failed)",
+                "\n".join(f"  {c}" for c in moves),
             )
         lines = [str(c) for c in costs.failing(changes)]
         if not lines:
@@ -138,6 +138,7 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
         version = case.torch_xla
         if base.on_release_line(version) and report.passed:
             _fail(
+                case,
                 report,
                 f"cost drift: {len(lines)} item(s) differ from {base.path.name} (taken on torch_xla "
                 f"{base.torch_xla}; this run: {version}):\n{listing}\nIf the change is intended, rewrite the "
@@ -149,43 +150,23 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
                 if not base.on_release_line(version)
                 else "the case failed already"
             )
-            report.sections.append((f"cost changes (reported, not failed: {why})", listing))
+            case.show(f"cost changes (reported, not failed: {why})", listing, reported_only=True)
+
+    def record_fields(self, case: JudgedCase) -> dict[str, Any]:
+        """The record's `costs` (comparable signatures) and `cost_changes` (lines, failed or reported)."""
+        return {"costs": case.recorded_costs(), "cost_changes": list(case.cost_changes)}
+
+    def keep_files(self, folder: Path, case: JudgedCase, failed: bool) -> None:
+        """The partitioned modules of a failing case, for reading what the partitioner did."""
+        if failed:
+            dumps = folder / runfolder.COST_DUMPS_DIR
+            results.keep_texts(dumps, case.case_id, case.cost_dumps, ".after_optimizations.txt")
+            results.keep_captures(folder / runfolder.MEMRAY_DIR, case.case_id, case.memray_captures)
 
 
-def _read_signatures(case: JudgedCase) -> None:
-    """Every loop's signature the case's bodies recorded, and their dumps, onto the case."""
-    for result in case.results:
-        values = result.values
-        case.cost_dumps.update(values.pop(costs.DUMPS_VALUE, None) or {})
-        case.memray_captures.update(values.pop(costs.CAPTURES_VALUE, None) or {})
-        for label, signature in (values.get(costs.SIGNATURES_VALUE) or {}).items():
-            case.costs[label] = costs.check_signature(signature, f"cost signature {label!r} from the case's child")
-
-
-def _fail(report: pytest.TestReport, message: str) -> None:
+def _fail(case: JudgedCase, report: pytest.TestReport, message: str) -> None:
     if report.passed:
         report.outcome = "failed"
         report.longrepr = message
     else:  # failed already (sharding drift): the cost finding is shown next to it
-        report.sections.append(("cost check", message))
-
-
-def record_fields(case: JudgedCase) -> dict[str, Any]:
-    """The record's `costs` (comparable signatures) and `cost_changes` (lines, failed or reported)."""
-    return {
-        "costs": recorded_signatures(case),
-        "cost_changes": list(case.cost_changes),
-    }
-
-
-def recorded_signatures(case: JudgedCase) -> dict[str, dict[str, Any]]:
-    """Each loop's signature as a record keeps it: comparable, with its native growth per step (a
-    later run compared with this one judges its own growth against it)."""
-    return {label: costs.with_native(sig) for label, sig in case.costs.items()}
-
-
-def keep_dumps(folder: Path, case: JudgedCase, failed: bool) -> None:
-    """The partitioned modules of a failing case, for reading what the partitioner did."""
-    if failed:
-        results.keep_texts(folder / runfolder.COST_DUMPS_DIR, case.case_id, case.cost_dumps, ".after_optimizations.txt")
-        results.keep_captures(folder / runfolder.MEMRAY_DIR, case.case_id, case.memray_captures)
+        case.show(COST_CHECK_SECTION, message)

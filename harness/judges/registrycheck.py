@@ -4,6 +4,7 @@ with --spmd-bug's selection), and its judgement of the case (the first judge: ha
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _pytest._code.code import ReprEntryNative  # pytest's own printable traceback entry
@@ -15,7 +16,7 @@ from harness.judges.judging import ENTRIES_KEY, Judge, JudgedCase
 from harness.registry import JudgementKind, KnownBug
 
 ENTRY_PROPERTY = "known_bug"  # a report's user properties: the entry that judged the case,
-VERDICT_PROPERTY = "registry_verdict"  # and its verdict
+JUDGEMENT_PROPERTY = "registry_verdict"  # and its judgement (the name records keep)
 
 
 def entries_of(item: pytest.Item, registry_path: Path) -> list[KnownBug]:
@@ -90,7 +91,7 @@ class RegistryJudge(Judge):
         if not case.entries or report.skipped:
             return
         judgement = case.judgement = registry.judge(case.entries, case.torch_xla, case.evidence)
-        judged = [(ENTRY_PROPERTY, judgement.entry or case.entries[0].id), (VERDICT_PROPERTY, judgement.kind.value)]
+        judged = [(ENTRY_PROPERTY, judgement.entry or case.entries[0].id), (JUDGEMENT_PROPERTY, judgement.kind.value)]
         report.user_properties.extend(judged)  # for the run's closing line (harness.run.findings)
         case.item.user_properties.extend(judged)  # for JUnit's <properties>, which come from the teardown report
         if judgement.kind is JudgementKind.REPRODUCED:
@@ -101,6 +102,16 @@ class RegistryJudge(Judge):
             report.longrepr = judgement.message
         elif judgement.kind is not JudgementKind.PASSED:
             _lead_with_judgement(report, judgement.message)
+
+    def record_fields(self, case: JudgedCase) -> dict[str, Any]:
+        """The entries the case names and the registry's judgement of it (none before its call)."""
+        judgement, entries = case.judgement, case.entries
+        return {
+            "known_bug": judgement.entry if judgement and judgement.entry else entries[0].id if entries else None,
+            "known_bugs": [entry.id for entry in entries],
+            "registry_verdict": judgement.kind.value if judgement else None,
+            "signature": judgement.signature if judgement else None,
+        }
 
 
 def _lead_with_judgement(report: pytest.TestReport, message: str) -> None:

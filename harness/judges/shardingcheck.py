@@ -8,17 +8,20 @@ a change fails a case, and how it is shown: harness.judges.baseline.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from harness.baselinefile import BaselineCheck
 from harness.config import options
 from harness.isolation.backend import Backend
-from harness.judges import checked
 from harness.judges.baseline import Baseline
 from harness.judges.judging import Judge, JudgedCase, fail_besides, is_xfail, reproduced_bug
 
 
 class ShardingJudge(BaselineCheck[Baseline], Judge):
+    CHECKED = "sharding baseline"
+
     def __init__(self, config: pytest.Config, backend: Backend) -> None:
         option = options.value(config, Baseline.OPTION)
         super().__init__(config, backend, Baseline, option, config.getoption(options.UPDATE_SHARDINGS))
@@ -47,14 +50,21 @@ class ShardingJudge(BaselineCheck[Baseline], Judge):
         if check is None:
             self.note_without_entry(report, case.case_id)
             return
-        checked.mark(report, checked.SHARDING_BASELINE)
+        self.held(report)
         if entry is not None:  # the bug excuses its failure, not a drift
             drift = [str(c) for c in check.changes if c.before is not None]
             if check.failure is not None:
-                fail_besides(report, entry, drift, f"the sharding baseline {base.path.name}")
+                fail_besides(case, report, entry, drift, f"the sharding baseline {base.path.name}")
         elif check.failure is not None:
             report.outcome = "failed"
             report.longrepr = check.failure
         elif check.changes:
-            report.sections.append((check.heading, check.listing))
+            case.show(check.heading, check.listing, reported_only=True)
         case.sharding_changes = [str(c) for c in check.changes]
+
+    def record_fields(self, case: JudgedCase) -> dict[str, Any]:
+        """The changes against the case's entry, and whether the baseline holds the case at all."""
+        return {
+            "sharding_changes": case.sharding_changes,
+            "sharding_baseline": not case.has_marker("no_sharding_baseline"),
+        }

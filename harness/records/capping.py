@@ -1,5 +1,5 @@
-"""Keep a job summary under what GitHub takes: 1 MiB per step, the summaries of every report of
-the step together (scripts/ci-spmd.sh reports the base build's run and the PR's in one step).
+"""Keep a job summary under what GitHub takes: 1 MiB per workflow step, the summaries of every report of
+the step together (scripts/ci-spmd.sh reports the base build's run and the PR's in one workflow step).
 
 A run of 3,000 cases renders to about 2.4 MiB. Rows are left out least wanted first (passed, then
 skipped, then known bugs; failures last, so they are what stays) and the summary says how many of

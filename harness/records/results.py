@@ -190,6 +190,11 @@ def bounded_evidence(text: str, limit: int = RECORD_EVIDENCE_LIMIT) -> str:
     return text[:limit] + f"\n[... {len(text) - limit} more characters in the child log ...]"
 
 
+# A report's user property: the digest of the case record its process wrote (record_digest), which
+# reaches the controlling pytest process with the report, out of any case's reach.
+RECORD_DIGEST_PROPERTY = "spmd_record_digest"
+
+
 def record_digest(record: CaseRecord) -> str:
     """What the process that judged a case keeps of its record: a later case that rewrites the
     line cannot make it match (harness.records.vouching)."""

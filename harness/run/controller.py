@@ -34,7 +34,7 @@ def register(config: pytest.Config) -> None:
     config.pluginmanager.register(Findings(), "spmd_findings")
 
 
-def _harness(config: pytest.Config) -> HarnessSession | None:
+def _harness_session(config: pytest.Config) -> HarnessSession | None:
     return config.stash.get(SESSION_KEY, None)
 
 
@@ -45,28 +45,28 @@ class RunOwner:
     def pytest_report_header(self, config: pytest.Config) -> list[str] | None:
         """One line that says what the run uses: which backend and devices, which torch_xla stack,
         where its results go (the run folder is made when the first SPMD case has something to write)."""
-        harness = _harness(config)
-        if harness is None or not harness.active:
+        harness_session = _harness_session(config)
+        if harness_session is None or not harness_session.active:
             return None  # a run that selects SPMD cases only after collection: pytest_report_collectionfinish
-        harness.header_shown = True
-        return harness.header_lines(config)
+        harness_session.header_shown = True
+        return harness_session.header_lines(config)
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str] | None:
         """The header of a run that turned out to select SPMD cases at collection."""
-        harness = _harness(config)
-        if harness is None or not harness.active or harness.header_shown:
+        harness_session = _harness_session(config)
+        if harness_session is None or not harness_session.active or harness_session.header_shown:
             return None
-        harness.header_shown = True
-        return harness.header_lines(config)
+        harness_session.header_shown = True
+        return harness_session.header_lines(config)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         """xdist controller, for each worker it starts (a restarted one too): the run's folder, the
         base run as this process read it, and the fork servers' addresses."""
-        harness = node.config.stash[SESSION_KEY]
-        node.workerinput[WORKERINPUT_RUN_KEY] = harness.run.to_workerinput()
-        node.workerinput[WORKERINPUT_ACTIVE_KEY] = harness.active
-        base = basecheck.to_workerinput(harness.compare)
+        harness_session = node.config.stash[SESSION_KEY]
+        node.workerinput[WORKERINPUT_RUN_KEY] = harness_session.run_folder.to_workerinput()
+        node.workerinput[WORKERINPUT_ACTIVE_KEY] = harness_session.active
+        base = basecheck.to_workerinput(harness_session.base_run_judge)
         if base is not None:
             node.workerinput[basecheck.WORKERINPUT_KEY] = base
         servers = node.config.stash.get(RUN_SERVERS_KEY, None)
@@ -93,20 +93,24 @@ class RunOwner:
         """xdist controller: a worker died while running `crashitem`. The worker could not write
         that case's record, so the controller does: a started case always leaves a failed record."""
         worker_node = getattr(report, "node", None)  # xdist's WorkerController for the dead worker
-        harness = _harness(worker_node.config) if worker_node is not None else None
-        if harness is None or worker_node is None or not (harness.active or harness.run.exists()):
+        harness_session = _harness_session(worker_node.config) if worker_node is not None else None
+        if (
+            harness_session is None
+            or worker_node is None
+            or not (harness_session.active or harness_session.run_folder.exists())
+        ):
             return  # a foreign project's crash: not the harness's to record
         worker = getattr(getattr(worker_node, "gateway", None), "id", "?")
         reason = (
             f"xdist worker {worker} crashed while running this case (the worker process died; see the pytest output)"
         )
-        writing.write_crash_record(harness, worker_node.config, crashitem, reason, str(report.longrepr))
+        writing.write_crash_record(harness_session, worker_node.config, crashitem, reason, str(report.longrepr))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Each case's report, whichever process judged it: what its judges sent along."""
-        harness = _harness(self.config)
-        if harness is not None:
-            for judge in harness.judges:
+        harness_session = _harness_session(self.config)
+        if harness_session is not None:
+            for judge in harness_session.judges:
                 judge.collect(report)
         if report.when == "teardown":
             checkoutwatch.note(self.config)
@@ -115,30 +119,30 @@ class RunOwner:
     # the header comes before what the judges summarise.
     @pytest.hookimpl(tryfirst=True)
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-        harness = _harness(config)
-        if harness is None:
+        harness_session = _harness_session(config)
+        if harness_session is None:
             return
         hint = _no_case_hint(config) if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED else None
         if hint:
             terminalreporter.write_line(hint, yellow=True)
-        if not harness.active and harness.run.exists():  # xdist workers found SPMD cases
-            for line in harness.header_lines(config):
+        if not harness_session.active and harness_session.run_folder.exists():  # xdist workers found SPMD cases
+            for line in harness_session.header_lines(config):
                 terminalreporter.write_line(line)
-        for judge in harness.judges:  # the xdist controller's too, which ran no case: the base run's comparison
+        for judge in harness_session.judges:  # the xdist controller's too, which ran no case: the base run's comparison
             judge.summarise(terminalreporter)
-        if not harness.late_faults:
+        if not harness_session.late_faults:
             return
         terminalreporter.section("faults after a case's verdict (charged to that case)", red=True)
-        for fault in harness.late_faults:
+        for fault in harness_session.late_faults:
             terminalreporter.line(f"FAULT {fault.case}: {headline(fault.evidence)}", red=True)
             terminalreporter.line(fault.log_tail)
 
     # trylast: after the plugin's own end of the run (the judges' finish, the late faults' verdict).
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        harness = _harness(session.config)
-        if harness is not None and (harness.active or harness.run.exists()):
-            writing.close_run(session, harness)
+        harness_session = _harness_session(session.config)
+        if harness_session is not None and (harness_session.active or harness_session.run_folder.exists()):
+            writing.close_run(session, harness_session)
 
 
 def _no_case_hint(config: pytest.Config) -> str | None:

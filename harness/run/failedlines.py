@@ -21,6 +21,7 @@ import pytest
 
 from harness import findings as causes
 from harness.judges.basecompare import printable
+from harness.judges.costcheck import COST_CHECK_SECTION
 from harness.run.findings import finding_of, first_item
 from harness.run.session import SESSION_KEY
 
@@ -28,7 +29,6 @@ WHOLE_LINES_VERBOSITY = 2  # what pytest's short summary needs to print a failur
 MAX_COLUMNS = 120  # of a FAILED line, however wide the terminal or the log
 MIN_MESSAGE = 40  # characters of the cause however long the case's id
 MAX_LINES_READ = 200  # of a failure's message, looking for its cause
-COST_CHECK_SECTION = "cost check"  # harness.judges.costcheck's section beside a failure
 # What every line against a base run starts with, and the harness's wrapper of a child's error:
 # words every such failure shares, not its cause.
 _BOILERPLATE = re.compile(r"^(?:(?:harness\.errors\.)?CaseFailed: )?(?:base \S+ -> this build \S+: )?")
@@ -77,8 +77,8 @@ class WholeFailedLines:
         return result
 
     def _cause_first(self, terminalreporter: Any, config: pytest.Config) -> None:
-        harness = config.stash.get(SESSION_KEY, None)
-        if harness is None or not (harness.active or harness.run.exists()):
+        harness_session = config.stash.get(SESSION_KEY, None)
+        if harness_session is None or not (harness_session.active or harness_session.run_folder.exists()):
             return  # not an SPMD run: pytest's output is left as it is
         if config.option.verbose >= WHOLE_LINES_VERBOSITY:
             return  # asked for whole messages (-vv): pytest prints them as they are

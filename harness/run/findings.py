@@ -25,7 +25,7 @@ import pytest
 from harness import findings as causes
 from harness.judges import basecheck, basecompare, checked
 from harness.records import results, runfolder
-from harness.run.session import SESSION_KEY, HarnessSession
+from harness.run.session import SESSION_KEY, HarnessSession, checked_labels
 
 MAX_ITEMS_SHOWN = 6  # lines of one finding; the rest is in each failure and in comparison.json
 # `step0:parameter(3)` and `parameter(7)`: the numbers XLA gives a step graph's parameters move
@@ -65,30 +65,30 @@ def checked_line(reports: Iterable[pytest.TestReport]) -> str:
         f"{len(entries)} known-bug registry entr{'y' if len(entries) == 1 else 'ies'} judged"
         + (f" ({', '.join(f'{n} {v}' for v, n in sorted(verdicts.items()))})" if verdicts else "")
     )
-    for what in (checked.SHARDING_BASELINE, checked.COST_BASELINE, checked.BASE_RUN):
+    for what in checked_labels():
         parts.append(f"{held[what]} held to the {what}")
     return "spmd checked: " + "; ".join(parts)
 
 
-def cause_lines(harness: HarnessSession, failed: list[pytest.TestReport]) -> list[str]:
+def cause_lines(harness_session: HarnessSession, failed: list[pytest.TestReport]) -> list[str]:
     """The run's failed cases by cause (harness.findings), with their records' signatures and the
     base run's beside them for the diagnoses."""
-    from harness.run.writing import RECORD_DIGEST_PROPERTY  # here: harness.run.writing imports this module
-
     records: dict[str, Any] = {}
     found: dict[str, str] = {}  # each record's digest, as read
-    if harness.run.exists():
+    if harness_session.run_folder.exists():
         try:  # the records the run wrote (a case can damage them: then the findings go without signatures)
-            records = {r.nodeid: r for r in results.read_records(harness.run.path, unreadable=[], digests=found)}
+            records = {
+                r.nodeid: r for r in results.read_records(harness_session.run_folder.path, unreadable=[], digests=found)
+            }
         except (OSError, ValueError):
             records = {}
-    base = harness.compare.base.records if harness.compare is not None else {}
+    base = harness_session.base_run_judge.base.records if harness_session.base_run_judge is not None else {}
     cases = []
     for report in failed:
         case_id = str(dict(report.user_properties).get("spmd_case_id", report.nodeid))
         # Only the record its case's process wrote (the digest its report carries): a later case
         # can rewrite one, and the findings would lead with what it wrote.
-        vouched = dict(report.user_properties).get(RECORD_DIGEST_PROPERTY)
+        vouched = dict(report.user_properties).get(results.RECORD_DIGEST_PROPERTY)
         record = records.get(case_id) if vouched is not None and found.get(case_id) == vouched else None
         items = list(finding_of(report))
         if record is not None and len(items) == 1:  # its own lines, where no base run listed them
@@ -129,21 +129,23 @@ class Findings:
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
-        harness = config.stash.get(SESSION_KEY, None)
-        if harness is None or not (harness.active or harness.run.exists()):
+        harness_session = config.stash.get(SESSION_KEY, None)
+        if harness_session is None or not (harness_session.active or harness_session.run_folder.exists()):
             return
         failed = [r for r in terminalreporter.stats.get("failed", []) if getattr(r, "when", "") == "call"]
-        shown = cause_lines(harness, failed) if failed else []
+        shown = cause_lines(harness_session, failed) if failed else []
         if failed:
             changes = sum(1 for line in shown if not line.startswith((" ", "if ")))
             title = f"spmd findings: {len(failed)} failed case(s), {changes} finding(s) by cause"
             terminalreporter.section(title, red=True)
             for line in shown:
                 terminalreporter.line(line, red=not line.startswith(" "))
-        if harness.run.exists():  # for spmd-report's summary.md, which leads with them
+        if harness_session.run_folder.exists():  # for spmd-report's summary.md, which leads with them
             # Written with no failure too (empty): one a case planted must not read as this run's.
             try:
-                runfolder.replace_file(harness.run.path / causes.FILE_NAME, "".join(f"{line}\n" for line in shown))
+                runfolder.replace_file(
+                    harness_session.run_folder.path / causes.FILE_NAME, "".join(f"{line}\n" for line in shown)
+                )
             except OSError as exc:  # a full disk, a folder put there: the run's end says so
                 terminalreporter.line(f"spmd harness: could not keep the findings ({exc})", red=True)
         _expected_xfails(terminalreporter, config)

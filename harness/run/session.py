@@ -42,6 +42,16 @@ WORKERINPUT_RUN_KEY = "spmd_harness_run"
 WORKERINPUT_ACTIVE_KEY = "spmd_harness_active"
 
 
+# Every kind of judge, in the order they judge a case (HarnessSession.judges holds this run's).
+JUDGE_ORDER: tuple[type[Judge], ...] = (RegistryJudge, ShardingJudge, CostJudge, BaseRunJudge)
+
+
+def checked_labels() -> list[str]:
+    """The references judges hold cases to, in their order, for the run's `spmd checked:` line
+    (a run without a judge counts 0 for its reference: the line says what was not checked too)."""
+    return [judge.CHECKED for judge in JUDGE_ORDER if judge.CHECKED]
+
+
 class HarnessSession:
     """Per-pytest-process state: one backend, one pool of warm children, one results folder."""
 
@@ -54,8 +64,8 @@ class HarnessSession:
         workerinput = getattr(config, "workerinput", None)
         self.role: Role = role_of(config)
         self.worker = process_name(config)  # the name its logs and records go under
-        self.run = _run_folder(config)
-        self.results_dir = self.run.path  # made only when the run has something to write (claim)
+        self.run_folder = _run_folder(config)
+        self.results_dir = self.run_folder.path  # made only when the run has something to write (claim)
         # The run's shared fork servers: this process's own (started early), or the controller's.
         if workerinput is not None:
             shared = runservers.addresses_from_workerinput(workerinput.get(runservers.WORKERINPUT_KEY))
@@ -74,9 +84,9 @@ class HarnessSession:
         self.registry_path = Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH).resolve()
         # The judges (harness.judges.judging); the base run's is made by configure_compare.
         self.registry_judge = RegistryJudge()
-        self.sharding = ShardingJudge(config, self.backend)
-        self.costs = CostJudge(config, self.backend)
-        self.compare: BaseRunJudge | None = None
+        self.sharding_judge = ShardingJudge(config, self.backend)
+        self.cost_judge = CostJudge(config, self.backend)
+        self.base_run_judge: BaseRunJudge | None = None
         self.late_faults: list[LateFault] = []
         self.early_start_done = False
         # Inert until the run selects an SPMD case (harness.config.activation): no process, file, line.
@@ -86,7 +96,7 @@ class HarnessSession:
     def claim_run_folder(self) -> Path:
         """The run folder, made with its manifest the first time this run has something to write."""
         try:
-            folder = self.run.claim()
+            folder = self.run_folder.claim()
         except HarnessError as exc:
             raise pytest.UsageError(f"results folder: {exc}") from None
         # Only the controller makes a root in memory: it is the one that removes it at the end.
@@ -95,19 +105,20 @@ class HarnessSession:
 
     @property
     def judges(self) -> list[Judge]:
-        """In the order they judge a case: the registry (a reproduced bug excuses its failure only), the sharding
-        baseline, the cost baseline, the base build's run (it reads the first and the third)."""
-        ordered: list[Judge] = [self.registry_judge, self.sharding, self.costs]
-        return ordered + ([self.compare] if self.compare is not None else [])
+        """In the order they judge a case (JUDGE_ORDER): the registry (a reproduced bug excuses its
+        failure only), the sharding baseline, the cost baseline, the base build's run (it reads the
+        registry's judgement)."""
+        ordered = [self.registry_judge, self.sharding_judge, self.cost_judge, self.base_run_judge]
+        return [judge for judge in ordered if judge is not None]
 
     def settle_updates(self, nodeid: str, passed: bool) -> None:
         """An update run writes a case only once pytest reported it passed in set-up, call and teardown."""
-        for check in (self.sharding, self.costs):
+        for check in (self.sharding_judge, self.cost_judge):
             check.updates.settle(nodeid, passed)
 
     def configure_compare(self, config: pytest.Config) -> None:
         """--spmd-compare: load the base run now (a bad one is a usage error before any case)."""
-        self.compare = basecheck.configure(config, self.backend, self.run.path, self.role.owns_run)
+        self.base_run_judge = basecheck.configure(config, self.backend, self.run_folder.path, self.role.owns_run)
 
     def activate(self, config: pytest.Config) -> None:
         """The run selects SPMD cases: read the inputs (a bad file stops it now) and take SIGTERM."""
@@ -116,20 +127,20 @@ class HarnessSession:
         self.active = True
         if not getattr(config.option, "help", False):  # --help must work whatever state the files are in
             load_inputs(self, config)
-            self.costs.read_unless_probed()
+            self.cost_judge.read_unless_probed()
         _stop_on_sigterm(config)
 
     def header_lines(self, config: pytest.Config) -> list[str]:
         """What the run uses: backend and devices, the torch_xla stack, where results go, the base run."""
         count = getattr(self.backend, "devices", None)  # a TPU host's chips are probed at the first case
         devices = f"{count} devices" if count else "this host's chips"
-        compared = basecheck.report_header(self.compare, self.build)
+        compared = basecheck.report_header(self.base_run_judge, self.build)
         build = (
             [f"torch_xla {self.build.get('torch_xla') or '?'}: {buildid.describe(self.build)}"] if self.build else []
         )
         return [
             f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}, {self.tier} tier; "
-            f"{versions.describe(versions.stack())}; results {self.run.path}",
+            f"{versions.describe(versions.stack())}; results {self.run_folder.path}",
             *build,
             caseuser.header_line(),
         ] + (compared.splitlines() if compared else [])
@@ -167,17 +178,17 @@ def fork_server_wanted(option: str | None, backend: Backend) -> bool:
     return choice == "on" or (choice == "auto" and backend.name == "cpu")
 
 
-def load_inputs(session: HarnessSession, config: pytest.Config) -> None:
+def load_inputs(harness_session: HarnessSession, config: pytest.Config) -> None:
     """Read the registry (and the baseline) now, at configure time, in the xdist controller too:
     a malformed file is a usage error naming it before any case runs, not an INTERNALERROR in a
     worker, nor a wrong judgement."""
     try:
-        load_registry(session.registry_path)
+        load_registry(harness_session.registry_path)
     except RegistryError as exc:
         raise pytest.UsageError(f"known-bug registry: {exc}") from None
     # A TPU's default baseline is named by its device count, which takes a probe of the chips:
     # that one is read at the end of collection, still before any case runs.
-    session.sharding.read_unless_probed()
+    harness_session.sharding_judge.read_unless_probed()
 
 
 def _stop_on_sigterm(config: pytest.Config) -> None:

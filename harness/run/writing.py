@@ -13,8 +13,8 @@ from typing import Any, TypedDict
 import pytest
 
 from harness.isolation.evidence import headline
-from harness.judges import basecheck, costcheck
-from harness.judges.judging import JudgedCase
+from harness.judges import basecheck
+from harness.judges.judging import Judge, JudgedCase
 from harness.records import buildid, results, runfolder, versions
 from harness.registry import Judgement, JudgementKind
 from harness.run import checkoutwatch
@@ -22,9 +22,6 @@ from harness.run.findings import first_item
 from harness.run.session import PYTEST_SESSION_KEY, SESSION_KEY, HarnessSession
 
 CASE_ID_PROPERTY = "spmd_case_id"  # a report's user property: the case's stable name (results.case_id)
-# A report's user property: the digest of the case record its process wrote (results.record_digest),
-# which reaches the controlling pytest process with the report, out of any case's reach.
-RECORD_DIGEST_PROPERTY = "spmd_record_digest"
 # A write into the results folder that fails with one of these cannot succeed for the next case
 # either: the run stops with a message instead of an INTERNALERROR.
 RESULTS_WRITE_FATAL = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
@@ -33,45 +30,51 @@ ACQUITTALS = (JudgementKind.PASSED, JudgementKind.UNJUDGED)
 
 
 def write_case_record(case: JudgedCase, report: pytest.TestReport) -> None:
-    """The case's record, from the judged case alone, with the HLO its bodies kept and, where it
-    failed, its cost dumps."""
+    """The case's record, from the judged case alone (each judge fills its own fields), with the
+    HLO its bodies kept and what each judge keeps beside it (a failing case's cost dumps)."""
     item = case.item
-    harness = item.config.stash[SESSION_KEY]
-    judgement, entries = case.judgement, case.entries
+    harness_session = item.config.stash[SESSION_KEY]
     record = results.CaseRecord(
         nodeid=case.case_id,
         family=results.family_of(case.case_id),
         outcome=_outcome_of(report),
-        reason=_reason(report, judgement),
-        known_bug=(judgement.entry if judgement and judgement.entry else entries[0].id if entries else None),
-        known_bugs=[e.id for e in entries],
-        registry_verdict=judgement.kind.value if judgement else None,
-        signature=judgement.signature if judgement else None,
+        reason=_reason(report, case.judgement),
         evidence=results.bounded_evidence(case.evidence or ""),
         torch_xla=case.torch_xla,
-        backend=harness.backend.name,
-        devices=harness.backend.capabilities().devices,
+        backend=harness_session.backend.name,
+        devices=harness_session.backend.capabilities().devices,
         duration_s=round(report.duration, 3),
         body_s=round(sum(r.duration_s for r in case.results), 3) if case.runner else 0.0,
         shardings=case.shardings,
-        sharding_changes=case.sharding_changes,
-        sharding_baseline=not case.has_marker("no_sharding_baseline"),
-        **costcheck.record_fields(case),
+        **_judges_fields(harness_session.judges, case),
         **_stack_versions(),
     )
 
     def write() -> None:
-        folder = harness.claim_run_folder()
+        folder = harness_session.claim_run_folder()
         for result in case.results:
             results.keep_texts(folder / runfolder.HLO_DIR, case.case_id, result.hlo, ".txt")
-        costcheck.keep_dumps(folder, case, report.failed)
-        results.write_record(folder, record, harness.worker)
-        report.user_properties.append((RECORD_DIGEST_PROPERTY, results.record_digest(record)))
+        for judge in harness_session.judges:
+            judge.keep_files(folder, case, report.failed)
+        results.write_record(folder, record, harness_session.worker)
+        report.user_properties.append((results.RECORD_DIGEST_PROPERTY, results.record_digest(record)))
 
-    _write_results(harness, item.config, write)
+    _write_results(harness_session, item.config, write)
 
 
-def write_crash_record(harness: HarnessSession, config: pytest.Config, nodeid: str, reason: str, evidence: str) -> None:
+def _judges_fields(judges: list[Judge], case: JudgedCase) -> dict[str, Any]:
+    """The record's fields each judge fills, each field by one judge."""
+    fields: dict[str, Any] = {}
+    for judge in judges:
+        own = judge.record_fields(case)
+        assert not own.keys() & fields.keys(), f"{type(judge).__name__} fills a field another judge fills"
+        fields.update(own)
+    return fields
+
+
+def write_crash_record(
+    harness_session: HarnessSession, config: pytest.Config, nodeid: str, reason: str, evidence: str
+) -> None:
     """The record of a case whose xdist worker died under it: the worker could not write it."""
     record = results.CaseRecord(
         nodeid=nodeid,
@@ -79,14 +82,18 @@ def write_crash_record(harness: HarnessSession, config: pytest.Config, nodeid: s
         outcome="failed",
         reason=reason,
         evidence=evidence,
-        backend=harness.backend.name,
-        devices=harness.backend.capabilities().devices,
+        backend=harness_session.backend.name,
+        devices=harness_session.backend.capabilities().devices,
         **_stack_versions(),
     )
-    _write_results(harness, config, lambda: results.write_record(harness.claim_run_folder(), record, harness.worker))
+    _write_results(
+        harness_session,
+        config,
+        lambda: results.write_record(harness_session.claim_run_folder(), record, harness_session.worker),
+    )
 
 
-def close_run(session: pytest.Session, harness: HarnessSession) -> None:
+def close_run(session: pytest.Session, harness_session: HarnessSession) -> None:
     """The manifest says how the run ended and which tests pytest saw fail, so harness.report can
     tell a finished run from a killed one and find failures that have no case record."""
     stats = getattr(session.config.pluginmanager.get_plugin("terminalreporter"), "stats", {})
@@ -110,15 +117,17 @@ def close_run(session: pytest.Session, harness: HarnessSession) -> None:
         )
     )
     xmlpath = getattr(session.config.option, "xmlpath", None)
-    problems = harness.run.manifest_problems() + basecheck.planted_comparison(harness.compare, harness.run.path)
-    problems += _record_build(harness)
+    problems = harness_session.run_folder.manifest_problems() + basecheck.planted_comparison(
+        harness_session.base_run_judge, harness_session.run_folder.path
+    )
+    problems += _record_build(harness_session)
     problems += checkoutwatch.problems(session.config)
     for problem in problems:
         session.config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
     if problems and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     try:
-        harness.run.finish(
+        harness_session.run_folder.finish(
             int(session.exitstatus),
             counts,
             failed_ids,
@@ -128,30 +137,32 @@ def close_run(session: pytest.Session, harness: HarnessSession) -> None:
         )
     except (OSError, ValueError) as exc:
         session.config.get_terminal_writer().line(
-            f"spmd harness: could not close the run manifest in {harness.run.path}: {exc}", red=True
+            f"spmd harness: could not close the run manifest in {harness_session.run_folder.path}: {exc}", red=True
         )
 
 
-def _record_build(harness: HarnessSession) -> list[str]:
+def _record_build(harness_session: HarnessSession) -> list[str]:
     """The run's build.json (harness.records.buildid), for a later run that compares with this one;
     one already there was put by a case, naming a build that may not have run: the run fails."""
-    if not harness.run.exists():
+    if not harness_session.run_folder.exists():
         return []
     try:
-        buildid.write(harness.run.path, harness.build)
+        buildid.write(harness_session.run_folder.path, harness_session.build)
     except FileExistsError:
-        return [f"{buildid.FILE_NAME} in {harness.run.path.name} was not made by this run (written by a case?)"]
+        return [
+            f"{buildid.FILE_NAME} in {harness_session.run_folder.path.name} was not made by this run (written by a case?)"
+        ]
     except OSError as exc:
         return [f"could not write {buildid.FILE_NAME}: {exc}"]
     return []
 
 
-def recheck_run(config: pytest.Config, harness: HarnessSession) -> None:
+def recheck_run(config: pytest.Config, harness_session: HarnessSession) -> None:
     """Every process of the run has ended: the manifest must still be the one pytest wrote."""
     try:
-        problem = harness.run.recheck()
+        problem = harness_session.run_folder.recheck()
     except (OSError, ValueError) as exc:
-        problem = f"could not check the run manifest in {harness.run.path}: {exc}"
+        problem = f"could not check the run manifest in {harness_session.run_folder.path}: {exc}"
     if problem is None:
         return
     config.get_terminal_writer().line(f"spmd harness: {problem}", red=True)
@@ -160,7 +171,7 @@ def recheck_run(config: pytest.Config, harness: HarnessSession) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _write_results(harness: HarnessSession, config: pytest.Config, write: Callable[[], None]) -> None:
+def _write_results(harness_session: HarnessSession, config: pytest.Config, write: Callable[[], None]) -> None:
     """Run one write into the results folder. A full disk (or a read-only or failing one) cannot
     serve the next case either: the run stops after this case with a message naming the folder,
     and every record written before stays as it was."""
@@ -170,7 +181,7 @@ def _write_results(harness: HarnessSession, config: pytest.Config, write: Callab
         if exc.errno not in RESULTS_WRITE_FATAL:
             raise
         message = (
-            f"the results folder {harness.results_dir} cannot be written ({exc.strerror}); "
+            f"the results folder {harness_session.results_dir} cannot be written ({exc.strerror}); "
             "the run stops here, records written so far are kept. Free space or use --spmd-results-dir"
         )
         config.get_terminal_writer().line(f"\nspmd harness: {message}", red=True)
@@ -187,7 +198,7 @@ def _case_id_of_report(report: Any) -> str:
 def _record_digest_of_report(report: Any) -> str | None:
     """The digest of the record the report's process wrote, if it wrote one."""
     for prop in getattr(report, "user_properties", ()):
-        if isinstance(prop, tuple) and len(prop) == 2 and prop[0] == RECORD_DIGEST_PROPERTY:
+        if isinstance(prop, tuple) and len(prop) == 2 and prop[0] == results.RECORD_DIGEST_PROPERTY:
             return str(prop[1])
     return None
 
