@@ -14,7 +14,7 @@ runs `--steps` steps bare and `--steps` steps under the meter, `--repeat` times 
 in a fresh process (the meter freezes the collector for the rest of a process), after the imports:
 what a case's child does. Printed: the process CPU (user + system) of the body (compilations
 included: the meter's dumps and their reading happen there), median over the repeats, and what the
-meter adds per step; then the native figures' own cost (harness.nativememory.now(), timed 10,000 times). The
+meter adds per step; then the native figures' own cost (harness.metering.nativememory.now(), timed 10,000 times). The
 machine is shared: the numbers are noisy, medians of a few repeats.
 """
 
@@ -148,12 +148,12 @@ def main() -> None:
     print(
         f"median: bare {b:.2f} s, metered {m:.2f} s; the meter adds {1000 * (m - b) / args.steps:.1f} ms CPU per step"
     )
-    from harness import nativememory
+    from harness.metering import nativememory
 
     started = time.perf_counter()
     for _ in range(10_000):
         nativememory.now()
-    print(f"harness.nativememory.now(): {1e6 * (time.perf_counter() - started) / 10_000:.1f} us a call")
+    print(f"harness.metering.nativememory.now(): {1e6 * (time.perf_counter() - started) / 10_000:.1f} us a call")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What naming the native stacks of a loop that grows natively costs (harness.nativestacks). Prints
+"""What naming the native stacks of a loop that grows natively costs (harness.metering.nativestacks). Prints
 numbers; asserts nothing.
 
     .venv/bin/python benchmarks/native_stacks.py [--steps 5] [--repeat 3]

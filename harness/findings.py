@@ -266,7 +266,7 @@ _PER_STEP = re.compile(r"native heap \(malloc in use\) \+(?P<amount>[\d.]+ ?[KMG
 def native_leak(members: list[FailedCase]) -> list[str]:
     """Native heap growth per step, loop by loop: about one rate everywhere is one allocation kept
     per call of something every loop calls once per step; rates in ratio are calls per step, which
-    the records count for torch_xla's SPMD API (harness.spmdcalls): a rate that is one amount per
+    the records count for torch_xla's SPMD API (harness.metering.spmdcalls): a rate that is one amount per
     call of one API in every loop names that API."""
     rates, calls = [], []
     for case in members:

@@ -31,8 +31,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import costs, creationsites, nativememory, nativestacks, spmdcalls, xla
+from harness import costs, xla
 from harness.errors import HarnessUsageError
+from harness.metering import creationsites, nativememory, nativestacks, spmdcalls
 
 # XLA's dump file names: module_0003.<module name>.<unique id>.<stage>.txt; stage
 # `before_optimizations`, or `after_optimizations` with the backend's prefix (`cpu_`, `tpu_`),
@@ -43,7 +44,7 @@ _DUMP_FILE = re.compile(
 )
 _STAGES = {"before_optimizations": "before"}
 # The collector's functions and the native reading as they were when the harness loaded: a body
-# that replaces gc.get_objects, gc.collect, gc.get_freeze_count or harness.nativememory.now (to
+# that replaces gc.get_objects, gc.collect, gc.get_freeze_count or harness.metering.nativememory.now (to
 # hide what its loop keeps) does not blind the meter, which calls only these.
 _collect, _get_objects, _freeze, _unfreeze, _freeze_count, _is_tracked = (
     gc.collect,
@@ -56,6 +57,30 @@ _collect, _get_objects, _freeze, _unfreeze, _freeze_count, _is_tracked = (
 _native_now = nativememory.now
 MAX_DUMP_BYTES = 64 << 20  # a partitioned module this large is not a training step of a case
 _meter_numbers = itertools.count()
+
+
+def _refuse_unmeasurable(ctx: Any, label: str) -> None:
+    """A loop this meter cannot measure truthfully errors at once, saying what to change."""
+    if not re.fullmatch(r"[A-Za-z0-9_]+", label):
+        raise ValueError(f"StepMeter label {label!r}: letters, digits and '_' only (it names XLA modules)")
+    if getattr(ctx, "bodies_before", 0):
+        # An earlier case's graphs sit in this process's compile cache: step 0 would compile
+        # nothing, its collectives could not be read, and the signature would depend on which
+        # cases ran before in this child (serial and -n 2 would disagree).
+        raise HarnessUsageError(
+            f"a cost-measured loop needs a child of its own, and this one ran {ctx.bodies_before} "
+            "body(ies) before: pass fresh=True to spmd.run for this body"
+        )
+    replaced = [
+        f.__name__
+        for f in (_collect, _get_objects, _freeze, _unfreeze, _freeze_count, _is_tracked)
+        if f.__module__ != "gc"
+    ]
+    if replaced:
+        raise HarnessUsageError(
+            f"gc.{', gc.'.join(replaced)} was replaced before harness.stepcosts was imported: the meter "
+            "cannot see what the loop keeps; do not replace the collector's functions in a measured body"
+        )
 
 
 class StepMeter:
@@ -72,26 +97,7 @@ class StepMeter:
         (the first step compiles the graph; the second may, once the optimizer state exists).
         host_only: a loop without torch_xla (the gloo reference): only what each step leaves
         alive on the host is measured, no counters, graphs or device tensors."""
-        if not re.fullmatch(r"[A-Za-z0-9_]+", label):
-            raise ValueError(f"StepMeter label {label!r}: letters, digits and '_' only (it names XLA modules)")
-        if getattr(ctx, "bodies_before", 0):
-            # An earlier case's graphs sit in this process's compile cache: step 0 would compile
-            # nothing, its collectives could not be read, and the signature would depend on which
-            # cases ran before in this child (serial and -n 2 would disagree).
-            raise HarnessUsageError(
-                f"a cost-measured loop needs a child of its own, and this one ran {ctx.bodies_before} "
-                "body(ies) before: pass fresh=True to spmd.run for this body"
-            )
-        replaced = [
-            f.__name__
-            for f in (_collect, _get_objects, _freeze, _unfreeze, _freeze_count, _is_tracked)
-            if f.__module__ != "gc"
-        ]
-        if replaced:
-            raise HarnessUsageError(
-                f"gc.{', gc.'.join(replaced)} was replaced before harness.stepcosts was imported: the meter "
-                "cannot see what the loop keeps; do not replace the collector's functions in a measured body"
-            )
+        _refuse_unmeasurable(ctx, label)
         self.ctx = ctx
         self.host_only = host_only
         self.label = label
@@ -112,6 +118,11 @@ class StepMeter:
         self.last_footprint: int | None = None
         # A counter only this meter knows the name of: a reset of torch_xla's counters drops it.
         self.sentinel = f"HarnessStepMeter_{secrets.token_hex(6)}"
+        self._watch_what_steps_keep(host_only)
+
+    def _watch_what_steps_keep(self, host_only: bool) -> None:
+        """The state the leak detectors need from the first step on: the loop's XLA tensors,
+        the collector's frozen objects, native memory and its stacks."""
         # What is alive after a step is what the loop created and keeps: every object that exists
         # now (modules, the model, its parameters) moves to the collector's permanent generation,
         # so a collection after each step scans only what the loop made (~0.1 ms, not ~250 ms for
@@ -127,10 +138,10 @@ class StepMeter:
         self.frozen_listed_at: int | None = None  # the freeze count when they were last listed
         self.alive: _Alive | None = None
         self.suspect_leak = False  # a step after the warm-up kept more XLA tensors than the one before
-        self.sites: Any = None  # harness.creationsites' recorder of this step, while steps are traced
+        self.sites: Any = None  # harness.metering.creationsites' recorder of this step, while steps are traced
         self.made_before: Any = None  # the step before's
         # Once a step after the warm-up grew native memory beyond the threshold, the next one runs
-        # under memray (harness.nativestacks) once; its line goes on that step and every later one.
+        # under memray (harness.metering.nativestacks) once; its line goes on that step and every later one.
         self.suspect_native = False
         self.native_stacks: list[str] | None = None
         self.native_own: list[Any] = []  # what memray's import and tracker made: not the loop's

@@ -121,12 +121,12 @@ def test_a_conftest_rewritten_by_a_body_fails_the_run_naming_it(pytester):
 
 
 def test_the_memray_reader_runs_from_a_folder_no_case_writes(tmp_path):
-    """A `harness/` planted in the reader's scratch folder must not answer for `python -m harness.nativestacks`."""
+    """A `harness/` planted in the reader's scratch folder must not answer for `python -m harness.metering.nativestacks`."""
     planted = tmp_path / "harness"
     planted.mkdir()
     (planted / "__init__.py").write_text("")
     (planted / "nativestacks.py").write_text("import sys\nprint('PLANTED')\nsys.exit(0)\n")
-    probe = "import sys; from harness import nativestacks as n; print(n._read_in_child(sys.argv[1]))"
+    probe = "import sys; from harness.metering import nativestacks as n; print(n._read_in_child(sys.argv[1]))"
     proc = subprocess.run(
         [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=REPO
     )

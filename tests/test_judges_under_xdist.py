@@ -42,7 +42,7 @@ def test_trains(spmd):
     spmd.run(body_trains, signature=json.loads(os.environ["CASE_SIGNATURE"]))
 """
 BASELINES = ("--spmd-shardings-baseline=shardings.json", "--spmd-costs-baseline=costs.json")
-# The end-of-run sections the judges print (harness.baselinefile.BaselineCheck.summarise,
+# The end-of-run sections the judges print (harness.judges.baselinestate.BaselineCheck.summarise,
 # harness.judges.basecheck.summarise), and the closing line of what was checked.
 JUDGES_SECTIONS = re.compile(r"^=+ (cases without a \w+ baseline entry|compared with the base run)")
 

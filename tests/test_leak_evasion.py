@@ -8,7 +8,7 @@ Each test here is a way around one of them that once passed:
   two consecutive steps: judged over two-step spans where the loop has three of them;
 * a longer warm-up judges fewer steps (a 5-step loop with a 4-step warm-up judges one, and native
   growth needs two): the warm-up is in the cost baseline and compared exactly;
-* a body that replaces gc.get_objects or harness.nativememory.now while its loop runs: the meter
+* a body that replaces gc.get_objects or harness.metering.nativememory.now while its loop runs: the meter
   calls the functions it bound when it was imported;
 * a body that freezes the collector (gc.freeze) after making a device tensor: the tensor stays in
   the loop's count and the device footprint (torch_xla needed).
@@ -133,7 +133,8 @@ import os
 
 import pytest
 
-from harness import nativememory, stepcosts
+from harness import stepcosts
+from harness.metering import nativememory
 
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
 

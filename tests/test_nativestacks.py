@@ -1,4 +1,4 @@
-"""harness.nativestacks' own parts: which frames a stack shows, the line's escaping, the reasons
+"""harness.metering.nativestacks' own parts: which frames a stack shows, the line's escaping, the reasons
 given where memray cannot name a stack. The meter's use of it: tests/test_memory.py."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from harness import nativestacks
+from harness.metering import nativestacks
 
 pytestmark = pytest.mark.selftest
 

@@ -12,10 +12,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from harness import shardingcompare
 from harness.gke.costagreement import CostDisagreement, compare_costs
 from harness.gke.costagreement import baseline_changes as cost_baseline_changes
 from harness.gke.hostreport import HostReport
+from harness.judges import shardingcompare
 from harness.records.results import CaseRecord
 from harness.tiles import grids_side_by_side, is_multi_axis
 

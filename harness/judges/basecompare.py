@@ -37,10 +37,11 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from harness import costs, findings, shardingcompare
+from harness import costs, findings
 from harness.errors import DamagedRecord, HarnessUsageError
 from harness.isolation import files
 from harness.isolation.evidence import headline
+from harness.judges import shardingcompare
 from harness.records import runfolder, vouching
 from harness.records.results import CaseRecord, contradicting, read_records, suite_exit_problem
 from harness.registry import JudgementKind

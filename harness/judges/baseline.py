@@ -24,11 +24,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness import shardingcompare
 from harness.baselinefile import BaselineFile
 from harness.errors import BaselineError
+from harness.judges import shardingcompare
+from harness.judges.shardingcompare import ShardingChange
 from harness.schema import shown
-from harness.shardingcompare import ShardingChange
 
 BASELINE_DIR = Path("baselines") / "shardings"  # under the repository root (pytest's rootdir)
 

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from harness import costs, findings
-from harness.baselinefile import BaselineCheck
 from harness.config import options
 from harness.costbaseline import CostBaseline
 from harness.isolation.backend import Backend
 from harness.judges import excused
+from harness.judges.baselinestate import BaselineCheck
 from harness.judges.judging import Judge, JudgedCase, fail_besides, is_xfail, reproduced_bug
 from harness.records import results, runfolder
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from harness.baselinefile import BaselineCheck
 from harness.config import options
 from harness.isolation.backend import Backend
 from harness.judges.baseline import Baseline
+from harness.judges.baselinestate import BaselineCheck
 from harness.judges.judging import Judge, JudgedCase, fail_besides, is_xfail, reproduced_bug
 
 

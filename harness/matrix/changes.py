@@ -1,5 +1,5 @@
 """The one loop behind the matrix's change tables: what differs between each pair of consecutive
-columns, per case, by the comparison of its kind (harness.shardingcompare for shardings,
+columns, per case, by the comparison of its kind (harness.judges.shardingcompare for shardings,
 harness.costs.compare for cost signatures). harness.matrix.shardingchanges and
 harness.matrix.costchanges say what each kind reads from a column and how it is shown."""
 

@@ -1,7 +1,7 @@
 """What moves between releases: per case, the tensors whose sharding differs between consecutive columns.
 
 Read from the records' `shardings` (what each case recorded with `ctx.record_sharding`),
-compared by the one sharding comparison (harness.shardingcompare), for tensors recorded in both columns. A
+compared by the one sharding comparison (harness.judges.shardingcompare), for tensors recorded in both columns. A
 tensor recorded in one column only (a case that stopped earlier on a release carrying a bug) is
 counted, not listed: that is a different story, told by the registry rows above.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness import shardingcompare
+from harness.judges import shardingcompare
+from harness.judges.shardingcompare import ShardingChange, shown
 from harness.matrix import changes
 from harness.matrix.changes import ColumnStep
 from harness.matrix.table import ColumnResult
-from harness.shardingcompare import ShardingChange, shown
 
 
 def _shardings(column: ColumnResult) -> dict[str, dict[str, str]]:

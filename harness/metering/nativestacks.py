@@ -1,6 +1,6 @@
 """Where the native memory a step kept was allocated: named only once a loop grows natively.
 
-harness.nativememory sees the process's heap grow step after step, not who allocates. memray
+harness.metering.nativememory sees the process's heap grow step after step, not who allocates. memray
 (https://bloomberg.github.io/memray/; pytest-memray's `limit_leaks` reads the same records)
 records every allocation with its native and Python stack, at a cost no healthy loop should pay.
 So a StepMeter (harness.stepcosts) tracks one step, only after a step past the warm-up grew the
@@ -15,7 +15,7 @@ largest first:
     native heap (malloc in use) +523.2 KiB)
 
 The capture goes in a scratch folder of its own (under the run's dump root, as XLA's dumps) and is
-read by a separate process (`python -m harness.nativestacks CAPTURE OUT`): the symbol tables memray
+read by a separate process (`python -m harness.metering.nativestacks CAPTURE OUT`): the symbol tables memray
 loads for a native stack (torch_xla's _XLAC.so is large) then never join the heap the meter
 reads, and a reading that takes too long is ended (READ_TIMEOUT_S). The folder is removed after.
 
@@ -258,14 +258,14 @@ def _scratch_root() -> str | None:
 def _read_in_child(
     folder: str, name: str = CAPTURE_NAME, mode: str = "", timeout: float = READ_TIMEOUT_S
 ) -> dict[str, Any] | str:
-    """What `python -m harness.nativestacks [--window] CAPTURE OUT` found, or why nothing was found."""
+    """What `python -m harness.metering.nativestacks [--window] CAPTURE OUT` found, or why nothing was found."""
     capture = os.path.join(folder, name)
     out = os.path.join(folder, STACKS_NAME)
     with open(os.path.join(folder, "reader.log"), "w+b") as log:
         # From the checkout's root, not the scratch folder: `-m` puts its cwd first on sys.path, and
         # a case can write the scratch folder (a planted harness/ would answer for the reader).
         proc = processes.start_in_session(
-            [sys.executable, "-m", "harness.nativestacks", *([mode] if mode else []), capture, out],
+            [sys.executable, "-m", "harness.metering.nativestacks", *([mode] if mode else []), capture, out],
             stdout=log,
             cwd=HARNESS_HOME,
         )
@@ -463,7 +463,7 @@ def main(argv: list[str]) -> int:
     window = argv[:1] == ["--window"]
     argv = argv[1:] if window else argv
     if len(argv) != 2:
-        print("usage: python -m harness.nativestacks [--window] CAPTURE OUT", file=sys.stderr)
+        print("usage: python -m harness.metering.nativestacks [--window] CAPTURE OUT", file=sys.stderr)
         return 2
     capture, out = argv
     if window:  # the boundaries the meter wrote next to the capture
