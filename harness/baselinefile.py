@@ -33,7 +33,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import BaselineError, HarnessError
-from harness.isolation import files
+from harness.isolation.system import files
 from harness.schema import load_json, shown, unknown_keys
 
 LOCK_ATTEMPTS = 5  # a lock file that keeps vanishing under the update: refused after this many tries

@@ -23,8 +23,8 @@ tests/test_errors.py keeps the drawing true:
     ├── CostReadError                     harness.costs; also a ValueError
     ├── HloParseError                     harness.hlo; also a ValueError
     ├── ShardingParseError                harness.sharding; also a ValueError
-    ├── NotARegularFile                   harness.isolation.files; also an OSError: a link, pipe or folder
-    ├── FileTooLarge                      harness.isolation.files; also an OSError
+    ├── NotARegularFile                   harness.isolation.system.files; also an OSError: a link, pipe or folder
+    ├── FileTooLarge                      harness.isolation.system.files; also an OSError
     ├── ChangedSinceCollection            a case module rewritten after collection (raised in the child)
     ├── CountersReset                     harness.costs: torch_xla's counters reset during a measured step
     ├── ChildStartError                   a child's start-up, not a case, failed
@@ -34,10 +34,10 @@ tests/test_errors.py keeps the drawing true:
     │   ├── CaseCrashed                   outcome "crashed"
     │   ├── CaseTimedOut                  outcome "timeout"
     │   └── CaseProtocolError             outcome "protocol"
-    ├── LateFault                         harness.isolation.child_process; charged to the child's last case
-    ├── ProtocolError                     harness.isolation.protocol: a bad message on the result pipe
-    │   └── ForkWireError                 harness.isolation.forkwire: a bad fork-server message
-    ├── NotThisRunsClient                 harness.isolation.forkserver: a spawn request without the run's token
+    ├── LateFault                         harness.isolation.parent.child_process; charged to the child's last case
+    ├── ProtocolError                     harness.isolation.wire.protocol: a bad message on the result pipe
+    │   └── ForkWireError                 harness.isolation.wire.forkwire: a bad fork-server message
+    ├── NotThisRunsClient                 harness.isolation.server.forkserver: a spawn request without the run's token
     ├── MatrixError                       harness.matrix.errors
     │   ├── NotEnoughDiskError
     │   ├── EnvBuildError
@@ -135,7 +135,7 @@ class CaseProtocolError(CaseError):
 
 
 class ObservationsTooLarge(HarnessUsageError):
-    """A case recorded more than harness.isolation.protocol.MAX_MESSAGE_BYTES of observations."""
+    """A case recorded more than harness.isolation.wire.protocol.MAX_MESSAGE_BYTES of observations."""
 
 
 class ChangedSinceCollection(HarnessError):

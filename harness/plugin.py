@@ -20,8 +20,8 @@ import pytest
 
 from harness.config import activation, options
 from harness.config.requirements import tier_skip_reason, unmet_needs
-from harness.isolation import files, processes
-from harness.isolation.case import SpmdRunner, hold_sources
+from harness.isolation.parent.case import SpmdRunner, hold_sources
+from harness.isolation.system import files, processes
 from harness.judges import registrycheck
 from harness.judges.judging import RUNNER_KEY, JudgedCase, judge_case
 from harness.records import results, runfolder
@@ -229,7 +229,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture
 def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
-    """Runs case bodies in child processes; see harness.isolation.case.SpmdRunner.run."""
+    """Runs case bodies in child processes; see harness.isolation.parent.case.SpmdRunner.run."""
     if activation.project_owns_spmd_marker(request.config):
         pytest.fail(activation.OWNED_MARKER_ERROR, pytrace=False)  # rather than a case half-judged
     harness_session = request.config.stash[SESSION_KEY]

@@ -17,7 +17,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import RegistryError
-from harness.isolation.evidence import headline
+from harness.isolation.parent.evidence import headline
 from harness.schema import shown, unknown_keys
 
 if sys.version_info >= (3, 11):

@@ -31,7 +31,7 @@ from typing import Any
 
 from harness import cli
 from harness.errors import HarnessUsageError
-from harness.isolation import protocol
+from harness.isolation.wire import protocol
 from harness.records import runfolder
 
 
@@ -95,8 +95,8 @@ def command_for(spec: dict[str, Any], requests_file: Path) -> tuple[list[str], d
 
 def run_group_here(requests_file: Path) -> int:
     """Inside the replay process: the set-up hooks once, then each body in turn."""
-    from harness.isolation.child import run_preload_hooks, run_request
-    from harness.isolation.protocol import Request
+    from harness.isolation.child.main import run_preload_hooks, run_request
+    from harness.isolation.wire.protocol import Request
 
     run_preload_hooks()
     failures = 0

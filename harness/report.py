@@ -41,7 +41,7 @@ deleted or changed it). 2 no case record was read (failures pytest saw without o
 but the run executed no case), or every case skipped (a run that executed nothing must not look
 green, whatever pytest's own exit code was); also a usage error, or a RESULTS_DIR that does not
 exist or is no folder (a pipe, a file; with --pytest-exit-status, a link too: nothing is read
-from it). A records file, manifest or comparison beyond 256 MiB is not read (harness.isolation.files).
+from it). A records file, manifest or comparison beyond 256 MiB is not read (harness.isolation.system.files).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 from harness import cli, findings
-from harness.isolation import files
+from harness.isolation.system import files
 from harness.judges.basecompare import Comparison, read_comparison
 from harness.records import capping, reportwriting, runfolder, vouching
 from harness.records.escaping import (

@@ -56,7 +56,7 @@ def scratch_folder(prefix: str) -> str:
     import shutil
     import tempfile
 
-    from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
+    from harness.isolation.wire.protocol import XLA_DUMP_ROOT_ENV
 
     root = os.environ.get(XLA_DUMP_ROOT_ENV)
     if root:

@@ -158,7 +158,7 @@ def test_a_damaged_signature_from_a_child_fails_the_case_naming_the_field(suite)
     damaged["steps"][0]["compiles"] = "one"
     result = suite(damaged)
     result.assert_outcomes(failed=1)
-    # Checked as the verdict arrives (harness.isolation.observations), before anything reads it.
+    # Checked as the verdict arrives (harness.isolation.parent.observations), before anything reads it.
     result.stdout.fnmatch_lines(["*protocol failure*recorded 'harness:costs'*step0: compiles is the string 'one'*"])
 
 

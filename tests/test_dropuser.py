@@ -1,5 +1,5 @@
 """Issue 51, item 2: the pieces a fork server and a case child use to become the case user
-(harness.isolation.dropuser), run for real where the tests have root. The end-to-end run as
+(harness.isolation.server.dropuser), run for real where the tests have root. The end-to-end run as
 `--spmd-case-user=nobody` is tests/test_hostile_bodies.py's (it needs a Python other users can read)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
+from harness.isolation.wire.protocol import XLA_DUMP_ROOT_ENV
 from tests.conftest import REPO
 
 pytestmark = [
@@ -22,7 +22,7 @@ pytestmark = [
 
 DROPS = """
 import ctypes, json, os, sys
-from harness.isolation import dropuser
+from harness.isolation.server import dropuser
 uid, gid = int(sys.argv[1]), int(sys.argv[2])
 home = dropuser.make_home(uid, gid)  # as the keeper does: before the child is the user
 read, write = os.pipe()
@@ -79,7 +79,7 @@ def test_a_dropped_process_is_the_case_user_for_good_not_dumpable_with_a_home_re
 
 ATTACK = """
 import errno, json, os, pwd, signal, sys, tempfile, time
-from harness.isolation import casens, dropuser
+from harness.isolation.server import casens, dropuser
 isolate = sys.argv[3] == "isolate"
 uid, gid = int(sys.argv[1]), int(sys.argv[2])
 report_read, report_write = os.pipe()
@@ -149,7 +149,7 @@ os.waitpid(server, 0)
 
 @pytest.mark.parametrize("isolate", ["isolate", "shared"])
 def test_a_case_in_namespaces_of_its_own_cannot_signal_another_nor_read_its_home(isolate):
-    """#51 item 2 at the level of the mechanism (harness.isolation.casens): two cases of one case
+    """#51 item 2 at the level of the mechanism (harness.isolation.server.casens): two cases of one case
     user, as a dropped fork server's keepers start them. Without namespaces ("shared": the design
     before) the attacker SIGSTOPs the victim and reads its HOME; with them it reaches neither."""
     from harness.run import caseuser

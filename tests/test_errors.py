@@ -15,7 +15,7 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.selftest
 
-IN_CHILDREN_ONLY = {"harness.xla", "harness.isolation.child"}
+IN_CHILDREN_ONLY = {"harness.xla", "harness.isolation.child.main"}
 _BRANCH = re.compile(r"^(?P<indent>(?:│   |    )*)(?:├── |└── )?(?P<name>[A-Za-z]+)\b")
 
 

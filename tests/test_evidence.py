@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.isolation.case import failure_from_answer
-from harness.isolation.evidence import crash_evidence, first_fatal_line, fold_thread_dumps, headline, log_tail
-from harness.isolation.logtail import tail_file, tail_text
-from harness.isolation.processes import describe_exit, signal_name
-from harness.isolation.protocol import ChildAnswer
+from harness.isolation.parent.case import failure_from_answer
+from harness.isolation.parent.evidence import crash_evidence, first_fatal_line, fold_thread_dumps, headline, log_tail
+from harness.isolation.system.logtail import tail_file, tail_text
+from harness.isolation.system.processes import describe_exit, signal_name
+from harness.isolation.wire.protocol import ChildAnswer
 from harness.registry import JudgementKind, get_entry, judge
 
 pytestmark = pytest.mark.selftest

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.isolation.processes import is_running
+from harness.isolation.system.processes import is_running
 from tests.conftest import reaped
 
 pytestmark = pytest.mark.selftest
@@ -442,7 +442,7 @@ def test_observations_over_the_limit_are_a_clear_error(pytester):
     write(
         pytester,
         """
-from harness.isolation.protocol import MAX_MESSAGE_BYTES
+from harness.isolation.wire.protocol import MAX_MESSAGE_BYTES
 
 def body_too_big(ctx):
     ctx.record_hlo("huge", "z" * (MAX_MESSAGE_BYTES + 1000))
@@ -681,7 +681,7 @@ def test_6_healthy(spmd):
 # ------------------------------------------------------------------------------------------
 
 # Both ways a child is started: exec'd fresh, or forked by a fork server. Either way its parent
-# is a keeper that waits for it (harness/isolation/forkserver.py).
+# is a keeper that waits for it (harness/isolation/server/forkserver.py).
 CHILD_MODES = {"fresh": ["--spmd-fork-server=off"], "forked": ["--spmd-fork-server=on"]}
 
 

@@ -117,7 +117,7 @@ def test_a_native_leak_per_mark_sharding_call_is_said_per_call(pytester):
     ],
 )
 def test_memray_captures_from_a_child_are_checked_as_untrusted(captures):
-    from harness.isolation import observations
+    from harness.isolation.parent import observations
 
     assert "memray captures" in (observations.problem({"values": {costs.CAPTURES_VALUE: captures}}) or "")
     assert observations.problem({"values": {costs.CAPTURES_VALUE: {"train_step3": "AAAA"}}}) is None

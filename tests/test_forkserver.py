@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from harness.config.backends import CpuBackend, FakeBackend
-from harness.isolation.case import SpmdRunner
-from harness.isolation.forkclient import EXEC_IMPORTS, ForkServerClient, ServerHandle
-from harness.isolation.pool import ChildPool
+from harness.isolation.parent.case import SpmdRunner
+from harness.isolation.parent.forkclient import EXEC_IMPORTS, ForkServerClient, ServerHandle
+from harness.isolation.parent.pool import ChildPool
 
 pytestmark = pytest.mark.selftest
 

@@ -1,4 +1,4 @@
-"""The fork server's wire (harness.isolation.forkwire): every message survives a round trip, and
+"""The fork server's wire (harness.isolation.wire.forkwire): every message survives a round trip, and
 a malformed one is refused with an error that says what is wrong, by the decoder and by a live
 server."""
 
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from harness.isolation import forkwire, protocol
-from harness.isolation.forkclient import EXEC_IMPORTS, ServerHandle
-from harness.isolation.forkwire import ForkWireError, ServerReady, Spawned, SpawnFailed, SpawnRequest
+from harness.isolation.parent.forkclient import EXEC_IMPORTS, ServerHandle
+from harness.isolation.wire import forkwire, protocol
+from harness.isolation.wire.forkwire import ForkWireError, ServerReady, Spawned, SpawnFailed, SpawnRequest
 
 pytestmark = pytest.mark.selftest
 

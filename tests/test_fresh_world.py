@@ -29,7 +29,7 @@ def after_code_swap(ctx):
     ctx.record("ran", "the next case's own code")  # a body made a no-op records nothing
 
 def leave_context_code_swap(ctx):
-    from harness.isolation.context import CaseContext
+    from harness.isolation.child.context import CaseContext
     forged = lambda self, name, spec: self.shardings.__setitem__(name, "{replicated}")
     CaseContext.record_sharding.__code__ = forged.__code__
 

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
 def body_plants(ctx):
     import importlib._bootstrap_external as bootstrap
     import importlib.util, pathlib
-    import harness.isolation.child as child
+    import harness.isolation.child.main as child
     source = pathlib.Path(child.__file__)
     old = "        body(ctx, **request.kwargs)\\n"
     new = "        try:\\n            body(ctx, **request.kwargs)\\n        except Exception:\\n            pass\\n"
@@ -55,7 +55,7 @@ def test_a_pyc_planted_in_the_harness_with_its_sources_stamp_fails_the_run_namin
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     tag = sys.implementation.cache_tag
     result.stdout.fnmatch_lines(
-        [f"*changed while the run's cases ran (by a case?): harness/isolation/__pycache__/child.{tag}.pyc*"]
+        [f"*changed while the run's cases ran (by a case?): harness/isolation/child/__pycache__/main.{tag}.pyc*"]
     )
 
 

@@ -90,7 +90,7 @@ def after_tensor_patch(ctx):
     assert float(torch.ones(3).sum()) == 3.0, "torch.Tensor.sum was replaced by the case before"
 
 def leave_context_patch(ctx):
-    from harness.isolation.context import CaseContext
+    from harness.isolation.child.context import CaseContext
     CaseContext.record_sharding = lambda self, name, spec: self.shardings.__setitem__(name, "{replicated}")
 
 def after_context_patch(ctx):
@@ -179,7 +179,7 @@ import pytest
 pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
 
 def body_rewrites(ctx):
-    import harness.isolation.child as child
+    import harness.isolation.child.main as child
     path = pathlib.Path(child.__file__)
     old = "        body(ctx, **request.kwargs)\\n"
     new = "        try:\\n            body(ctx, **request.kwargs)\\n        except Exception:\\n            pass\\n"
@@ -204,12 +204,12 @@ def test_a_body_that_rewrites_the_harness_in_the_checkout_fails_the_run(pytester
     shutil.copytree(REPO / "harness", pytester.path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
     pytester.makepyfile(test_rewrites=REWRITES_HARNESS)
     result = run(pytester, *workers)
-    assert "except Exception" in (pytester.path / "harness" / "isolation" / "child.py").read_text(), "not rewritten"
+    assert "except Exception" in (pytester.path / "harness" / "isolation" / "child" / "main.py").read_text(), "not rewritten"
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             "*spmd harness: the harness's code or the run's case files changed while the run's cases ran (by a case?): "
-            "harness/isolation/child.py;*"
+            "harness/isolation/child/main.py;*"
         ]
     )
 

@@ -21,7 +21,7 @@ NUMPY_STACK = [
     ("cfunction_vectorcall_FASTCALL_KEYWORDS", "Objects/methodobject.c", 443),
     ("full", "/venv/lib/python3.11/site-packages/numpy/_core/numeric.py", 385),
     ("body_loop", "/tmp/case/test_loop.py", 75),
-    ("run_request", "/repo/harness/isolation/child.py", 370),
+    ("run_request", "/repo/harness/isolation/child/main.py", 370),
 ]
 
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.selftest
 # (harness.oracles.body imports them inside the body).
 IN_CHILDREN_ONLY = {
     "harness.xla",
-    "harness.isolation.child",
+    "harness.isolation.child.main",
     "harness.oracles.compare",
     "harness.oracles.interpret",
     "harness.oracles.measure",

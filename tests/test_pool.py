@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from harness.config.backends import FakeBackend
-from harness.isolation.child_process import ChildSpec
-from harness.isolation.pool import ChildPool
-from harness.isolation.processes import wait_for_exit
+from harness.isolation.parent.child_process import ChildSpec
+from harness.isolation.parent.pool import ChildPool
+from harness.isolation.system.processes import wait_for_exit
 
 pytestmark = pytest.mark.selftest
 

@@ -1,4 +1,4 @@
-"""harness.isolation.processes: reading /proc and ending a process's children."""
+"""harness.isolation.system.processes: reading /proc and ending a process's children."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import traceback
 
 import pytest
 
-from harness.isolation import processes
+from harness.isolation.system import processes
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
 

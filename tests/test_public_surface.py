@@ -73,7 +73,7 @@ def test_the_checker_sees_every_import_form(tmp_path):
     case = tmp_path / "test_x.py"
     case.write_text(
         "import harness.plugin\nfrom harness import xla, results\ndef f():\n"
-        "    from harness.isolation.case import SpmdRunner\n"
+        "    from harness.isolation.parent.case import SpmdRunner\n"
     )
     assert _harness_imports(case) == [(1, "plugin"), (2, "xla"), (2, "results"), (4, "isolation")]
 

@@ -1,4 +1,4 @@
-"""The run's shared fork servers (harness.isolation.runservers): which import when, and that a
+"""The run's shared fork servers (harness.isolation.parent.runservers): which import when, and that a
 server told to wait is owned like any other."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import sys
 import time
 
 from harness.config.backends import CpuBackend
-from harness.isolation.child_process import ChildSpec
-from harness.isolation.forkclient import EXEC_IMPORTS, ForkServerClient
-from harness.isolation.processes import is_running
-from harness.isolation.runservers import RunServers, specs_to_start
+from harness.isolation.parent.child_process import ChildSpec
+from harness.isolation.parent.forkclient import EXEC_IMPORTS, ForkServerClient
+from harness.isolation.parent.runservers import RunServers, specs_to_start
+from harness.isolation.system.processes import is_running
 
 
 def spec(imports: tuple[str, ...]) -> ChildSpec:
@@ -81,8 +81,8 @@ def test_a_worker_down_starts_the_imports_and_a_server_still_waiting_ends_with_i
 OWNER = """
 import sys
 from pathlib import Path
-from harness.isolation.child_process import ChildSpec
-from harness.isolation.runservers import RunServers
+from harness.isolation.parent.child_process import ChildSpec
+from harness.isolation.parent.runservers import RunServers
 servers = RunServers()
 servers.start([], Path(sys.argv[1]), after_collection=[ChildSpec.build({}, (), python=sys.executable, fork_imports=("json",))])
 (server,) = servers.servers.values()

@@ -17,9 +17,9 @@ import subprocess
 import sys
 
 from harness.errors import HarnessUsageError
-from harness.isolation import protocol
 from harness.isolation.backend import Backend, Capabilities
-from harness.isolation.forkserver import TORCH_IMPORTS, XLA_IMPORTS
+from harness.isolation.server.forkserver import TORCH_IMPORTS, XLA_IMPORTS
+from harness.isolation.wire import protocol
 
 # Set-up hook every XLA child runs before its first case: import torch_xla, switch SPMD on.
 XLA_SPMD_PRELOAD = "harness.xla:enable_spmd"

@@ -30,7 +30,7 @@ from harness.gke.accelerators import AcceleratorType
 from harness.gke.collect import report_from_log
 from harness.gke.hostreport import HostReport
 from harness.gke.worker import DEFAULT_SUITE
-from harness.isolation import processes
+from harness.isolation.system import processes
 
 LOCAL_COORDINATOR = "localhost"  # what pod 0 of slice 0 is to every other host, on one machine
 _FIELD_RE = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")

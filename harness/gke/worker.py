@@ -28,7 +28,7 @@ from typing import IO
 from harness.errors import HarnessUsageError
 from harness.gke import bucket, report_channel
 from harness.gke.hostreport import HostReport
-from harness.isolation import processes
+from harness.isolation.system import processes
 from harness.records import runfolder
 from harness.records.results import CaseRecord, read_records, suite_exit_problem
 

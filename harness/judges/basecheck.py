@@ -26,7 +26,7 @@ import pytest
 from harness import costs
 from harness.config import activation, options
 from harness.errors import HarnessError
-from harness.isolation import protocol
+from harness.isolation.wire import protocol
 from harness.judges import basecompare
 from harness.judges.basecompare import BaseRun, Comparison
 from harness.judges.judging import BESIDES, Judge, JudgedCase, fail_besides, is_xfail, reproduced_bug

@@ -39,8 +39,8 @@ from packaging.version import InvalidVersion, Version
 
 from harness import costs, findings
 from harness.errors import DamagedRecord, HarnessUsageError
-from harness.isolation import files
-from harness.isolation.evidence import headline
+from harness.isolation.parent.evidence import headline
+from harness.isolation.system import files
 from harness.judges import shardingcompare
 from harness.records import runfolder, vouching
 from harness.records.results import CaseRecord, contradicting, read_records, suite_exit_problem

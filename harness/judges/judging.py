@@ -33,7 +33,7 @@ import pytest
 
 from harness import costs
 from harness.errors import CaseError
-from harness.isolation.case import CaseResult, SpmdRunner
+from harness.isolation.parent.case import CaseResult, SpmdRunner
 from harness.judges import checked
 from harness.records import results
 from harness.registry import Judgement, JudgementKind, KnownBug

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from harness.isolation import processes
+from harness.isolation.system import processes
 from harness.matrix.errors import CommandTimedOut
 
 # How long a stopped pip or pytest gets between SIGTERM and SIGKILL (pytest ends its own children).

@@ -39,9 +39,9 @@ import tempfile
 import time
 from typing import Any
 
-from harness.isolation import processes
-from harness.isolation.evidence import terminal_safe
-from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
+from harness.isolation.parent.evidence import terminal_safe
+from harness.isolation.system import processes
+from harness.isolation.wire.protocol import XLA_DUMP_ROOT_ENV
 
 HARNESS_HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder holding harness/
 CAPTURE_NAME = "step.memray"

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from harness.errors import HarnessError
-from harness.isolation.evidence import headline
+from harness.isolation.parent.evidence import headline
 from harness.oracles.body import body_check_programs
 
 STATUSES = ("ok", "mismatch", "xla_error", "invalid", "crashed", "timeout", "protocol")

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import schema
-from harness.isolation import files
+from harness.isolation.system import files
 
 FILE_NAME = "build.json"  # in the run folder, written by the process that owns the run
 FAKE_BUILD_ENV = "HARNESS_FAKE_BUILD"

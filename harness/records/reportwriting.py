@@ -7,7 +7,7 @@ laptop user's own script may not). So:
 - summary.md is replaced atomically, never opened: a link there is replaced, not followed; a
   folder (or a pipe, a device) there is refused and named, and the rest of the report still goes out;
 - the step summary and the outputs are appended to only when they are regular files, opened
-  without following a link (harness.isolation.files.open_file); anything else is refused and named.
+  without following a link (harness.isolation.system.files.open_file); anything else is refused and named.
 
 `problems` says, before anything is written, what is in the way, so the report can be red about
 it in the very outputs and annotations it writes first; a write that still fails (something
@@ -20,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from harness.isolation import files
+from harness.isolation.system import files
 from harness.records import escaping, runfolder
 
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from harness.errors import DamagedRecord
-from harness.isolation import files
-from harness.isolation.processes import describe_exit
+from harness.isolation.system import files
+from harness.isolation.system.processes import describe_exit
 from harness.records import runfolder
 from harness.schema import load_json, shown
 
@@ -311,7 +311,7 @@ def keep_texts(folder: Path, case_id: str, texts: dict[str, str], suffix: str) -
 
 
 def keep_captures(folder: Path, case_id: str, captures: dict[str, str]) -> None:
-    """memray's captures (base64, checked by harness.isolation.observations) as
+    """memray's captures (base64, checked by harness.isolation.parent.observations) as
     `<case>__<loop>_step<N>.memray` files in `folder`, each written beside and renamed into place."""
     if not captures:
         return

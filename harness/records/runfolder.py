@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessUsageError
-from harness.isolation import files
+from harness.isolation.system import files
 from harness.schema import load_json
 
 MANIFEST_NAME = "run.json"
@@ -415,7 +415,7 @@ def read_manifest(run_path: Path) -> Manifest:
 
 
 def replace_file(path: Path, text: str) -> None:
-    """Write text to path atomically, never through anything planted there (harness.isolation.files)."""
+    """Write text to path atomically, never through anything planted there (harness.isolation.system.files)."""
     files.replace_file(path, text)
 
 

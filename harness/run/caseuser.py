@@ -4,8 +4,8 @@ A case body is the code under test: run as pytest's own user it can write everyt
 reads (its records, the baselines, the checkout, the venv) and signal the run's processes, and
 each of those doors has to be shut one by one. Where the run has root (CI containers, the GKE
 workers), `--spmd-case-user=USER` shuts them all at once: each child drops to USER before it
-runs anything (harness.isolation.child.drop_to_case_user), and so does each fork server before it
-imports torch_xla (harness.isolation.dropuser): the build under test never runs as root. The run's
+runs anything (harness.isolation.child.main.drop_to_case_user), and so does each fork server before it
+imports torch_xla (harness.isolation.server.dropuser): the build under test never runs as root. The run's
 own files stay root's.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from harness.config import options
-from harness.isolation import casens
-from harness.isolation.protocol import CASE_USER_ENV, XLA_DUMP_ROOT_ENV
+from harness.isolation.server import casens
+from harness.isolation.wire.protocol import CASE_USER_ENV, XLA_DUMP_ROOT_ENV
 
 MEMORY_ROOT_PREFIX = "spmd-xla-dumps-"  # harness.run.dumproot names its roots so
 
@@ -117,7 +117,7 @@ def header_line() -> str:
         if refused is None:
             return (
                 f"{who}: they cannot write the run's files nor signal its processes; each case's process runs in "
-                "user, pid and mount namespaces of its own (harness.isolation.casens): it cannot signal, ptrace or "
+                "user, pid and mount namespaces of its own (harness.isolation.server.casens): it cannot signal, ptrace or "
                 "see another case's processes, and its XLA dumps and HOME are on a private tmpfs, gone with it; not "
                 "isolated from each other: what the case user may write elsewhere (/tmp)"
             )
@@ -137,7 +137,7 @@ def header_line() -> str:
 
 def namespaces_refused(uid: int, gid: int) -> str | None:
     """Why the case user cannot have namespaces of its own here (the kernel's word), None if it can:
-    the keeper of each case child tries the same (harness.isolation.casens.enter)."""
+    the keeper of each case child tries the same (harness.isolation.server.casens.enter)."""
     try:
         return casens.probe(uid, gid)
     except OSError as exc:

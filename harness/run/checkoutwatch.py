@@ -3,7 +3,7 @@
 A case body that runs as pytest's own user can rewrite the checkout: the pytest process has
 imported the harness already, but a child exec'd fresh (the fake backend's children, a body with
 preload=False, a fork server started again after a body killed it) imports it from disk, so a
-rewritten harness/isolation/child.py answers "passed" for every later case. So can a `.pyc` planted
+rewritten harness/isolation/child/main.py answers "passed" for every later case. So can a `.pyc` planted
 in harness/**/__pycache__ with its source's stamp: Python takes it without reading the source.
 
 The controlling pytest process takes a fingerprint when it starts: every file of the harness
@@ -13,7 +13,7 @@ every bytecode file of the harness holds what its source compiles to (children w
 legitimately, so their content, not their presence, is what counts). A change fails the run,
 naming the files, as a changed manifest does (harness.records.runfolder). Case modules are also
 held before use: each child imports its case's module from the bytes the run hashed at collection
-(harness.isolation.case.hold_sources), or refuses. Only `--spmd-case-user` keeps a case from
+(harness.isolation.parent.case.hold_sources), or refuses. Only `--spmd-case-user` keeps a case from
 writing the checkout at all.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.isolation import files
+from harness.isolation.system import files
 
 PACKAGE = Path(__file__).resolve().parents[1]
 FINGERPRINT_KEY = pytest.StashKey[dict[str, str]]()

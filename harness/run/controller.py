@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from harness.config import activation
-from harness.isolation import runservers
-from harness.isolation.evidence import headline
+from harness.isolation.parent import runservers
+from harness.isolation.parent.evidence import headline
 from harness.judges import basecheck
 from harness.run import checkoutwatch, writing
 from harness.run.failedlines import WholeFailedLines

@@ -18,8 +18,8 @@ import shutil
 import stat
 from pathlib import Path
 
-from harness.isolation import files
-from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
+from harness.isolation.system import files
+from harness.isolation.wire.protocol import XLA_DUMP_ROOT_ENV
 from harness.records import runfolder
 from harness.run import caseuser
 

@@ -12,7 +12,7 @@ import pytest
 from harness.config import activation, options
 from harness.config.backends import make_backend
 from harness.errors import HarnessError
-from harness.isolation import runservers
+from harness.isolation.parent import runservers
 from harness.records import runfolder
 from harness.run import caseuser
 from harness.run.dumproot import share_dump_root
@@ -28,7 +28,7 @@ def _information_only(options: Any) -> bool:
 
 
 def start_servers(early_config: pytest.Config) -> None:
-    """Before conftests and test modules load: start the run's fork servers (harness.isolation.runservers),
+    """Before conftests and test modules load: start the run's fork servers (harness.isolation.parent.runservers),
     so torch_xla's import overlaps pytest's own start-up. Only for a run that may hold SPMD cases
     and will run them: `--help` or `--collect-only` write and start nothing."""
     if looks_like_worker_early():

@@ -16,11 +16,11 @@ import pytest
 from harness.config import options
 from harness.config.backends import make_backend
 from harness.errors import HarnessError, RegistryError
-from harness.isolation import runservers
 from harness.isolation.backend import Backend
-from harness.isolation.child_process import LateFault
-from harness.isolation.pool import ChildPool
-from harness.isolation.processes import signal_name
+from harness.isolation.parent import runservers
+from harness.isolation.parent.child_process import LateFault
+from harness.isolation.parent.pool import ChildPool
+from harness.isolation.system.processes import signal_name
 from harness.judges import basecheck
 from harness.judges.basecheck import BaseRunJudge
 from harness.judges.costcheck import CostJudge

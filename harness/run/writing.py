@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 
 import pytest
 
-from harness.isolation.evidence import headline
+from harness.isolation.parent.evidence import headline
 from harness.judges import basecheck
 from harness.judges.judging import Judge, JudgedCase
 from harness.records import buildid, results, runfolder, versions

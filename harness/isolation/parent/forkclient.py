@@ -1,4 +1,4 @@
-"""The parent side of harness.isolation.forkserver: start a server, ask it for children, watch them.
+"""The parent side of harness.isolation.server.forkserver: start a server, ask it for children, watch them.
 
 `ServerHandle` is the owner's handle: it binds the listening socket, then starts the server process,
 which inherits it, so an address can be handed out at once (to xdist workers, which start before
@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ChildStartError
-from harness.isolation import files, forkwire, logtail, processes
-from harness.isolation.forkwire import (
+from harness.isolation.system import files, logtail, processes
+from harness.isolation.wire import forkwire
+from harness.isolation.wire.forkwire import (
     CONTROL_FD_ENV,
     GO_FD_ENV,
     IMPORTS_ENV,
@@ -137,7 +138,7 @@ class ServerHandle:
             try:
                 with os.fdopen(files.open_file(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as log:
                     self.proc = processes.start_in_session(
-                        [self.python, "-u", "-m", "harness.isolation.forkserver"],
+                        [self.python, "-u", "-m", "harness.isolation.server.forkserver"],
                         env=env,
                         stdout=log,
                         pass_fds=passed + ((go_read,) if wait_to_import else ()),

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from harness.errors import HarnessUsageError
-from harness.isolation import protocol
+from harness.isolation.wire import protocol
 
 
 class CaseContext:

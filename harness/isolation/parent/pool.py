@@ -13,7 +13,7 @@ spares: while a case runs, the next child for the same spec is started (a spare 
 it is as fresh as a new process). Always for forked children (a fork, no import: it costs the
 busy cores nothing); for exec'd children (an import each) only where a core is free (not xdist).
 
-Every child comes from a server's keeper (harness.isolation.forkserver): forked from a server that imported
+Every child comes from a server's keeper (harness.isolation.server.forkserver): forked from a server that imported
 torch_xla once, or, for a spec without fork imports or with forking off, exec'd fresh by a keeper
 of this pool's *exec server*, which imports nothing. Either way the keeper and the server are
 child subreapers, so what a body starts outside its session is ended with its child.
@@ -25,9 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from harness.errors import ChildStartError
-from harness.isolation import processes
-from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
-from harness.isolation.forkclient import (
+from harness.isolation.parent.child_process import ChildProcess, ChildSpec, LateFault
+from harness.isolation.parent.forkclient import (
     EXEC_IMPORTS,
     KEEPER_REPORT_S,
     ForkServerClient,
@@ -35,6 +34,7 @@ from harness.isolation.forkclient import (
     ServerHandle,
     server_key,
 )
+from harness.isolation.system import processes
 
 # Closing a pool waits this long for each ended child's status (a stopped keeper is continued or
 # killed within KEEPER_REPORT_S); then it goes on: the run must end.
@@ -55,7 +55,7 @@ class ChildPool:
         self.startup_timeout = startup_timeout
         self.exclusive = exclusive
         self.spares_enabled = spares and not exclusive
-        # Fork children from servers that imported torch_xla once (harness.isolation.forkserver); specs
+        # Fork children from servers that imported torch_xla once (harness.isolation.server.forkserver); specs
         # without fork_imports are exec'd fresh either way. `servers`: the run's shared servers
         # (started by the controlling pytest process) by key; a key none of them serves gets a
         # server of this pool's own.

@@ -1,10 +1,10 @@
 """The parent's handle on one child process: start it, send it a case, read its answers, end it.
 
-One `ChildProcess` is one process running harness.isolation.child's main loop in a session of its
+One `ChildProcess` is one process running harness.isolation.child.main's main loop in a session of its
 own, with an explicit environment, its stdout/stderr in its own log file, answers on a private
-pipe (harness.isolation.protocol) and a lifeline pipe whose only write end the parent holds: when
+pipe (harness.isolation.wire.protocol) and a lifeline pipe whose only write end the parent holds: when
 the parent goes, even by SIGKILL, the child's watchdog kills the child's whole process group.
-Every child comes from a server's keeper (harness.isolation.forkserver): forked from a server
+Every child comes from a server's keeper (harness.isolation.server.forkserver): forked from a server
 that imported torch_xla once, or, fresh, exec'd by its keeper as `python -m harness.isolation.child`.
 Popen would make pytest its parent, and pytest cannot be the subreaper that catches what a body
 starts in a session of its own (it would adopt every orphan of the run and must not reap what it
@@ -34,9 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import CaseCrashed, CaseError, CaseProtocolError, CaseTimedOut, ChildStartError, HarnessError
-from harness.isolation import evidence, files, observations, processes, protocol
-from harness.isolation.forkclient import KEEPER_REPORT_S, ForkServerClient
-from harness.isolation.processes import ProcessHandle
+from harness.isolation.parent import evidence, observations
+from harness.isolation.parent.forkclient import KEEPER_REPORT_S, ForkServerClient
+from harness.isolation.system import files, processes
+from harness.isolation.system.processes import ProcessHandle
+from harness.isolation.wire import protocol
 
 # A child acknowledges a request as soon as it reads it; one that does not within this time is
 # stuck in what its previous case left running.
@@ -51,7 +53,7 @@ class ChildSpec:
     env: tuple[tuple[str, str], ...]
     preload: tuple[str, ...] = ()
     python: str = sys.executable
-    # What a fork server for this child imports (harness.isolation.forkserver); None: exec a fresh process.
+    # What a fork server for this child imports (harness.isolation.server.forkserver); None: exec a fresh process.
     fork_imports: tuple[str, ...] | None = None
 
     @classmethod
@@ -93,7 +95,7 @@ class ChildProcess:
     def __init__(self, spec: ChildSpec, log_dir: Path, server: ForkServerClient, fresh: bool = False) -> None:
         """Start the child by `server`'s keeper: forked, or (fresh) exec'd as `python -m harness.isolation.child`."""
         self.spec = spec
-        self.server = server  # checked after the case: a body that killed it is charged (harness.isolation.case)
+        self.server = server  # checked after the case: a body that killed it is charged (harness.isolation.parent.case)
         files.own_folder(log_dir, depth=2)  # logs/<worker>: links a case put there are replaced
         result_read, result_write = os.pipe()
         lifeline_read, self.lifeline = os.pipe()

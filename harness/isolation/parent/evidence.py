@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from harness.isolation import files
-from harness.isolation.logtail import TAIL_BYTES, TAIL_LINES, tail_file
+from harness.isolation.system import files
+from harness.isolation.system.logtail import TAIL_BYTES, TAIL_LINES, tail_file
 
 # (rank, pattern): the lowest rank found first in the log is the cause. A glog FATAL, a failed
 # CHECK or RET_CHECK is the cause itself; "Fatal Python error" is what faulthandler prints for

@@ -2,7 +2,7 @@
 
 All case children of a run share the case user's uid, and a process may signal any process of its
 uid; a server dropped to the case user cannot give each child a uid of its own. So the keeper of a
-case child (harness.isolation.forkserver.keep_child, single-threaded right after its fork) enters a
+case child (harness.isolation.server.forkserver.keep_child, single-threaded right after its fork) enters a
 new user namespace (needs no privilege) and a new pid namespace, and forks an init there (pid 1):
 the init takes a mount namespace of its own, mounts a /proc that shows only the namespace's
 processes and a private tmpfs on the run's dump root (the child's XLA dumps, memray captures and
@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from harness.isolation.protocol import XLA_DUMP_ROOT_ENV
+from harness.isolation.wire.protocol import XLA_DUMP_ROOT_ENV
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000

@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import CaseCrashed, CaseError, CaseFailed, HarnessUsageError
-from harness.isolation import evidence, files, processes, protocol
 from harness.isolation.backend import Backend
-from harness.isolation.child_process import ChildProcess, ChildSpec, LateFault
-from harness.isolation.evidence import headline, terminal_safe
-from harness.isolation.pool import ChildPool
-from harness.isolation.protocol import BodyRef, ChildAnswer, ChildException, json_problem
+from harness.isolation.parent import evidence
+from harness.isolation.parent.child_process import ChildProcess, ChildSpec, LateFault
+from harness.isolation.parent.evidence import headline, terminal_safe
+from harness.isolation.parent.pool import ChildPool
+from harness.isolation.system import files, processes
+from harness.isolation.wire import protocol
+from harness.isolation.wire.protocol import BodyRef, ChildAnswer, ChildException, json_problem
 
 # Called with each LateFault: the plugin charges it to the case it names.
 LateFaultSink = Callable[[LateFault], None]

@@ -1,4 +1,4 @@
-"""The fork server's wire: what harness.isolation.forkclient and harness.isolation.forkserver say
+"""The fork server's wire: what harness.isolation.parent.forkclient and harness.isolation.server.forkserver say
 to each other, and the names and limits both sides hold to.
 
 A client connects to the server's listening Unix socket (SOCK_SEQPACKET: one message per packet,
@@ -31,8 +31,8 @@ import types
 import typing
 from typing import Any, ClassVar, Union
 
-from harness.isolation import protocol
-from harness.isolation.protocol import ProtocolError, preview
+from harness.isolation.wire import protocol
+from harness.isolation.wire.protocol import ProtocolError, preview
 
 # The server's own start-up environment: forkclient.ServerHandle.launch sets it, the server pops
 # it. The one variable the server sets in a child, protocol.KEEPER_PID_ENV, is the child's.
@@ -49,7 +49,7 @@ TOKEN_BYTES = 32  # of randomness: the token is their hex
 # XLA_DISABLE_FUNCTIONALIZATION and CPU_NUM_DEVICES on torch_xla 2.6-2.9: forked children with
 # either changed give the same shardings, outputs and losses as fresh processes. Every other
 # variable keys the server (forkclient.server_key), the case user included: a server drops to it
-# before it imports (harness.isolation.dropuser). A spawn request for a forked child carries
+# before it imports (harness.isolation.server.dropuser). A spawn request for a forked child carries
 # these only; one for a fresh child (argv) carries the whole environment.
 POST_FORK_VARIABLES = frozenset(
     {

@@ -6,7 +6,7 @@ exec'd child before its preload hooks. A keeper gives each child a HOME of its o
 XLA dump root (the case user's, removed with the run), and removes it when the child has ended.
 A child is also made not dumpable: another case's process of the same uid can then neither read
 its memory or environment in /proc nor ptrace it. Signals (same uid) are shut by namespaces of
-each child's own (harness.isolation.casens) where the kernel allows them; the run header says
+each child's own (harness.isolation.server.casens) where the kernel allows them; the run header says
 which holds (harness.run.caseuser.header_line).
 """
 
@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 
-from harness.isolation.protocol import CASE_USER_ENV, XLA_DUMP_ROOT_ENV
+from harness.isolation.wire.protocol import CASE_USER_ENV, XLA_DUMP_ROOT_ENV
 
 HOME_PREFIX = "spmd-case-home-"
 PR_SET_DUMPABLE = 4  # linux/prctl.h

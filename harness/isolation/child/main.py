@@ -1,11 +1,11 @@
 """The child process: runs one case body, then ends.
 
-A fork server's keeper starts it for harness.isolation.child_process, in a session of its own
-with an explicit environment (harness.isolation.forkserver): forked from the server, which then
+A fork server's keeper starts it for harness.isolation.parent.child_process, in a session of its own
+with an explicit environment (harness.isolation.server.forkserver): forked from the server, which then
 calls `main()`, or exec'd fresh as `python -m harness.isolation.child`. At start it forks a
 watchdog (below), runs the backend's set-up hooks (for XLA backends: import torch_xla and switch
 SPMD on), says "ready", then for its one request on stdin says "started", runs the body and
-answers with a verdict on the result pipe (harness.isolation.protocol.ChildAnswer). A body that
+answers with a verdict on the result pipe (harness.isolation.wire.protocol.ChildAnswer). A body that
 raises is reported as an exception; a body that kills the process (SIGABRT from a C++ CHECK, a
 segfault) is noticed by the parent, which owns the attribution.
 
@@ -38,8 +38,10 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.errors import ChangedSinceCollection
-from harness.isolation import dropuser, files, processes, protocol
-from harness.isolation.context import CaseContext
+from harness.isolation.child.context import CaseContext
+from harness.isolation.server import dropuser
+from harness.isolation.system import files, processes
+from harness.isolation.wire import protocol
 
 WATCHDOG_PID: int | None = None  # the harness's own process; not a helper the body left running
 KEEPER_PID: int | None = None  # the process that adopts this child's helpers that leave its session
@@ -239,7 +241,7 @@ def encode_answer(answer: protocol.ChildAnswer) -> bytes:
             "ObservationsTooLarge",
             (
                 f"the verdict is {len(data) / 1e6:.1f} MB, over the harness's limit of "
-                f"{protocol.MAX_MESSAGE_BYTES / 1e6:.0f} MB (harness.isolation.protocol.MAX_MESSAGE_BYTES): record less "
+                f"{protocol.MAX_MESSAGE_BYTES / 1e6:.0f} MB (harness.isolation.wire.protocol.MAX_MESSAGE_BYTES): record less "
                 f"(sizes: {_observation_sizes(answer.observations)})"
             ),
         )
@@ -334,7 +336,7 @@ def drop_to_case_user() -> None:
     it can write nothing the run reads and signal none of the run's processes. The descriptors
     the child needs (stdio, its log, the result pipe, the lifeline) are open already. A forked
     child is that user already (its server dropped before importing); its keeper gave it a HOME
-    of its own (harness.isolation.forkserver.keep_child). Not dumpable: another case's process
+    of its own (harness.isolation.server.forkserver.keep_child). Not dumpable: another case's process
     of the same uid cannot read its memory or environment."""
     user = dropuser.case_user()
     if user is None:

@@ -1,9 +1,9 @@
 """What a child's verdict may carry as observations, checked once, in the parent, as it arrives.
 
-The observations are what a case body recorded (harness.isolation.context): sharding text and HLO
+The observations are what a case body recorded (harness.isolation.child.context): sharding text and HLO
 text by name, JSON values by key. A body can record anything under any key, and can even write a
 verdict of its own on the result pipe, so the parent holds them to the shape its readers expect
-before anything reads them (harness.isolation.child_process.ChildProcess.finish): a verdict that
+before anything reads them (harness.isolation.parent.child_process.ChildProcess.finish): a verdict that
 does not fit fails its case as a protocol failure naming the field or key, instead of an
 INTERNALERROR in whatever reads it later, which would end the whole session.
 

@@ -2,7 +2,7 @@
 
 `tail_text` cuts text; `tail_file` reads only the end of a big file, from byte `since` on (a
 case's part of a child log that several cases share), and can fold the text before it is cut
-(harness.isolation.evidence folds faulthandler's thread dumps). What was cut is said in a marker
+(harness.isolation.parent.evidence folds faulthandler's thread dumps). What was cut is said in a marker
 line, so a reader knows the tail is not the whole log.
 """
 
@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.isolation import files
+from harness.isolation.system import files
 
 TAIL_LINES = 40
 TAIL_BYTES = 8_000

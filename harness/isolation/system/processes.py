@@ -3,7 +3,7 @@
 Every process the harness ends as a whole runs in a session of its own, so that ending it ends
 everything it started. A fork server, a suite run of the release matrix, a pytest on a GKE host
 or a `--local` host are started by `start_in_session` (a Popen); a case child gets its session
-from its keeper (harness.isolation.forkserver), and the parent holds a forkclient.ForkedProcess.
+from its keeper (harness.isolation.server.forkserver), and the parent holds a forkclient.ForkedProcess.
 Both are a `ProcessHandle`, and `terminate_group` ends either: it sends SIGTERM to the whole
 process group, waits, then SIGKILLs the group, and it does so even when the leader is already
 dead, because a descendant (a gloo rank, an inductor compile worker, a forked copy of a case
@@ -16,7 +16,7 @@ among its own children and ends them, generation after generation. Elsewhere the
 that it cannot contain them (`SUBREAPER_UNAVAILABLE`).
 
 `signal_name` and `describe_exit` turn return codes into words, guarded for numbers that name no
-signal. The tail of a log is harness.isolation.logtail's.
+signal. The tail of a log is harness.isolation.system.logtail's.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from harness.isolation import logtail
+from harness.isolation.system import logtail
 
 TERMINATE_GRACE_S = 5.0
 # How long end_children keeps killing and reaping; SIGKILLed processes go in milliseconds unless a
@@ -46,7 +46,7 @@ SUBREAPER_UNAVAILABLE = (
 
 class ProcessHandle(Protocol):
     """A started process the harness watches and ends: a subprocess.Popen from start_in_session,
-    or a case child from a fork server's keeper (harness.isolation.forkclient.ForkedProcess).
+    or a case child from a fork server's keeper (harness.isolation.parent.forkclient.ForkedProcess).
 
     The process leads a process group of its own (its pid is the group's id): that is how
     terminate_group and kill_group_now end it with everything it started.

@@ -1,4 +1,4 @@
-"""The fork server process (`python -m harness.isolation.forkserver`): import torch_xla once, fork children.
+"""The fork server process (`python -m harness.isolation.server.forkserver`): import torch_xla once, fork children.
 
 `import torch_xla` costs 4-6 s and most of a child's memory; the state it leaves is the same for
 every child of one interpreter and import-time environment. The server imports only what is
@@ -7,7 +7,7 @@ client, no JAX backend, no torch op: a torch CPU op would start libgomp's pool a
 child's first matmul would hang), then forks on request. What a child may still choose after the fork is the environment
 variables torch_xla reads at use, not at import (`POST_FORK_VARIABLES`); every other variable
 keys the server. The parent side (starting a server, asking it for children) is
-harness.isolation.forkclient; what the two say to each other is harness.isolation.forkwire.
+harness.isolation.parent.forkclient; what the two say to each other is harness.isolation.wire.forkwire.
 
 One server serves every pytest process of a run: the controlling process starts it and passes
 the socket to the xdist workers, so a run imports torch_xla once, not once per worker. Clients
@@ -19,11 +19,11 @@ For each child the server forks a *keeper*, which forks the child and waits for 
 that asked for the child is not its parent, so the keeper writes the child's exit status (a
 signal included) to a pipe the client passed along. The child starts a session of its own, takes
 its stdin, log and pipes from the client, sets its environment, reseeds its random generators and
-runs `harness.isolation.child.main()`: from there on it is exactly a child started by exec. A request that
+runs `harness.isolation.child.main.main()`: from there on it is exactly a child started by exec. A request that
 names an `argv` gets a child that execs it with the request's whole environment: a fresh process
 (`--spmd-fork-server=off`, TPU), kept the same way (the pool's *exec server* imports nothing).
 
-Containment (harness.isolation.processes, Linux): the server and every keeper are child subreapers. A
+Containment (harness.isolation.system.processes, Linux): the server and every keeper are child subreapers. A
 helper the body started that leaves the child's session (setsid, a double fork) is adopted by the
 keeper when its parent ends; when the child has ended, the keeper reports its status, then kills
 and reaps every process it adopted, generation after generation. A keeper that dies first (a body
@@ -54,8 +54,10 @@ from typing import NoReturn
 
 import harness
 from harness.errors import HarnessError
-from harness.isolation import casens, dropuser, forkwire, processes
-from harness.isolation.forkwire import (
+from harness.isolation.server import casens, dropuser
+from harness.isolation.system import processes
+from harness.isolation.wire import forkwire
+from harness.isolation.wire.forkwire import (
     CONTROL_FD_ENV,
     FIXED_FDS,
     GO_FD_ENV,
@@ -67,7 +69,7 @@ from harness.isolation.forkwire import (
     TOKEN_BYTES,
     TOKEN_FD_ENV,
 )
-from harness.isolation.protocol import KEEPER_PID_ENV
+from harness.isolation.wire.protocol import KEEPER_PID_ENV
 
 # Modules that read the environment once at import; a server must never hold them.
 FORBIDDEN_IN_SERVER = (
@@ -78,7 +80,12 @@ FORBIDDEN_IN_SERVER = (
 # its own main, pytest and hypothesis (a case module imports them to define its bodies) and the
 # case kit (harness.__all__). None of them reads the environment at import, starts a thread or
 # imports torch (tests/test_parent_imports.py); a fresh child imports them itself, the same modules.
-CHILD_IMPORTS = ("harness.isolation.child", "pytest", "hypothesis?", *(f"harness.{name}" for name in harness.__all__))
+CHILD_IMPORTS = (
+    "harness.isolation.child.main",
+    "pytest",
+    "hypothesis?",
+    *(f"harness.{name}" for name in harness.__all__),
+)
 XLA_IMPORTS = ("torch", "torch_xla", "torch_xla.runtime", "torch_xla.distributed.spmd", "jax?", *CHILD_IMPORTS)
 # torch._dynamo too: torch.distributed.tensor imports it at its first dispatch (1.5-2.5 s), which
 # each forked gloo rank would otherwise pay again. It starts no thread and runs no op.
@@ -375,7 +382,7 @@ def keep_child(request: forkwire.SpawnRequest, fds: list[int], pid_write: int) -
 
 
 def _enter_namespaces() -> bool:
-    """Namespaces of the child's own (harness.isolation.casens); False where the kernel refuses."""
+    """Namespaces of the child's own (harness.isolation.server.casens); False where the kernel refuses."""
     try:
         casens.enter()
         return True
@@ -440,7 +447,7 @@ def become_child(
         sys.stdin = open(0, closefd=False)  # fd 0 is the new stdin now
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # the child's stdout for its whole life
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # the child's stderr for its whole life
-        from harness.isolation import child
+        from harness.isolation.child import main as child
 
         code = child.main()
     except SystemExit as exc:

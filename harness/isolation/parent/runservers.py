@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.isolation.backend import Backend
-from harness.isolation.case import child_spec
-from harness.isolation.child_process import ChildSpec
-from harness.isolation.forkclient import ServerAddress, ServerHandle, server_key
+from harness.isolation.parent.case import child_spec
+from harness.isolation.parent.child_process import ChildSpec
+from harness.isolation.parent.forkclient import ServerAddress, ServerHandle, server_key
 
 WORKERINPUT_KEY = "harness_fork_servers"
 
