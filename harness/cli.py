@@ -89,10 +89,3 @@ def add_hidden_alias(parser: argparse.ArgumentParser, old: str, dest: str, **kwa
     default of its own that could stand in for the documented option's.
     """
     parser.add_argument(old, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
-
-
-def inert(text: str) -> str:
-    """A line of plain output that cannot command the GitHub runner, whatever a record or a file
-    name held: one line, and no `##[` (a command wherever it sits in a line; harness.report's own
-    workflow commands are escaped by its workflow_command)."""
-    return " ".join(text.splitlines()).replace("##[", "#%23[")

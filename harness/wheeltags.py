@@ -23,8 +23,8 @@ try:
 except ImportError:  # the bare runner's system Python: the copy pip vendors
     from pip._vendor.packaging.utils import InvalidWheelFilename, parse_wheel_filename  # type: ignore[no-redef]  # pip's copy of the same API
 
-from harness.cli import inert
 from harness.errors import HarnessUsageError
+from harness.records.escaping import inert
 
 _CPYTHON = re.compile(r"^cp(\d)(\d+)$")
 

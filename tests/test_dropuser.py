@@ -1,5 +1,5 @@
 """Issue 51, item 2: the pieces a fork server and a case child use to become the case user
-(harness.isolation.server.dropuser), run for real where the tests have root. The end-to-end run as
+(harness.isolation.system.dropuser), run for real where the tests have root. The end-to-end run as
 `--spmd-case-user=nobody` is tests/test_hostile_bodies.py's (it needs a Python other users can read)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ pytestmark = [
 
 DROPS = """
 import ctypes, json, os, sys
-from harness.isolation.server import dropuser
+from harness.isolation.system import dropuser
 uid, gid = int(sys.argv[1]), int(sys.argv[2])
 home = dropuser.make_home(uid, gid)  # as the keeper does: before the child is the user
 read, write = os.pipe()
@@ -79,7 +79,8 @@ def test_a_dropped_process_is_the_case_user_for_good_not_dumpable_with_a_home_re
 
 ATTACK = """
 import errno, json, os, pwd, signal, sys, tempfile, time
-from harness.isolation.server import casens, dropuser
+from harness.isolation.server import casens
+from harness.isolation.system import dropuser
 isolate = sys.argv[3] == "isolate"
 uid, gid = int(sys.argv[1]), int(sys.argv[2])
 report_read, report_write = os.pipe()

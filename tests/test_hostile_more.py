@@ -204,7 +204,9 @@ def test_a_body_that_rewrites_the_harness_in_the_checkout_fails_the_run(pytester
     shutil.copytree(REPO / "harness", pytester.path / "harness", ignore=shutil.ignore_patterns("__pycache__"))
     pytester.makepyfile(test_rewrites=REWRITES_HARNESS)
     result = run(pytester, *workers)
-    assert "except Exception" in (pytester.path / "harness" / "isolation" / "child" / "main.py").read_text(), "not rewritten"
+    assert "except Exception" in (pytester.path / "harness" / "isolation" / "child" / "main.py").read_text(), (
+        "not rewritten"
+    )
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(
         [

@@ -10,7 +10,7 @@ the code under test, so harness.report never puts their text anywhere without on
 - `command_data` / `command_property`: a GitHub workflow command's message and its `title=`:
   one line, `%` escaped first, `:` and `,` in properties; bounded in length.
 - `output_line`: a `name=value` line of $GITHUB_OUTPUT: a plain name and a whole number, nothing else.
-- `plain_line`: a line of the job's log (harness.cli.inert: one line, no `##[`).
+- `plain_line`: a line of the job's log (inert: one line, no `##[`).
 
 Each starts with `utf8`: text UTF-8 cannot hold (a lone surrogate from a C++ error message,
 decoded with surrogateescape, kept by JSON) is written as its backslash escape instead of
@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import html
 import re
-
-from harness import cli
 
 # A cell, a problem line or an annotation longer than this is cut (head and tail kept): one record
 # must not be able to fill the summary or the job's log on its own.
@@ -90,5 +88,12 @@ def output_line(name: str, value: int) -> str:
 
 
 def plain_line(text: str) -> str:
-    """A line of the job's log that cannot command the runner (harness.cli.inert) and can be printed."""
-    return cli.inert(utf8(text))
+    """A line of the job's log that cannot command the runner (inert) and can be printed."""
+    return inert(utf8(text))
+
+
+def inert(text: str) -> str:
+    """A line of plain output that cannot command the GitHub runner, whatever a record or a file
+    name held: one line, and no `##[` (a command wherever it sits in a line; harness.report's own
+    workflow commands are escaped by its workflow_command)."""
+    return " ".join(text.splitlines()).replace("##[", "#%23[")

@@ -5,7 +5,7 @@ reads (its records, the baselines, the checkout, the venv) and signal the run's 
 each of those doors has to be shut one by one. Where the run has root (CI containers, the GKE
 workers), `--spmd-case-user=USER` shuts them all at once: each child drops to USER before it
 runs anything (harness.isolation.child.main.drop_to_case_user), and so does each fork server before it
-imports torch_xla (harness.isolation.server.dropuser): the build under test never runs as root. The run's
+imports torch_xla (harness.isolation.system.dropuser): the build under test never runs as root. The run's
 own files stay root's.
 """
 

@@ -39,8 +39,7 @@ from typing import Any
 
 from harness.errors import ChangedSinceCollection
 from harness.isolation.child.context import CaseContext
-from harness.isolation.server import dropuser
-from harness.isolation.system import files, processes
+from harness.isolation.system import dropuser, files, processes
 from harness.isolation.wire import protocol
 
 WATCHDOG_PID: int | None = None  # the harness's own process; not a helper the body left running

@@ -54,8 +54,8 @@ from typing import NoReturn
 
 import harness
 from harness.errors import HarnessError
-from harness.isolation.server import casens, dropuser
-from harness.isolation.system import processes
+from harness.isolation.server import casens
+from harness.isolation.system import dropuser, processes
 from harness.isolation.wire import forkwire
 from harness.isolation.wire.forkwire import (
     CONTROL_FD_ENV,

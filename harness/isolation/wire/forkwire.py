@@ -49,7 +49,7 @@ TOKEN_BYTES = 32  # of randomness: the token is their hex
 # XLA_DISABLE_FUNCTIONALIZATION and CPU_NUM_DEVICES on torch_xla 2.6-2.9: forked children with
 # either changed give the same shardings, outputs and losses as fresh processes. Every other
 # variable keys the server (forkclient.server_key), the case user included: a server drops to it
-# before it imports (harness.isolation.server.dropuser). A spawn request for a forked child carries
+# before it imports (harness.isolation.system.dropuser). A spawn request for a forked child carries
 # these only; one for a fresh child (argv) carries the whole environment.
 POST_FORK_VARIABLES = frozenset(
     {
