@@ -48,13 +48,13 @@ def role(pid: int, parents: dict[int, int], cmdlines: dict[int, str], root: int)
     cmd = cmdlines.get(pid, "")
     if pid == root:
         return "pytest controller"
-    if "harness.isolation.forkserver" in cmd:
+    if "harness.isolation.server.forkserver" in cmd:
         depth, up = 0, parents.get(pid)
-        while up is not None and "harness.isolation.forkserver" in cmdlines.get(up, ""):
+        while up is not None and "harness.isolation.server.forkserver" in cmdlines.get(up, ""):
             depth, up = depth + 1, parents.get(up)
         # The torch_xla and the torch-only server differ only in what their environment preloads.
         return ("fork server", "keeper", "case child (forked)")[min(depth, 2)]
-    if "harness.isolation.child" in cmd:
+    if "harness.isolation.child.main" in cmd:
         return "case child (fresh)"
     if parents.get(pid) == root and "exec(eval(" in cmd:  # execnet's popen gateway: an xdist worker
         return "xdist worker"

@@ -4,7 +4,7 @@
 
 A case that keeps the HLO of a large model sends tens of MB of observations. The time from the
 body's end to the verdict in the parent counts against the case timeout, so it must grow
-linearly with the size (harness.isolation.protocol.LineBuffer). Fake backend: no torch_xla needed.
+linearly with the size (harness.isolation.wire.protocol.LineBuffer). Fake backend: no torch_xla needed.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ def body_big_observation(ctx, megabytes: int) -> None:
 
 def measure(megabytes: int, repeat: int) -> tuple[float, float]:
     from harness.config.backends import FakeBackend
-    from harness.isolation.case import SpmdRunner
-    from harness.isolation.pool import ChildPool
+    from harness.isolation.parent.case import SpmdRunner
+    from harness.isolation.parent.pool import ChildPool
 
     latencies, rates = [], []
     with tempfile.TemporaryDirectory() as logs:

@@ -50,10 +50,10 @@ print(json.dumps(seen))
 """
 
 
-def test_a_dropped_process_is_the_case_user_for_good_not_dumpable_with_a_home_removed_after():
-    nobody = pwd.getpwnam("nobody")
-    proc = subprocess.run(
-        [sys.executable, "-c", DROPS, str(nobody.pw_uid), str(nobody.pw_gid)],
+def _run_as_root_script(script: str, user: pwd.struct_passwd, *args: str) -> subprocess.CompletedProcess[str]:
+    """`script` in a new Python, given the user's uid and gid (and `args`); it drops to them itself."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(user.pw_uid), str(user.pw_gid), *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -63,6 +63,11 @@ def test_a_dropped_process_is_the_case_user_for_good_not_dumpable_with_a_home_re
         # (harness.run.caseuser.give_dump_root); here HOME goes to the system's temporary folder.
         env={k: v for k, v in os.environ.items() if k != XLA_DUMP_ROOT_ENV},
     )
+
+
+def test_a_dropped_process_is_the_case_user_for_good_not_dumpable_with_a_home_removed_after():
+    nobody = pwd.getpwnam("nobody")
+    proc = _run_as_root_script(DROPS, nobody)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
     assert seen == {
@@ -158,14 +163,7 @@ def test_a_case_in_namespaces_of_its_own_cannot_signal_another_nor_read_its_home
     nobody = pwd.getpwnam("nobody")
     if isolate == "isolate" and caseuser.namespaces_refused(nobody.pw_uid, nobody.pw_gid):
         pytest.skip("the kernel refuses namespaces to the case user")
-    proc = subprocess.run(
-        [sys.executable, "-c", ATTACK, str(nobody.pw_uid), str(nobody.pw_gid), isolate],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env={k: v for k, v in os.environ.items() if k != XLA_DUMP_ROOT_ENV},
-    )
+    proc = _run_as_root_script(ATTACK, nobody, isolate)
     assert proc.returncode == 0, proc.stderr
     reached = json.loads(proc.stdout)
     if isolate == "shared":
