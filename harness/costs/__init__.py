@@ -37,6 +37,9 @@ from __future__ import annotations
 from harness.costs.comparison import (
     BYTES_BAND_FLOOR,
     BYTES_BAND_RELATIVE,
+    FAILS,
+    IMPROVEMENT,
+    WITHIN_BAND,
     CostChange,
     band_text,
     bytes_judgement,
@@ -111,6 +114,9 @@ from harness.costs.steady import (
 )
 
 __all__ = [
+    "FAILS",
+    "IMPROVEMENT",
+    "WITHIN_BAND",
     "BASELINED_LIVE_FIELDS",
     "BYTES_BAND_FLOOR",
     "BYTES_BAND_RELATIVE",
