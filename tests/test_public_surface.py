@@ -87,3 +87,30 @@ def test_importing_harness_is_lazy():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _defined_names(path: Path) -> set[str]:
+    """The names a module's own top-level statements bind (functions, classes, assignments)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        for target in getattr(node, "targets", []) + ([node.target] if isinstance(node, ast.AnnAssign) else []):
+            names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def test_harness_costs_offers_every_public_name_of_its_modules():
+    """harness.costs is a package whose modules each do one job; case bodies and the judges use the
+    package's names (`costs.compare`), so a public name a module defines and the package does not
+    hand on is a name that vanished in the split (a tuple assignment's names once did)."""
+    import harness.costs as costs
+
+    missing = sorted(
+        f"{path.stem}.{name}"
+        for path in (REPO / "harness" / "costs").glob("*.py")
+        if path.name != "__init__.py"
+        for name in _defined_names(path)
+        if not name.startswith("_") and not hasattr(costs, name)
+    )
+    assert missing == [], "public names of harness/costs/ modules that harness.costs does not offer"
