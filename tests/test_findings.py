@@ -151,3 +151,25 @@ def test_a_failed_line_leads_with_a_split_step_beside_the_drift_of_its_renumbere
     message = cause_first(report, drift, 120)  # type: ignore[arg-type]
     assert message.startswith("train: step0: compiles 1 -> 3, exec"), message
     assert len(f"FAILED {report.nodeid} - {message}") <= 120
+
+
+def test_a_failed_line_of_a_case_marked_with_another_known_bug_leads_with_its_own_cause():
+    """The registry's word on a marked case that failed otherwise (on a release the entry does not
+    name) is said whole above the summary; the FAILED line is the failure's own cause (it was
+    `failed on torch_xla 2.9.0; not the si...` on an 80-column terminal)."""
+    from types import SimpleNamespace
+
+    from harness.run.failedlines import cause_first
+
+    report = SimpleNamespace(
+        nodeid="cases/test_training_job_checkpoint.py::test_a_resumed_job_is_the_uninterrupted_job[planners]",
+        user_properties=[],
+        longrepr=None,
+        sections=[],
+    )
+    verdict = (
+        "failed on torch_xla 2.9.0; not the signature of dcp-filesystem-writer-picks-torchax-device-module: "
+        "AssertionError: the restore changed the sharding of 63 tensor(s): optimizer exp_avg of embed.weight"
+    )
+    message = cause_first(report, verdict, 240)  # type: ignore[arg-type]
+    assert message.startswith("AssertionError: the restore changed the sharding of 63 tensor(s)"), message

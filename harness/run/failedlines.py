@@ -29,9 +29,14 @@ WHOLE_LINES_VERBOSITY = 2  # what pytest's short summary needs to print a failur
 MAX_COLUMNS = 120  # of a FAILED line, however wide the terminal or the log
 MIN_MESSAGE = 40  # characters of the cause however long the case's id
 MAX_LINES_READ = 200  # of a failure's message, looking for its cause
-# What every line against a base run starts with, and the harness's wrapper of a child's error:
+# What every line against a base run starts with, the harness's wrapper of a child's error, and
+# the registry's word on a case marked with a known bug that failed otherwise (harness.registry:
+# `failed on torch_xla 2.9.0; not the signature of <entry>: <cause>`, said whole above the summary):
 # words every such failure shares, not its cause.
-_BOILERPLATE = re.compile(r"^(?:(?:harness\.errors\.)?CaseFailed: )?(?:base \S+ -> this build \S+: )?")
+_BOILERPLATE = re.compile(
+    r"^(?:(?:harness\.errors\.)?CaseFailed: )?(?:failed on [^;\n]*; not the signature of [^:\n]*: )?"
+    r"(?:base \S+ -> this build \S+: )?"
+)
 
 # `__main__.ChangedSinceCollection: ...`: the error's name is enough, not its module's.
 _MODULE_OF_ERROR = re.compile(r"^(?:\w+\.)+(?=\w+: )")
