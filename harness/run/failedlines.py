@@ -22,22 +22,13 @@ import pytest
 from harness import findings as causes
 from harness.judges.basecompare import printable
 from harness.judges.costcheck import COST_CHECK_SECTION
-from harness.run.findings import finding_of, first_item
+from harness.run.findings import BOILERPLATE, finding_of, first_item
 from harness.run.session import SESSION_KEY
 
 WHOLE_LINES_VERBOSITY = 2  # what pytest's short summary needs to print a failure's message uncut
 MAX_COLUMNS = 120  # of a FAILED line, however wide the terminal or the log
 MIN_MESSAGE = 40  # characters of the cause however long the case's id
 MAX_LINES_READ = 200  # of a failure's message, looking for its cause
-# What every line against a base run starts with, the harness's wrapper of a child's error, and
-# the registry's word on a case marked with a known bug that failed otherwise (harness.registry:
-# `failed on torch_xla 2.9.0; not the signature of <entry>: <cause>`, said whole above the summary):
-# words every such failure shares, not its cause.
-_BOILERPLATE = re.compile(
-    r"^(?:(?:harness\.errors\.)?CaseFailed: )?(?:failed on [^;\n]*; not the signature of [^:\n]*: )?"
-    r"(?:base \S+ -> this build \S+: )?"
-)
-
 # `__main__.ChangedSinceCollection: ...`: the error's name is enough, not its module's.
 _MODULE_OF_ERROR = re.compile(r"^(?:\w+\.)+(?=\w+: )")
 # An absolute path, as an error names the file it is about: its last part is what the line needs.
@@ -53,10 +44,10 @@ def cause_first(report: pytest.TestReport, message: str, columns: int) -> str:
         # compilations beside the sharding drift of its renumbered parameters).
         beside = [text for title, text in report.sections if title == COST_CHECK_SECTION]
         lines = [line.strip() for line in "\n".join([message, *beside]).splitlines()[:MAX_LINES_READ] if line.strip()]
-        items = [_BOILERPLATE.sub("", line) for line in lines] or items
+        items = [BOILERPLATE.sub("", line) for line in lines] or items
     kind, direction = causes.cause_of(causes.FailedCase(report.nodeid, items))
     lead = next((i for i in items if causes.classify(i) == (kind, direction)), "") if kind != "other" else ""
-    lead = _BOILERPLATE.sub("", lead or first_item(message))
+    lead = BOILERPLATE.sub("", lead or first_item(message))
     more = f" (+{len(items) - 1} more)" if differences else ""
     room = max(MIN_MESSAGE, columns - len(f"FAILED {report.nodeid} - "))
     lead = lead.replace(f"case {report.nodeid}: ", "", 1)  # a case error names its case: the line already does

@@ -33,6 +33,16 @@ MAX_ITEMS_SHOWN = 6  # lines of one finding; the rest is in each failure and in 
 PARAMETER_NUMBER = re.compile(r"parameter\(\d+\)")
 
 
+# What every line against a base run starts with, the harness's wrapper of a child's error, and
+# the registry's word on a case marked with a known bug that failed otherwise (harness.registry:
+# `failed on torch_xla 2.9.0; not the signature of <entry>: <cause>`, said whole above the summary):
+# words every such failure shares, not its cause.
+BOILERPLATE = re.compile(
+    r"^(?:(?:harness\.errors\.)?CaseFailed: )?(?:failed on [^;\n]*; not the signature of [^:\n]*: )?"
+    r"(?:base \S+ -> this build \S+: )?"
+)
+
+
 def first_item(text: str) -> str:
     """A failure's first line; where that line announces a list ("sharding drift: 1 tensor(s) differ
     ...:"), with its first item, so one line says what changed."""
@@ -51,7 +61,7 @@ def finding_of(report: pytest.TestReport) -> tuple[str, ...]:
         return tuple(PARAMETER_NUMBER.sub("parameter(N)", item) for item in compared["differences"])
     longrepr = report.longrepr
     crash = getattr(longrepr, "reprcrash", None)
-    return (first_item(crash.message if crash is not None else str(longrepr)),)
+    return (BOILERPLATE.sub("", first_item(crash.message if crash is not None else str(longrepr))),)
 
 
 def checked_line(reports: Iterable[pytest.TestReport]) -> str:
