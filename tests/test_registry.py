@@ -258,7 +258,10 @@ def test_a_regressed_known_bug_leads_with_the_verdict(pytester, monkeypatch):
     result.assert_outcomes(failed=2)
     # The short summary is cut to the terminal's width (80 columns here).
     result.stdout.fnmatch_lines(["FAILED test_judged.py::test_reproduces - REGRESSION? torch_xla 2.9.0*"])
-    result.stdout.fnmatch_lines(["FAILED test_judged.py::test_other - failed on torch_xla 2.9.0*"])
+    # A marked case that failed otherwise: its line leads with its own cause; the registry's word
+    # ("failed on torch_xla 2.9.0; not the signature of ...") leads its section above.
+    result.stdout.fnmatch_lines(["FAILED test_judged.py::test_other - *RuntimeError: a brand new failure*"])
+    result.stdout.fnmatch_lines(["failed on torch_xla 2.9.0; not the signature of fsdpv2-scalar-param-spec*"])
     # In the failure's own section, the verdict is the first line after the header.
     lines = result.outlines
     header = next(i for i, line in enumerate(lines) if line.strip("_ ").startswith("test_reproduces"))
