@@ -151,7 +151,60 @@ def test_pytests_own_rewritten_bytecode_is_no_finding_but_a_planted_plain_pyc_is
     tag = sys.implementation.cache_tag
     rewritten = package / "__pycache__" / f"mod.{tag}-pytest-9.2.0.pyc"
     rewritten.write_bytes(bootstrap._code_to_timestamp_pyc(other, stat.st_mtime, stat.st_size))
-    assert bytecode_problems(package) == []
+    assert bytecode_problems([package]) == []
     planted = package / "__pycache__" / f"mod.{tag}.pyc"
     planted.write_bytes(bootstrap._code_to_timestamp_pyc(other, stat.st_mtime, stat.st_size))
-    assert bytecode_problems(package) == [str(planted)]
+    assert bytecode_problems([package]) == [str(planted)]
+
+
+PLANTS_HELPER_BYTECODE = """
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_plants(ctx, remove):
+    import importlib._bootstrap_external as bootstrap
+    import importlib.util, pathlib
+    source = pathlib.Path(__file__).with_name("judgehelper.py")
+    forged = compile("def check(value):\\n    return None\\n", str(source), "exec")
+    stat = source.stat()  # stamped like its source: Python takes it without reading the source
+    pyc = pathlib.Path(importlib.util.cache_from_source(str(source)))
+    pyc.parent.mkdir(exist_ok=True)
+    if remove:
+        pyc.unlink()
+    else:
+        pyc.write_bytes(bootstrap._code_to_timestamp_pyc(forged, stat.st_mtime, stat.st_size))
+
+def body_checks(ctx):
+    import judgehelper
+    judgehelper.check(1)
+
+def test_a_plants(spmd):
+    spmd.run(body_plants, remove=False)
+
+# A later case imports the helper from disk: the forged bytecode, which never raises.
+def test_b_checks(spmd):
+    spmd.run(body_checks)
+
+def test_c_removes(spmd):
+    spmd.run(body_plants, remove={remove})
+"""
+
+HELPER = """
+def check(value):
+    raise AssertionError(f"the real failure: {value}")
+"""
+
+
+@pytest.mark.parametrize("removed_after", [False, True], ids=["left", "removed-after"])
+def test_a_pyc_planted_for_a_case_helper_module_fails_the_run_naming_it(pytester, removed_after):
+    """A helper module the cases import (cases/models.py's kind) is no harness file: a `.pyc` planted
+    beside it with its source's stamp answers for it in every later child. Named at the end of the
+    run, and also when a third case removed it again."""
+    pytester.makepyfile(judgehelper=HELPER, test_plants=PLANTS_HELPER_BYTECODE.replace("{remove}", str(removed_after)))
+    result = run_fake(pytester, "-p", "no:randomly", "-rA")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    tag = sys.implementation.cache_tag
+    result.stdout.fnmatch_lines(
+        [f"*changed while the run's cases ran (by a case?): __pycache__/judgehelper.{tag}.pyc*"]
+    )

@@ -4,13 +4,15 @@ A case body that runs as pytest's own user can rewrite the checkout: the pytest 
 imported the harness already, but a child exec'd fresh (the fake backend's children, a body with
 preload=False, a fork server started again after a body killed it) imports it from disk, so a
 rewritten harness/isolation/child/main.py answers "passed" for every later case. So can a `.pyc` planted
-in harness/**/__pycache__ with its source's stamp: Python takes it without reading the source.
+in harness/**/__pycache__ with its source's stamp: Python takes it without reading the source; and
+one planted beside a helper module the cases import (cases/models.py's kind), in every later child.
 
 The controlling pytest process takes a fingerprint when it starts: every file of the harness
 package (kind and content), every conftest.py and Python file of the folders the run was given
-(`__pycache__`, hidden folders and environments aside); at the end it compares, and checks that
-every bytecode file of the harness holds what its source compiles to (children write `.pyc` files
-legitimately, so their content, not their presence, is what counts). A change fails the run,
+(`__pycache__`, hidden folders and environments aside); after each case and at the end it compares,
+and checks that every bytecode file of the harness and of those folders holds what its source
+compiles to (children write `.pyc` files legitimately, so their content, not their presence, is
+what counts; one found sound is not read again until it or its source changes). A change fails the run,
 naming the files, as a changed manifest does (harness.records.runfolder). Case modules are also
 held before use: each child imports its case's module from the bytes the run hashed at collection
 (harness.isolation.parent.case.hold_sources), or refuses. Only `--spmd-case-user` keeps a case from
@@ -33,6 +35,7 @@ from harness.isolation.system import files
 PACKAGE = Path(__file__).resolve().parents[1]
 FINGERPRINT_KEY = pytest.StashKey[dict[str, str]]()
 SEEN_CHANGED_KEY = pytest.StashKey[set[str]]()  # changes seen after a case, though put back since
+VERIFIED_KEY = pytest.StashKey[dict[str, tuple[str, str]]]()  # bytecode found sound after a case
 SKIPPED_FOLDERS = frozenset({"__pycache__", "node_modules", "site-packages", "results"})
 MAX_WATCHED = 5000  # files of the run's folders fingerprinted; a checkout has a few hundred
 
@@ -53,15 +56,22 @@ def fingerprint(root: Path = PACKAGE, python_only: bool = False) -> dict[str, st
     return found
 
 
+def _run_folders(config: pytest.Config) -> list[Path]:
+    """The folders the run was given (each path's folder), that exist."""
+    folders = []
+    for arg in config.args or [str(config.rootpath)]:
+        path = Path(config.rootpath, arg.split("::")[0]).resolve()
+        folder = path if path.is_dir() else path.parent
+        if folder.is_dir() and folder not in folders:
+            folders.append(folder)
+    return folders
+
+
 def _run_fingerprint(config: pytest.Config) -> dict[str, str]:
     """The harness package and the run's own Python files: conftest.py up from each path, and the
     Python files under each path the run was given (its cases, their helpers, their conftests)."""
     found = fingerprint(PACKAGE)
-    for arg in config.args or [str(config.rootpath)]:
-        path = Path(config.rootpath, arg.split("::")[0]).resolve()
-        folder = path if path.is_dir() else path.parent
-        if not folder.is_dir():
-            continue
+    for folder in _run_folders(config):
         for parent in [folder, *folder.parents]:
             conftest = parent / "conftest.py"
             if conftest.exists():
@@ -76,14 +86,16 @@ def _run_fingerprint(config: pytest.Config) -> dict[str, str]:
 PLAIN_IMPORT_SUFFIXES = frozenset({".pyc", ".opt-1.pyc", ".opt-2.pyc"})
 
 
-def bytecode_problems(root: Path = PACKAGE) -> list[str]:
-    """The harness's `.pyc` files this Python would load instead of compiling their source (a
-    timestamp pyc stamped with its source's mtime and size, or a hash-based one) that do not hold
-    what their source compiles to. A stale pyc (its stamp is not its source's) or one without
-    a source is never loaded from `__pycache__`: not a problem."""
+def bytecode_problems(roots: list[Path] | None = None, verified: dict[str, tuple[str, str]] | None = None) -> list[str]:
+    """The `.pyc` files under roots (the harness; the run's case folders too, whose helper modules
+    later children import from disk) that this Python would load instead of compiling their source
+    (a timestamp pyc stamped with its source's mtime and size, or a hash-based one) and that do not
+    hold what their source compiles to. A stale pyc (its stamp is not its source's) or one without
+    a source is never loaded from `__pycache__`: not a problem. `verified`: pyc -> (its identity, its
+    source's stamp) found sound before, not read again (the check runs after every case)."""
     tag = sys.implementation.cache_tag
     bad = []
-    for pyc in sorted(root.rglob(f"__pycache__/*.{tag}*.pyc")):
+    for pyc in sorted({pyc for root in roots or [PACKAGE] for pyc in _bytecode_files(root, tag)}):
         stem, _, rest = pyc.name.partition(f".{tag}")
         if rest not in PLAIN_IMPORT_SUFFIXES:
             # pytest's rewritten modules (`-pytest-9.2.0.pyc`) are read by pytest's own import hook
@@ -93,17 +105,53 @@ def bytecode_problems(root: Path = PACKAGE) -> list[str]:
         level = 2 if rest.startswith(".opt-2") else 1 if rest.startswith(".opt-1") else 0
         source = pyc.parent.parent / f"{stem}.py"
         try:
-            data = files.read_bytes(pyc)
-            if not source.is_file() or not _would_load(data, source):
+            known = (_identity(pyc), _stamp(source) if source.is_file() else "no source")
+            if verified is not None and verified.get(str(pyc)) == known:
                 continue
-            code = marshal.loads(data[16:])
-            expected = compile(files.read_bytes(source), str(source), "exec", dont_inherit=True, optimize=level)
+            data = files.read_bytes(pyc)
+            if source.is_file() and _would_load(data, source):
+                code = marshal.loads(data[16:])
+                expected = compile(files.read_bytes(source), str(source), "exec", dont_inherit=True, optimize=level)
+                if code != expected:
+                    bad.append(str(pyc))
+                    continue
         except (OSError, ValueError, EOFError, TypeError, SyntaxError):
             bad.append(str(pyc))
             continue
-        if code != expected:
-            bad.append(str(pyc))
+        if verified is not None:
+            verified[str(pyc)] = known
     return bad
+
+
+def _bytecode_files(root: Path, tag: str) -> list[Path]:
+    """Every `__pycache__/*.<tag>*.pyc` under root, outside the folders fingerprint() skips."""
+    found = []
+    for folder, dirs, names in os.walk(root):
+        inside = Path(folder).name == "__pycache__"
+        dirs[:] = (
+            []
+            if inside
+            else [
+                d
+                for d in dirs
+                if d == "__pycache__" or (d not in SKIPPED_FOLDERS and not d.startswith(".") and d != "venv")
+            ]
+        )
+        if inside:
+            found += [Path(folder, name) for name in names if name.endswith(".pyc") and f".{tag}" in name]
+    return found
+
+
+def _stamp(source: Path) -> str:
+    info = source.stat()
+    return f"{info.st_mtime_ns}:{info.st_size}"
+
+
+def _identity(pyc: Path) -> str:
+    """A file's inode, size, mtime and ctime: any write changes its ctime, which no process can set
+    back (utime sets mtime only), so an unchanged identity is an unchanged file."""
+    info = os.lstat(pyc)
+    return f"{info.st_ino}:{info.st_size}:{info.st_mtime_ns}:{info.st_ctime_ns}"
 
 
 def _would_load(data: bytes, source: Path) -> bool:
@@ -143,10 +191,17 @@ def _changed(config: pytest.Config) -> set[str]:
 
 
 def note(config: pytest.Config) -> None:
-    """After each case (the controlling process): a helper module a case rewrites, another case
-    imports and a third puts back is unchanged at the end of the run; seen here, it still fails it."""
+    """After each case (the controlling process): a helper module a case rewrites (or whose bytecode
+    it plants), another case imports and a third puts back is unchanged at the end of the run; seen
+    here, it still fails it."""
     if FINGERPRINT_KEY in config.stash:
-        config.stash.setdefault(SEEN_CHANGED_KEY, set()).update(_changed(config))
+        seen = config.stash.setdefault(SEEN_CHANGED_KEY, set())
+        seen.update(_changed(config))
+        seen.update(bytecode_problems(_bytecode_roots(config), config.stash.setdefault(VERIFIED_KEY, {})))
+
+
+def _bytecode_roots(config: pytest.Config) -> list[Path]:
+    return [PACKAGE, *(folder for folder in _run_folders(config) if not folder.is_relative_to(PACKAGE))]
 
 
 def problems(config: pytest.Config) -> list[str]:
@@ -156,7 +211,7 @@ def problems(config: pytest.Config) -> list[str]:
         return []
     seen: set[str] = config.stash.get(SEEN_CHANGED_KEY, set())
     changed = sorted(_changed(config) | seen)
-    changed += bytecode_problems()
+    changed += sorted(set(bytecode_problems(_bytecode_roots(config))) - set(changed))
     if not changed:
         return []
     shown = ", ".join(_shown(name, config.rootpath) for name in changed[:5]) + (
