@@ -208,3 +208,38 @@ def test_a_pyc_planted_for_a_case_helper_module_fails_the_run_naming_it(pytester
     result.stdout.fnmatch_lines(
         [f"*changed while the run's cases ran (by a case?): __pycache__/judgehelper.{tag}.pyc*"]
     )
+
+
+REWRITES_HELPER_SAME_SIZE = """
+import os, pathlib
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_rewrites(ctx):
+    source = pathlib.Path(__file__).with_name("judgehelper.py")
+    stat = source.stat()
+    text = source.read_text()
+    forged = text.replace("raise AssertionError", "return None or      ")
+    assert len(forged) == len(text)
+    source.write_text(forged)
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same size and mtime: the same stamp
+
+def body_checks(ctx):
+    import judgehelper
+    judgehelper.check(1)
+
+def test_a_rewrites(spmd):
+    spmd.run(body_rewrites)
+
+def test_b_checks(spmd):
+    spmd.run(body_checks)
+"""
+
+
+def test_a_case_helper_rewritten_at_the_same_size_with_its_mtime_put_back_fails_the_run_naming_it(pytester):
+    pytester.makepyfile(judgehelper=HELPER, test_rewrites=REWRITES_HELPER_SAME_SIZE)
+    result = run_fake(pytester, "-p", "no:randomly", "-rA")
+    assert "return None" in (pytester.path / "judgehelper.py").read_text(), "not rewritten"
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["*changed while the run's cases ran (by a case?): judgehelper.py*"])

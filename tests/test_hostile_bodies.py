@@ -713,3 +713,69 @@ def test_a_case_cannot_signal_read_or_see_another_case_running_at_once(world_rea
     assert {what: how for what, how in reached.items() if how != "ESRCH"} == {}, reached
     home = json.loads((shared / "victim.json").read_text())["home"]
     assert not Path(home).exists(), f"the victim's HOME {home} was left behind"
+
+
+DAEMON_OUTLIVES_ITS_CASE = """
+import json, os, pathlib, time
+import pytest
+
+pytestmark = [pytest.mark.spmd, pytest.mark.needs(xla=False)]
+
+def body_daemon(ctx, shared):
+    beat = pathlib.Path(shared, "heartbeat")
+    if os.fork() == 0:  # double fork and a session of its own: what a daemon does to outlive its parent
+        os.setsid()
+        if os.fork() == 0:
+            for fd in range(3):
+                os.close(fd)
+            while True:
+                beat.write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
+                time.sleep(0.05)
+        os._exit(0)
+    while not beat.exists():
+        time.sleep(0.05)
+
+def body_looks(ctx, shared):
+    beat = pathlib.Path(shared, "heartbeat")
+    first = beat.read_text()
+    time.sleep(1.0)
+    ctx.record("still beating", beat.read_text() != first)
+
+def test_a_daemon(spmd):
+    spmd.run(body_daemon, shared=os.environ["SPMD_TEST_SHARED"])
+
+def test_b_looks(spmd):
+    assert spmd.run(body_looks, shared=os.environ["SPMD_TEST_SHARED"]).values["still beating"] is False
+"""
+
+
+@pytest.mark.skipif(case_user_unusable() is not None, reason=str(case_user_unusable()))
+def test_a_daemon_a_case_user_body_starts_does_not_outlive_its_case(world_readable_folder: Path):
+    """#51: a body run as the case user double-forks a daemon into a session of its own. It is
+    ended with its case (the next case sees its heartbeat stopped), and nothing of the case user
+    is left when the run ends."""
+    (world_readable_folder / "test_daemon.py").write_text(DAEMON_OUTLIVES_ITS_CASE)
+    shared = world_readable_folder / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--spmd-backend=fake", "-p", "no:cacheprovider", "-p", "no:randomly"]
+        + ["--spmd-case-user=nobody", "-rA"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=world_readable_folder,
+        env={**os.environ, "SPMD_TEST_SHARED": str(shared)},
+    )
+    daemon = json.loads((shared / "heartbeat").read_text())["pid"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    nobody = pwd.getpwnam("nobody").pw_uid
+    left = [e.name for e in os.scandir("/proc") if e.name.isdigit() and _uid_of(e.name) == nobody]
+    assert left == [], f"processes of the case user left after the run: {left} (the daemon was {daemon})"
+
+
+def _uid_of(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
