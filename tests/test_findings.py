@@ -173,3 +173,23 @@ def test_a_failed_line_of_a_case_marked_with_another_known_bug_leads_with_its_ow
     )
     message = cause_first(report, verdict, 240)  # type: ignore[arg-type]
     assert message.startswith("AssertionError: the restore changed the sharding of 63 tensor(s)"), message
+
+
+def test_a_failed_line_of_a_case_with_a_very_long_id_still_shows_its_cause_within_120_columns():
+    """A 129-character id (cases/test_costs.py's longest with its parameters) left no room: the
+    line was 178 columns. Its middle is elided instead; both ends still find the case."""
+    from types import SimpleNamespace
+
+    from harness.run.failedlines import MIN_MESSAGE, cause_first, shown_id
+
+    nodeid = "cases/test_costs.py::test_steady_state_detector_catches_a_host_object_kept_per_parameter_per_step[fsdpv2-func-off]"
+    report = SimpleNamespace(nodeid=nodeid, user_properties=[], longrepr=None, sections=[])
+    message = cause_first(report, "AssertionError: step2: XLA tensors 69 -> 72 per step", 120)  # type: ignore[arg-type]
+    line = f"FAILED {shown_id(nodeid)} - {message}"
+    assert len(line) <= 120, line
+    assert message.startswith("AssertionError: step2: XLA tensors 69"), message
+    assert len(message) >= MIN_MESSAGE, message
+    shown = shown_id(nodeid)
+    assert shown.startswith("cases/test_costs.py::test_steady") and shown.endswith("[fsdpv2-func-off]"), shown
+    short = "cases/test_vit.py::test_train[fsdpv2]"
+    assert shown_id(short) == short

@@ -35,8 +35,21 @@ _MODULE_OF_ERROR = re.compile(r"^(?:\w+\.)+(?=\w+: )")
 _LONG_PATH = re.compile(r"(?<![\w.])/(?:[^\s/:'\"]+/)+([^\s/:'\"]+)")
 
 
+def shown_id(nodeid: str) -> str:
+    """The case's id as its FAILED line shows it: whole where it leaves MIN_MESSAGE of MAX_COLUMNS
+    for the cause, else its middle elided (`cases/test_costs.py::test_steady_s...per_parameter_per_step`):
+    both ends still find it, and the failure's whole id heads its section above the summary. (On a
+    narrower terminal the cause is cut, not the id.)"""
+    room = MAX_COLUMNS - len("FAILED  - ") - MIN_MESSAGE
+    if len(nodeid) <= room:
+        return nodeid
+    tail = max(0, room // 2 - 2)
+    return nodeid[: room - tail - 3] + "..." + nodeid[len(nodeid) - tail :]
+
+
 def cause_first(report: pytest.TestReport, message: str, columns: int) -> str:
-    """The failure's message for its FAILED line: its cause first, the line within `columns`."""
+    """The failure's message for its FAILED line: its cause first, the line (with the case's id as
+    shown_id() shows it) within `columns`."""
     items = list(finding_of(report))
     differences = len(items) > 1  # against the base run, one item each (else the failure's own lines)
     if not differences:
@@ -49,7 +62,7 @@ def cause_first(report: pytest.TestReport, message: str, columns: int) -> str:
     lead = next((i for i in items if causes.classify(i) == (kind, direction)), "") if kind != "other" else ""
     lead = BOILERPLATE.sub("", lead or first_item(message))
     more = f" (+{len(items) - 1} more)" if differences else ""
-    room = max(MIN_MESSAGE, columns - len(f"FAILED {report.nodeid} - "))
+    room = max(MIN_MESSAGE, columns - len(f"FAILED {shown_id(report.nodeid)} - "))
     lead = lead.replace(f"case {report.nodeid}: ", "", 1)  # a case error names its case: the line already does
     text = printable(_LONG_PATH.sub(r".../\1", _MODULE_OF_ERROR.sub("", lead)))
     if len(text) + len(more) > room:
@@ -62,7 +75,7 @@ class WholeFailedLines:
 
     def __init__(self) -> None:
         self.saved_verbosity: int | None = None
-        self.saved: list[tuple[Any, Any, str | None]] = []  # (report, its longrepr, its crash message)
+        self.saved: list[tuple[Any, Any, str | None, str]] = []  # (report, longrepr, crash message, nodeid)
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> Generator[None, None, None]:
@@ -86,13 +99,14 @@ class WholeFailedLines:
         for report in terminalreporter.stats.get("failed", []):
             longrepr = report.longrepr
             crash = getattr(longrepr, "reprcrash", None)
-            self.saved.append((report, longrepr, crash.message if crash is not None else None))
+            self.saved.append((report, longrepr, crash.message if crash is not None else None, report.nodeid))
             # The message is the code under test's text: escaped as the findings are, so it cannot
             # clear the screen or colour the log.
             if isinstance(longrepr, str):
                 report.longrepr = cause_first(report, longrepr, columns)
             elif crash is not None:
                 crash.message = cause_first(report, crash.message, columns)
+            report.nodeid = shown_id(report.nodeid)  # put back after the summary, as the message is
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
@@ -102,8 +116,9 @@ class WholeFailedLines:
             if self.saved_verbosity is not None:
                 session.config.option.verbose = self.saved_verbosity
                 self.saved_verbosity = None
-            for report, longrepr, message in self.saved:
+            for report, longrepr, message, nodeid in self.saved:
                 report.longrepr = longrepr
+                report.nodeid = nodeid
                 if message is not None:
                     longrepr.reprcrash.message = message
             self.saved.clear()
