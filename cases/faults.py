@@ -1,9 +1,10 @@
 """Faults at the sites the training job relies on, put back into torch_xla in a child.
 
-Imported only inside case bodies (child processes), and only by the self-tests of
-cases/test_training_job.py: each fault replaces one torch_xla (or torch) function in this
-process with one that does what a regressed build would, and the self-test shows the check that
-guards the site goes red naming it. Nothing is patched on disk.
+Imported only inside processes that import torch_xla: case bodies of the self-tests of
+cases/test_training_job.py, and every child and fork server of a run under
+scripts/run-with-fault.sh. Each fault replaces one torch_xla (or torch) function in this process
+with one that does what a regressed build would; the self-test shows the check that guards the
+site goes red naming it. Nothing is patched on disk.
 
     loader-keeps-batches          xm.send_cpu_data_to_device (what MpDeviceLoader calls per batch)
                                   keeps every batch it sent alive
@@ -18,6 +19,9 @@ guards the site goes red naming it. Nothing is patched on disk.
     restore-replicates-shards     XLAShardedTensor.load_local_shards_ writes the assembled tensor
                                   back replicated (the numbers kept, the sharding lost)
     restore-keeps-host-copies     XLAShardedTensor.load_local_shards_ keeps the host shards it loaded
+    sync-per-fsdp-block           every FSDPv2-wrapped module's forward ends in a sync: the step
+                                  graph splits in as many pieces as there are blocks (a regressed
+                                  build's kind, for scripts/run-with-fault.sh: what the findings say)
 """
 
 from __future__ import annotations
@@ -146,6 +150,20 @@ def restore_keeps_host_copies() -> None:
     XLAShardedTensor.load_local_shards_ = load_and_keep
 
 
+def sync_per_fsdp_block() -> None:
+    import torch_xla.core.xla_model as xm
+    from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
+
+    forward = SpmdFullyShardedDataParallel.forward
+
+    def forward_then_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        output = forward(self, *args, **kwargs)
+        xm.mark_step()  # torch_xla.sync() where it exists; mark_step on every release
+        return output
+
+    SpmdFullyShardedDataParallel.forward = forward_then_sync
+
+
 FAULTS = {
     "loader-keeps-batches": loader_keeps_batches,
     "transfer-copies-per-device": transfer_copies_per_device,
@@ -154,4 +172,5 @@ FAULTS = {
     "restore-permutes-shards": restore_permutes_shards,
     "restore-replicates-shards": restore_replicates_shards,
     "restore-keeps-host-copies": restore_keeps_host_copies,
+    "sync-per-fsdp-block": sync_per_fsdp_block,
 }
