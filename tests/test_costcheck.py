@@ -135,6 +135,27 @@ def test_a_step_that_compiles_after_the_warmup_fails_whatever_the_baseline(suite
     suite(late, version="2.8.0").assert_outcomes(failed=1)  # another release line: still failed
 
 
+def test_a_cost_drift_beside_a_failure_found_first_fails_as_the_cost_check_not_reported_only(suite, pytester):
+    """On the release line a case another check failed first (here its steady state; a sharding
+    drift alike) fails on its cost drift too: shown as the cost check beside the failure, which
+    its FAILED line and the findings read, never "reported, not failed: the case failed already"
+    (a step graph split by a sync per block was listed so beside its renumbered parameters' drift)."""
+    suite(signature(), "--spmd-update-costs")
+    late = signature(all_gather=5, steps=((1, 0), (0, 1), (1, 0)))
+    late["steps"][2]["differs"] = ["parameter(3): f32[8] '' -> f32[8] {replicated}"]
+    result = suite(late)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*steady state: *step2 compiled 1 new graph(s) after the 2-step warm-up*",
+            "*- cost check -*",
+            "cost drift: 2 item(s) differ from costs.json (taken on torch_xla 2.9.0; this run: 2.9.0):",
+            "*step0: all-gather 3 -> 5 (+64 KiB per device)*",
+        ]
+    )
+    assert "reported, not failed" not in result.stdout.str()
+
+
 @pytest.mark.parametrize(
     "content, named",
     [

@@ -136,7 +136,10 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
             return
         listing = "\n".join(f"  {line}" for line in lines)
         version = case.torch_xla
-        if base.on_release_line(version) and report.passed:
+        if base.on_release_line(version):
+            # A case that failed already (its shardings drifted, its body raised) fails on this too:
+            # shown beside its failure as the cost check, which its FAILED line and findings read
+            # (a split step graph leads the sharding drift of the parameters it renumbered).
             _fail(
                 case,
                 report,
@@ -145,11 +148,7 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
                 f"entry: {self.rewrite_command(case.item, base.path)}",
             )
         else:
-            why = (
-                f"torch_xla {version} is not on {base.torch_xla}'s release line"
-                if not base.on_release_line(version)
-                else "the case failed already"
-            )
+            why = f"torch_xla {version} is not on {base.torch_xla}'s release line"
             case.show(f"cost changes (reported, not failed: {why})", listing, reported_only=True)
 
     def record_fields(self, case: JudgedCase) -> dict[str, Any]:
