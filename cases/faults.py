@@ -26,6 +26,10 @@ site goes red naming it. Nothing is patched on disk.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
+from collections.abc import Callable
 from typing import Any
 
 KEPT: list[Any] = []  # what a leaking fault holds on to
@@ -152,16 +156,46 @@ def restore_keeps_host_copies() -> None:
 
 def sync_per_fsdp_block() -> None:
     import torch_xla.core.xla_model as xm
-    from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel
 
-    forward = SpmdFullyShardedDataParallel.forward
+    def patch(module: Any) -> None:
+        forward = module.SpmdFullyShardedDataParallel.forward
 
-    def forward_then_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
-        output = forward(self, *args, **kwargs)
-        xm.mark_step()  # torch_xla.sync() where it exists; mark_step on every release
-        return output
+        def forward_then_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+            output = forward(self, *args, **kwargs)
+            xm.mark_step()  # torch_xla.sync() where it exists; mark_step on every release
+            return output
 
-    SpmdFullyShardedDataParallel.forward = forward_then_sync
+        module.SpmdFullyShardedDataParallel.forward = forward_then_sync
+
+    # FSDPv2's module reads the environment as it is imported: a fork server must not import it
+    # (it refuses to serve), so the fault waits for the case that does.
+    _when_imported("torch_xla.experimental.spmd_fully_sharded_data_parallel", patch)
+
+
+def _when_imported(name: str, patch: Callable[[Any], None]) -> None:
+    """patch(module) once `name` is imported in this process (now, if it is already)."""
+    if name in sys.modules:
+        patch(sys.modules[name])
+        return
+
+    class _PatchOnImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_then_patch(module: Any) -> None:
+                exec_module(module)
+                patch(module)
+
+            spec.loader.exec_module = exec_then_patch  # type: ignore[method-assign]
+            return spec
+
+    sys.meta_path.insert(0, _PatchOnImport())
 
 
 FAULTS = {
