@@ -20,6 +20,7 @@ import pytest
 
 from harness.config import activation, options
 from harness.config.requirements import tier_skip_reason, unmet_needs
+from harness.errors import CaseError
 from harness.isolation.parent.case import SpmdRunner, hold_sources
 from harness.isolation.system import files, processes
 from harness.judges import registrycheck
@@ -248,6 +249,22 @@ def spmd(request: pytest.FixtureRequest) -> Iterator[SpmdRunner]:
     yield runner
 
 
+def _short_test_side_traceback(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+    """A case that failed in its child: the test function's side of the traceback (its source,
+    `spmd = <SpmdRunner ...>`, the fixture's frames) is pytest's short style, one line a frame; the
+    child's own traceback and log follow whole in the message. Only under pytest's default
+    traceback style: a style asked for (--tb=long, native, ...) is left as it is."""
+    if not (report.failed and call.excinfo is not None and isinstance(call.excinfo.value, CaseError)):
+        return
+    if item.config.option.tbstyle != "auto" or not isinstance(item, pytest.Function):
+        return
+    item.config.option.tbstyle = "short"
+    try:
+        report.longrepr = item.repr_failure(call.excinfo)
+    finally:
+        item.config.option.tbstyle = "auto"
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -259,6 +276,7 @@ def pytest_runtest_makereport(
     harness_session = item.config.stash[SESSION_KEY]
     spmd = activation.is_spmd(item)
     if call.when == "call":
+        _short_test_side_traceback(item, call, report)
         case = judge_case(harness_session.judges, item, call, report)
         if spmd:
             writing.write_case_record(case, report)

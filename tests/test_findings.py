@@ -193,3 +193,23 @@ def test_a_failed_line_of_a_case_with_a_very_long_id_still_shows_its_cause_withi
     assert shown.startswith("cases/test_costs.py::test_steady") and shown.endswith("[fsdpv2-func-off]"), shown
     short = "cases/test_vit.py::test_train[fsdpv2]"
     assert shown_id(short) == short
+
+
+def test_a_failed_line_of_a_case_whose_release_carries_its_bug_but_failed_otherwise_leads_with_its_own_cause():
+    """The registry's other word on a marked case (`torch_xla 2.9.0 carries <entry>, but this
+    failure matches none of its signatures (...): a new failure: <cause>`) is said whole above; the
+    FAILED line and the findings group it by its cause (a sync per FSDPv2 block: it was a finding
+    of its own beside two of the same RuntimeError)."""
+    from types import SimpleNamespace
+
+    from harness.run.failedlines import cause_first
+    from harness.run.findings import finding_of
+
+    verdict = (
+        "torch_xla 2.9.0 carries spmd-save-planner-drops-partially-replicated-tensors, but this failure matches "
+        'none of its signatures ("holds no data for \\d+ tensor\\(s\\)"): a new failure: RuntimeError: Check failed: '
+        "tensor_data:"
+    )
+    report = SimpleNamespace(nodeid="cases/test_x.py::test_resume", user_properties=[], longrepr=verdict, sections=[])
+    assert cause_first(report, verdict, 120).startswith("RuntimeError: Check failed: tensor_data:")  # type: ignore[arg-type]
+    assert finding_of(report) == ("RuntimeError: Check failed: tensor_data:",)  # type: ignore[arg-type]

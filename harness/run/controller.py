@@ -2,8 +2,8 @@
 controller), registered only there, as pytest-xdist registers its own controller plugin: the
 header, the workers' start (the run folder, the base run and the fork servers they share), each
 case's report as the judges collect it, a dead worker's record, the end-of-run sections and the
-run manifest's end. Its sections at the end of the run come from harness.run.findings and
-harness.run.failedlines, registered beside it."""
+run manifest's end. Its sections at the end of the run come from harness.run.findings,
+harness.run.failedlines and harness.run.samecause, registered beside it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from harness.judges import basecheck
 from harness.run import checkoutwatch, writing
 from harness.run.failedlines import WholeFailedLines
 from harness.run.findings import Findings
+from harness.run.samecause import SameCauseShownOnce
 from harness.run.session import (
     EARLY_KEY,
     RUN_SERVERS_KEY,
@@ -30,7 +31,9 @@ from harness.run.session import (
 
 def register(config: pytest.Config) -> None:
     config.pluginmanager.register(RunOwner(config), "spmd_run_owner")
-    config.pluginmanager.register(WholeFailedLines(), "spmd_whole_failed_lines")
+    whole_failed_lines = WholeFailedLines()
+    config.pluginmanager.register(whole_failed_lines, "spmd_whole_failed_lines")
+    config.pluginmanager.register(SameCauseShownOnce(whole_failed_lines), "spmd_same_cause_shown_once")
     config.pluginmanager.register(Findings(), "spmd_findings")
 
 

@@ -22,7 +22,7 @@ import pytest
 from harness import findings as causes
 from harness.judges.basecompare import printable
 from harness.judges.costcheck import COST_CHECK_SECTION
-from harness.run.findings import BOILERPLATE, finding_of, first_item
+from harness.run.findings import BOILERPLATE, WHOLE_FAILURE, finding_of, first_item, whole_longrepr, whole_sections
 from harness.run.session import SESSION_KEY
 
 WHOLE_LINES_VERBOSITY = 2  # what pytest's short summary needs to print a failure's message uncut
@@ -55,7 +55,7 @@ def cause_first(report: pytest.TestReport, message: str, columns: int) -> str:
     if not differences:
         # The message, and a cost check's lines put beside a failure it did not cause (a split step's
         # compilations beside the sharding drift of its renumbered parameters).
-        beside = [text for title, text in report.sections if title == COST_CHECK_SECTION]
+        beside = [text for title, text in whole_sections(report) if title == COST_CHECK_SECTION]
         lines = [line.strip() for line in "\n".join([message, *beside]).splitlines()[:MAX_LINES_READ] if line.strip()]
         items = [BOILERPLATE.sub("", line) for line in lines] or items
     kind, direction = causes.cause_of(causes.FailedCase(report.nodeid, items))
@@ -75,7 +75,21 @@ class WholeFailedLines:
 
     def __init__(self) -> None:
         self.saved_verbosity: int | None = None
-        self.saved: list[tuple[Any, Any, str | None, str]] = []  # (report, longrepr, crash message, nodeid)
+        # Each report this process changed for the summary, as it was: put back after it.
+        self.originals: dict[int, tuple[Any, Any, str | None, str, list[tuple[str, str]]]] = {}
+
+    def keep_original(self, report: pytest.TestReport) -> None:
+        """Before a change for the summary (the first one counts): report, longrepr, its crash's
+        message, node id and sections."""
+        if id(report) not in self.originals:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            self.originals[id(report)] = (
+                report,
+                report.longrepr,
+                crash.message if crash is not None else None,
+                report.nodeid,
+                list(report.sections),
+            )
 
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> Generator[None, None, None]:
@@ -97,14 +111,15 @@ class WholeFailedLines:
         self.saved_verbosity = config.option.verbose
         config.option.verbose = WHOLE_LINES_VERBOSITY  # pytest cuts no line: each is made to fit
         for report in terminalreporter.stats.get("failed", []):
-            longrepr = report.longrepr
+            self.keep_original(report)
+            longrepr = whole_longrepr(report)  # a repeated failure shown by its first lines: the whole
             crash = getattr(longrepr, "reprcrash", None)
-            self.saved.append((report, longrepr, crash.message if crash is not None else None, report.nodeid))
             # The message is the code under test's text: escaped as the findings are, so it cannot
             # clear the screen or colour the log.
             if isinstance(longrepr, str):
                 report.longrepr = cause_first(report, longrepr, columns)
             elif crash is not None:
+                report.longrepr = longrepr  # the whole one, put back after the summary as it was
                 crash.message = cause_first(report, crash.message, columns)
             report.nodeid = shown_id(report.nodeid)  # put back after the summary, as the message is
 
@@ -116,9 +131,12 @@ class WholeFailedLines:
             if self.saved_verbosity is not None:
                 session.config.option.verbose = self.saved_verbosity
                 self.saved_verbosity = None
-            for report, longrepr, message, nodeid in self.saved:
+            for report, longrepr, message, nodeid, sections in self.originals.values():
+                if hasattr(report, WHOLE_FAILURE):
+                    delattr(report, WHOLE_FAILURE)
                 report.longrepr = longrepr
                 report.nodeid = nodeid
+                report.sections = sections
                 if message is not None:
                     longrepr.reprcrash.message = message
-            self.saved.clear()
+            self.originals.clear()

@@ -35,21 +35,26 @@ PARAMETER_NUMBER = re.compile(r"parameter\(\d+\)")
 
 # What every line against a base run starts with, the harness's wrapper of a child's error, and
 # the registry's word on a case marked with a known bug that failed otherwise (harness.registry:
-# `failed on torch_xla 2.9.0; not the signature of <entry>: <cause>`, said whole above the summary):
+# `failed on torch_xla 2.9.0; not the signature of <entry>: <cause>`, or on a release the entry names
+# `torch_xla 2.9.0 carries <entry>, but this failure matches none of its signatures (...): a new
+# failure: <cause>`, said whole above the summary):
 # words every such failure shares, not its cause.
 BOILERPLATE = re.compile(
     r"^(?:(?:harness\.errors\.)?CaseFailed: )?(?:failed on [^;\n]*; not the signature of [^:\n]*: )?"
+    r"(?:[^\n]*? carries \S+, but this failure matches none of its signatures \([^\n]*?\): a new failure: )?"
     r"(?:base \S+ -> this build \S+: )?"
 )
 
 
 def first_item(text: str) -> str:
     """A failure's first line; where that line announces a list ("sharding drift: 1 tensor(s) differ
-    ...:"), with its first item, so one line says what changed."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):
-        return f"{lines[0]} {lines[1]}"
-    return lines[0] if lines else ""
+    ...:" and indented items), with its first item, so one line says what changed. An error whose
+    message ends in ':' (`RuntimeError: Check failed: tensor_data:`) is not a list: the line after it
+    (`(raised by case <id> in its child)`) would make each case's cause its own."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].rstrip().endswith(":") and lines[1].startswith((" ", "\t")):
+        return f"{lines[0].strip()} {lines[1].strip()}"
+    return lines[0].strip() if lines else ""
 
 
 def finding_of(report: pytest.TestReport) -> tuple[str, ...]:
@@ -59,9 +64,24 @@ def finding_of(report: pytest.TestReport) -> tuple[str, ...]:
     compared = json.loads(str(properties.get(basecheck.PROPERTY, "{}")))
     if compared.get("differences"):
         return tuple(PARAMETER_NUMBER.sub("parameter(N)", item) for item in compared["differences"])
-    longrepr = report.longrepr
+    longrepr = whole_longrepr(report)
     crash = getattr(longrepr, "reprcrash", None)
     return (BOILERPLATE.sub("", first_item(crash.message if crash is not None else str(longrepr))),)
+
+
+# A failure the FAILURES section shows by its first lines (harness.run.samecause) keeps its whole
+# longrepr and sections here until the summary is over: what it says is read from the whole of it.
+WHOLE_FAILURE = "spmd_whole_failure"
+
+
+def whole_longrepr(report: pytest.TestReport) -> Any:
+    whole = getattr(report, WHOLE_FAILURE, None)
+    return report.longrepr if whole is None else whole[0]
+
+
+def whole_sections(report: pytest.TestReport) -> list[tuple[str, str]]:
+    whole = getattr(report, WHOLE_FAILURE, None)
+    return list(report.sections) if whole is None else list(whole[1])
 
 
 def checked_line(reports: Iterable[pytest.TestReport]) -> str:
@@ -80,9 +100,9 @@ def checked_line(reports: Iterable[pytest.TestReport]) -> str:
     return "spmd checked: " + "; ".join(parts)
 
 
-def cause_lines(harness_session: HarnessSession, failed: list[pytest.TestReport]) -> list[str]:
-    """The run's failed cases by cause (harness.findings), with their records' signatures and the
-    base run's beside them for the diagnoses."""
+def failed_cases(harness_session: HarnessSession, failed: list[pytest.TestReport]) -> list[causes.FailedCase]:
+    """The run's failed cases as the findings see them (harness.findings), one per report in its
+    order, with their records' signatures and the base run's beside them for the diagnoses."""
     records: dict[str, Any] = {}
     found: dict[str, str] = {}  # each record's digest, as read
     if harness_session.run_folder.exists():
@@ -107,8 +127,13 @@ def cause_lines(harness_session: HarnessSession, failed: list[pytest.TestReport]
             cases.append(causes.FailedCase(case_id, items))
         else:
             cases.append(causes.from_record(record, items, base.get(case_id)))
+    return cases
+
+
+def cause_lines(harness_session: HarnessSession, failed: list[pytest.TestReport]) -> list[str]:
+    """The run's failed cases by cause (harness.findings)."""
     hint = "--spmd-update-costs / --spmd-update-shardings (the committed baselines), or a new base run"
-    return [basecompare.printable(line) for line in causes.lines(cases, hint)]
+    return [basecompare.printable(line) for line in causes.lines(failed_cases(harness_session, failed), hint)]
 
 
 def _asked_for_xfails(config: pytest.Config) -> bool:

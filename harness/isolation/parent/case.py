@@ -16,6 +16,7 @@ import hashlib
 import inspect
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -125,12 +126,21 @@ def checked_kwargs(body: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str
     return kwargs
 
 
+# Python 3.11's marks under a traceback's code line (`    ^^^^^^` / `~~~^^^`): half a deep
+# child traceback's lines, and the code line above says where.
+_CARET_LINE = re.compile(r"^[ \t]*[~^]+[ \t]*\n", re.MULTILINE)
+
+
+def without_carets(traceback: str) -> str:
+    return _CARET_LINE.sub("", traceback)
+
+
 def failure_from_answer(case: str, answer: ChildAnswer, tail: str) -> CaseFailed:
     exc = ChildException.from_dict(answer.exception)
     assert exc is not None
     return CaseFailed(
         terminal_safe(
-            f"{headline(exc.line, 1000)}\n(raised by case {case} in its child)\n{exc.traceback}"
+            f"{headline(exc.line, 1000)}\n(raised by case {case} in its child)\n{without_carets(exc.traceback)}"
             f"--- child log (this case) ---\n{tail}"
         ),
         evidence=exc.line,
