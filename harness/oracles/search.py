@@ -5,7 +5,10 @@ each distinct finding is kept with its standalone script (harness.oracles.repro)
 
 Each round is a separate hypothesis run with its own seed, so one finding does not end the
 search: the next round draws afresh, and a finding already kept (`finding_key`) is not kept, nor
-shrunk, twice.
+shrunk, twice. A failure a known-bug registry entry explains (carried by the build the children
+run, its signature matching the failure's text: `known_bugs`) is counted and passed over: found
+again it is no finding (a nightly false alarm on every release that carries it), and shrinking it
+would spend the round a new bug needs.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -20,6 +25,10 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from harness.oracles import generate, repro, runner
+from harness.registry import KnownBug
+
+# A failing verdict -> the registry entry that explains it, or None.
+Explains = Callable[[dict[str, str]], str | None]
 
 
 def finding_key(program: dict[str, Any], verdict: dict[str, str]) -> tuple[str, ...]:
@@ -64,6 +73,40 @@ class SearchSummary:
     # that a night's search explores new programs and can still be repeated.
     seed: int = dataclasses.field(default_factory=lambda: int(time.time()) % 1_000_000_007)
     findings: list[Finding] = dataclasses.field(default_factory=list)
+    known: dict[str, int] = dataclasses.field(default_factory=dict)  # registry entry -> programs it explained
+
+    def line(self) -> str:
+        known = ", ".join(f"{entry} x{n}" for entry, n in sorted(self.known.items()))
+        return (
+            f"differential search: {self.programs} programs in {self.rounds} rounds (seed {self.seed}), "
+            f"{len(self.findings)} findings" + (f"; known bugs passed over: {known}" if known else "")
+        )
+
+
+def known_bugs(spmd: Any, entries: Sequence[KnownBug]) -> Explains:
+    """The entry among `entries` carried by the torch_xla the children run (the last version a child
+    reported) whose signature matches a failing verdict's text, by id; None before any child said
+    its version, and for a failure no carried entry matches."""
+
+    def explains(verdict: dict[str, str]) -> str | None:
+        version = next((r.torch_xla for r in reversed(spmd.results) if r.torch_xla), None)
+        if version is None:
+            return None
+        detail = verdict.get("detail") or ""
+        for entry in entries:
+            if entry.carried_by_release(version) and entry.matching_signature(detail):
+                return entry.id
+        return None
+
+    return explains
+
+
+def registry_entries(config: Any) -> list[KnownBug]:
+    """The known-bug registry the run judges with (--spmd-known-bugs, else the harness's own)."""
+    from harness.config import options  # the pytest side's option table; cases ask through here
+    from harness.registry import REGISTRY_PATH, load_registry
+
+    return list(load_registry(Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH)).values())
 
 
 def budget(config: Any) -> float:
@@ -74,13 +117,20 @@ def budget(config: Any) -> float:
 
 
 def search(
-    spmd: Any, devices: int, budget_s: float, batch: int = 8, examples: int = 6, fault: str | None = None
+    spmd: Any,
+    devices: int,
+    budget_s: float,
+    batch: int = 8,
+    examples: int = 6,
+    fault: str | None = None,
+    explains: Explains | None = None,
 ) -> SearchSummary:
-    """Draw until budget_s is spent; fault (harness.oracles.faults) only to show the search can fail."""
+    """Draw until budget_s is spent; fault (harness.oracles.faults) only to show the search can fail;
+    explains (known_bugs): the failures the registry already names, passed over."""
     summary = SearchSummary()
     deadline = time.monotonic() + budget_s
     while time.monotonic() < deadline:
-        found = _round(spmd, devices, summary, (batch, examples), deadline, fault)
+        found = _round(spmd, devices, summary, (batch, examples), deadline, fault, explains)
         summary.rounds += 1
         if found is not None and found.key not in {f.key for f in summary.findings}:
             summary.findings.append(found)
@@ -88,7 +138,13 @@ def search(
 
 
 def _round(
-    spmd: Any, devices: int, summary: SearchSummary, sizes: tuple[int, int], deadline: float, fault: str | None
+    spmd: Any,
+    devices: int,
+    summary: SearchSummary,
+    sizes: tuple[int, int],
+    deadline: float,
+    fault: str | None,
+    explains: Explains | None,
 ) -> Finding | None:
     batch, examples = sizes
     last_failure: dict[str, Any] = {}
@@ -113,7 +169,14 @@ def _round(
         for program, verdict in zip(programs, verdicts, strict=True):
             # A crash or error already found this run is not found again (its shrinking is slow:
             # a new child per step); a mismatch is, since its key needs the shrunk program.
-            if verdict["status"] != "ok" and finding_key(program, verdict) not in known:
+            if verdict["status"] == "ok":
+                continue
+            entry = explains(verdict) if explains is not None else None
+            if entry is not None:  # a known bug, found again: counted while drawing, never shrunk
+                if not last_failure:
+                    summary.known[entry] = summary.known.get(entry, 0) + 1
+                continue
+            if finding_key(program, verdict) not in known:
                 last_failure.update(program=program, verdict=verdict)  # the last one is the shrunk one
                 raise _Failed(verdict["status"])
 
