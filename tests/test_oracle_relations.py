@@ -25,6 +25,22 @@ def test_every_relation_gives_valid_programs():
             check_program(program)
 
 
+def test_functionalization_leaves_out_programs_of_views_only():
+    """Drawn by the nightly search on 2.9.0: outputs an input and its identity transpose compile
+    one graph with functionalization (the view as a copy) and none without (an alias)."""
+    views = {
+        "mesh": {"shape": [2, 2, 1], "axes": ["x", "y", "z"], "devices": [0, 1, 2, 3]},
+        "inputs": [{"shape": [5, 3, 8], "seed": 0, "spec": None}],
+        "ops": [{"op": "transpose", "x": 0, "d0": 1, "d1": 1}],
+        "outputs": [0, 1],
+    }
+    check_program(views)
+    assert metamorphic.functionalization(views) is None
+    computes = {**views, "ops": [*views["ops"], {"op": "unary", "fn": "tanh", "x": 1}], "outputs": [0, 2]}
+    check_program(computes)
+    assert metamorphic.functionalization(computes) is not None
+
+
 def test_transposed_mesh_keeps_each_devices_coordinates():
     _, var = metamorphic.transposed_mesh(PROGRAM)
     assert var["mesh"] == {"shape": [2, 2], "axes": ["y", "x"], "devices": [3, 0, 1, 2]}
