@@ -169,10 +169,10 @@ def sync_per_fsdp_block() -> None:
 
     # FSDPv2's module reads the environment as it is imported: a fork server must not import it
     # (it refuses to serve), so the fault waits for the case that does.
-    _when_imported("torch_xla.experimental.spmd_fully_sharded_data_parallel", patch)
+    when_imported("torch_xla.experimental.spmd_fully_sharded_data_parallel", patch)
 
 
-def _when_imported(name: str, patch: Callable[[Any], None]) -> None:
+def when_imported(name: str, patch: Callable[[Any], None]) -> None:
     """patch(module) once `name` is imported in this process (now, if it is already)."""
     if name in sys.modules:
         patch(sys.modules[name])
