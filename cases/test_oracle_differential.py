@@ -9,7 +9,9 @@ stated in harness.oracles.compare.
   4848 for 8), chosen greedily to cover every op, mesh rank, several axes on one dim and permuted
   device orders; programs that carry a registry entry on 2.4.0, 2.6.0 or 2.9.0 were left out (their
   cases are in cases/test_oracle_findings.py), and two programs per device count with uneven
-  shards were added by hand so that the pad-front fault below has something to catch.
+  shards were added by hand so that the pad-front fault below has something to catch. Five more,
+  by hand, take sort/topk values, index_put and conv1d/conv2d along sharded dims (they agree on
+  2.4.0-2.9.0; each mismatches under swap-shards).
 - Nightly tier: hypothesis draws new programs on the run's devices (4, or 8 with
   --spmd-devices=8) for --spmd-fuzz-budget seconds; a mismatch is shrunk, rerun to confirm it is
   deterministic, and printed as a standalone script. A failure a registry entry carried by this

@@ -7,8 +7,9 @@ would report a difference that is no bug; the tolerance is never loosened for th
   clamps a dynamic-slice start; every drawn index is in range, every slice and narrow in bounds.
 - NaN and infinity (their ordering in max/sort, their propagation): no log, sqrt, division, exp
   of drawn data; `sin` is left out too (its argument reduction for large inputs differs).
-- argmax/argmin, sort and topk: ties between equal inputs (frequent with exact 1/4 steps) may be
-  broken differently.
+- argmax/argmin, and sort's and topk's indices: ties between equal inputs (frequent with exact
+  1/4 steps) may be broken differently. Their values are drawn: ties do not change them.
+- index_put without accumulate onto a repeated position: which write wins is unspecified.
 - in-place ops on a tensor that has a view, or on a view that XLA may not return as one: eager
   `reshape` copies where XLA aliases. An in-place op (and a mark) only targets a value no other
   live value views (tracked per value: `_Aliases`).
@@ -246,7 +247,7 @@ def _index(s: _State, x: int) -> dict[str, Any] | None:
     if not shape:
         return None
     dim = s.dim(x)
-    kind = s.draw(st.sampled_from(["index_select", "gather", "scatter_add", "embedding"]))
+    kind = s.draw(st.sampled_from(["index_select", "gather", "scatter_add", "embedding", "index_put"]))
     if kind == "index_select":
         return {
             "op": kind,
@@ -254,6 +255,12 @@ def _index(s: _State, x: int) -> dict[str, Any] | None:
             "dim": dim,
             "index": s.draw(st.lists(st.integers(0, shape[dim] - 1), min_size=1, max_size=6)),
         }
+    if kind == "index_put":
+        accumulate = s.draw(st.booleans())
+        positions = st.integers(0, shape[dim] - 1)
+        index = s.draw(st.lists(positions, min_size=1, max_size=6, unique=not accumulate))
+        src = shape[:dim] + (len(index),) + shape[dim + 1 :]
+        return {"op": kind, "x": x, "dim": dim, "index": index, "src": s.leaf(src), "accumulate": accumulate}
     if kind == "embedding":
         if len(shape) != 2:
             return None
@@ -264,6 +271,27 @@ def _index(s: _State, x: int) -> dict[str, Any] | None:
     )
     op = {"op": kind, "x": x, "dim": dim, "index": s.index_leaf(index, shape[dim])}
     return {**op, "src": s.leaf(index)} if kind == "scatter_add" else op
+
+
+def _sort(s: _State, x: int) -> dict[str, Any] | None:
+    shape = s.shapes[x]
+    if not shape:
+        return None
+    dim = s.dim(x)
+    op = {"op": "sort", "x": x, "dim": dim, "descending": s.draw(st.booleans())}
+    if s.draw(st.booleans()):
+        op.update(op="topk", k=s.draw(st.integers(1, shape[dim])))
+    return op
+
+
+def _conv(s: _State, x: int) -> dict[str, Any] | None:
+    shape = s.shapes[x]
+    if len(shape) not in (3, 4):
+        return None
+    padding = s.draw(st.integers(0, 2))
+    kernel = tuple(s.draw(st.integers(1, min(3, size + 2 * padding))) for size in shape[2:])
+    w = (s.draw(st.sampled_from(SIZES[:4])), shape[1], *kernel)
+    return {"op": "conv", "x": x, "w": s.leaf(w), "padding": padding, "stride": s.draw(st.integers(1, 2))}
 
 
 def _inplace(s: _State, x: int) -> dict[str, Any] | None:
@@ -298,7 +326,7 @@ DRAWERS: tuple[Callable[[_State, int], dict[str, Any] | None], ...] = (
     _along,
     _along,
 )
-DRAWERS += (_along, _reshape, _move, _join, _pad, _slice, _index, _index, _inplace, _mark)
+DRAWERS += (_along, _reshape, _move, _join, _pad, _slice, _index, _index, _sort, _conv, _inplace, _mark)
 
 
 def _checked(mesh: dict[str, Any], inputs: list[dict[str, Any]], ops: list[dict[str, Any]]) -> list[tuple[int, ...]]:

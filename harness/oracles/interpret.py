@@ -138,6 +138,18 @@ def _reshape(op: dict[str, Any], values: list[Any], place: Place) -> torch.Tenso
     return x.reshape(op["shape"]) if op["method"] == "reshape" else x.contiguous().view(op["shape"])
 
 
+def _index_put(op: dict[str, Any], values: list[Any], place: Place) -> torch.Tensor:
+    index = torch.tensor(op["index"], dtype=torch.int64).to(place.device)
+    src = _float(op, "src", place).movedim(op["dim"], 0)
+    moved = values[op["x"]].movedim(op["dim"], 0)
+    return moved.index_put((index,), src, accumulate=op["accumulate"]).movedim(0, op["dim"])
+
+
+def _conv(op: dict[str, Any], values: list[Any], place: Place) -> torch.Tensor:
+    conv = F.conv1d if values[op["x"]].dim() == 3 else F.conv2d
+    return conv(values[op["x"]], _float(op, "w", place), stride=op["stride"], padding=op["padding"])
+
+
 OPS: dict[str, Callable[[dict[str, Any], list[Any], Place], torch.Tensor]] = {
     "unary": lambda op, v, p: UNARY[op["fn"]](v[op["x"]]),
     "scalar": lambda op, v, p: v[op["x"]] + op["c"] if op["fn"] == "add" else v[op["x"]] * op["c"],
@@ -166,6 +178,10 @@ OPS: dict[str, Callable[[dict[str, Any], list[Any], Place], torch.Tensor]] = {
     "gather": lambda op, v, p: torch.gather(v[op["x"]], op["dim"], _index(op, "index", p)),
     "scatter_add": lambda op, v, p: v[op["x"]].scatter_add(op["dim"], _index(op, "index", p), _float(op, "src", p)),
     "embedding": lambda op, v, p: F.embedding(_index(op, "index", p), v[op["w"]]),
+    "index_put": _index_put,
+    "sort": lambda op, v, p: torch.sort(v[op["x"]], op["dim"], descending=op["descending"]).values,
+    "topk": lambda op, v, p: torch.topk(v[op["x"]], op["k"], op["dim"], largest=op["descending"]).values,
+    "conv": _conv,
     "inplace": _inplace,
     "mark": _mark,
 }

@@ -349,6 +349,50 @@ def _embedding(op: dict[str, Any], o: _Operands) -> Shape:
     return index + (w[1],)
 
 
+def _sort(op: dict[str, Any], o: _Operands) -> Shape:
+    """sort's or topk's values (never the indices: ties may be broken either way)."""
+    x = list(o.value(op, "x"))
+    if not x:
+        raise o.fail(f"{op['op']} needs a tensor of rank 1 or more")
+    dim = o.dim(op, "dim", len(x))
+    if not isinstance(op.get("descending"), bool):
+        raise o.fail("descending must be true or false")
+    if op["op"] == "topk":
+        x[dim] = o.int(op, "k", 1, x[dim])
+    return tuple(x)
+
+
+def _index_put(op: dict[str, Any], o: _Operands) -> Shape:
+    """Out of place: x with the rows `index` along `dim` set to (or, accumulating, added) src's."""
+    x = o.value(op, "x")
+    dim = o.dim(op, "dim", len(x))
+    index = op.get("index")
+    if not isinstance(index, list) or not 1 <= len(index) <= LIMITS["dim"]:
+        raise o.fail(f"index must be a list of 1..{LIMITS['dim']} positions")
+    for i, position in enumerate(index):
+        _int(position, f"{o.where}.index[{i}]", 0, x[dim] - 1)
+    if not isinstance(op.get("accumulate"), bool):
+        raise o.fail("accumulate must be true or false")
+    # Without accumulate, which of two writes to one row wins is unspecified (both sides legitimately).
+    if not op["accumulate"] and len(set(index)) != len(index):
+        raise o.fail("index repeats a position; without accumulate the positions must be distinct")
+    if o.leaf(op, "src") != x[:dim] + (len(index),) + x[dim + 1 :]:
+        raise o.fail(f"src must have x's shape {x} with dim {dim} of size {len(index)}")
+    return x
+
+
+def _conv(op: dict[str, Any], o: _Operands) -> Shape:
+    """conv1d on (N, C, L), conv2d on (N, C, H, W): w is (out channels, C, kernel...)."""
+    x, w = o.value(op, "x"), o.leaf(op, "w")
+    if len(x) not in (3, 4) or len(w) != len(x) or w[1] != x[1]:
+        raise o.fail(f"x {x} must be (N, C, L) or (N, C, H, W) and w {w} (out, C, kernel...) of its rank")
+    padding, stride = o.int(op, "padding", 0, 2), o.int(op, "stride", 1, 2)
+    spatial = tuple((size + 2 * padding - k) // stride + 1 for size, k in zip(x[2:], w[2:], strict=True))
+    if min(spatial) < 1:
+        raise o.fail(f"kernel {w[2:]} is larger than the padded input {x[2:]} (padding {padding})")
+    return (x[0], w[0], *spatial)
+
+
 def _where(op: dict[str, Any], o: _Operands) -> Shape:
     return _elementwise(op, o)
 
@@ -405,6 +449,10 @@ SHAPE_RULES: dict[str, Callable[[dict[str, Any], _Operands], Shape]] = {
     "gather": _gather,
     "scatter_add": _gather,
     "embedding": _embedding,
+    "index_put": _index_put,
+    "sort": _sort,
+    "topk": _sort,
+    "conv": _conv,
     "inplace": _inplace,
     "mark": _mark,
 }

@@ -125,6 +125,15 @@ def _expr(op: dict[str, Any]) -> str:
         "gather": lambda: f"torch.gather({x}, {dim}, {_index(op['index'])})",
         "scatter_add": lambda: f"{x}.scatter_add({dim}, {_index(op['index'])}, {_leaf(op['src'])})",
         "embedding": lambda: f"F.embedding({_index(op['index'])}, v{op.get('w')})",
+        "index_put": lambda: (
+            f"{x}.movedim({dim}, 0).index_put((torch.tensor({op.get('index')}).to(device),), "
+            f"{_leaf(op['src'])}.movedim({dim}, 0), accumulate={op.get('accumulate')}).movedim(0, {dim})"
+        ),
+        "sort": lambda: f"torch.sort({x}, {dim}, descending={op.get('descending')}).values",
+        "topk": lambda: f"torch.topk({x}, {op.get('k')}, {dim}, largest={op.get('descending')}).values",
+        "conv": lambda: (  # program_lines adds 1d or 2d, from x's rank
+            f"F.conv{op['spatial']}d({x}, {_leaf(op['w'])}, stride={op.get('stride')}, padding={op.get('padding')})"
+        ),
     }
     if kind == "reshape":
         return f"{x}.reshape({op['shape']})" if op["method"] == "reshape" else f"{x}.contiguous().view({op['shape']})"
@@ -145,6 +154,8 @@ def program_lines(program: dict[str, Any], ranks: list[int]) -> list[str]:
             kept = letters.replace(letters[op["dim"]], "")
             equation = f"{letters},{letters[op['dim']]}z->{kept}z"
             lines.append(f"v{n} = {_expr({**op, 'equation': equation})}")
+        elif op["op"] == "conv":
+            lines.append(f"v{n} = {_expr({**op, 'spatial': ranks[op['x']] - 2})}")
         else:
             lines.append(f"v{n} = {_expr(op)}")
     outputs = ", ".join(f"v{slot}" for slot in program["outputs"])
