@@ -2,7 +2,9 @@
 
 A tiny Llama-shaped decoder (cases.decoder) trained as torchprime's trainer trains it
 (cases.trainjob): batches through `pl.MpDeviceLoader(..., input_sharding=...)`, FSDPv2 on a 1-D
-mesh and on torchprime's fsdp x tensor mesh, AdamW with a warm-up schedule, `clip_grad_norm_`
+mesh, on torchprime's fsdp x tensor mesh and on the 2-slice HSDP mesh of its multi-slice runs
+(torch_xla's HybridMesh, the data axis across the slices: CPU devices described as two slices
+here, the real slices in the nightly GKE job's twin), AdamW with a warm-up schedule, `clip_grad_norm_`
 (its norm logged) and `clip_grad_value_`, each layer under torch_xla's activation checkpointing,
 the step under `torch_xla.compile(full_graph=True)`, loss and grad norm read by
 `xm.add_step_closure(..., run_async=True)`. Every step is metered (harness.stepcosts: compiles,
@@ -44,7 +46,7 @@ def body_train_job(ctx, layout: str, steps: int, fault: str | None = None) -> No
 
     if fault is not None:
         faults.reintroduce(fault)
-    job = trainjob.Job(layout)
+    job = trainjob.Job(layout, ctx=ctx)
     ctx.record("omitted", job.omitted)
     ctx.record("param_shapes", recording.record_parameters(ctx, job.wrapped))
     # More batches than steps, each sent in the step that takes it (trainjob.Gate): what is alive
@@ -148,13 +150,30 @@ def note_omitted(result, request) -> None:
         )
 
 
-@pytest.mark.parametrize("layout", ["fsdp", "fsdp-tensor"])
+# The 2-slice layout on CPU: devices described as two slices (harness.meshes); its TPU twin below.
+ON_CPU = pytest.mark.needs(backend="cpu", reason="the TPU twin builds this mesh from real slices")
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "fsdp-tensor", pytest.param("hybrid-data", marks=ON_CPU)])
 def test_the_job_trains_like_the_cpu_reference(spmd, layout: str, request) -> None:
     """Steady state and both baselines judge the metered loop (the plugin); here the numbers."""
+    check_job(_run(spmd, layout), request)
+
+
+@pytest.mark.needs(backend="tpu", multislice=True)
+def test_the_job_trains_on_real_slices(spmd, request) -> None:
+    """The TPU twin (nightly GKE job): the same 2-slice HSDP job on the slices' own HybridMesh."""
+    check_job(_run(spmd, "hybrid-data"), request)
+
+
+def check_job(result, request) -> None:
+    from cases.test_meshes import _assert_axis_across_slices, _check_fsdpv2_params
     from harness.sharding import is_replicated
 
-    result = _run(spmd, layout)
     note_omitted(result, request)
+    if "mesh" in result.values:  # the hybrid layout: HSDP, the data axis across the two slices
+        _assert_axis_across_slices(result.values["mesh"], "data", slices=2)
+        _check_fsdpv2_params(result, result.values["mesh"]["layout"])
     check_reference(result)
     check_remat(result)
     assert not is_replicated(result.shardings["batch"]), (

@@ -28,12 +28,16 @@ WEIGHT_DECAY = 0.1
 MAX_GRAD_NORM = 0.5  # below the decoder's early gradient norms: the clip scales every step
 MAX_GRAD_VALUE = 0.02  # below its largest gradient entries: the value clip cuts some
 ROWS_PER_DEVICE = 2
-# The job's mesh layouts: the 1-D FSDPv2 mesh, and torchprime's fsdp x tensor (tensor=2).
-LAYOUTS = ("fsdp", "fsdp-tensor")
+# The job's mesh layouts: the 1-D FSDPv2 mesh, torchprime's fsdp x tensor (tensor=2), and the
+# 2-slice HSDP mesh of the nightly GKE job and torchprime's multi-slice runs (`dcn_mesh.data=2
+# ici_mesh.fsdp=n/2`: parameters cut over fsdp within a slice, replicated across the slices),
+# torch_xla's own HybridMesh (harness.meshes: on CPU the devices are described as two slices).
+LAYOUTS = ("fsdp", "fsdp-tensor", "hybrid-data")
 
 
-def mesh_of(layout: str) -> Any:
-    from harness import xla
+def mesh_of(layout: str, ctx: Any = None) -> Any:
+    """The layout's mesh; with ctx, a hybrid mesh's shape and device order are recorded ("mesh")."""
+    from harness import meshes, xla
 
     n = xla.num_devices()
     if layout == "fsdp":
@@ -42,7 +46,23 @@ def mesh_of(layout: str) -> Any:
         if n % 2:
             raise ValueError(f"layout fsdp-tensor needs an even device count, got {n}")
         return xla.mesh((n // 2, 2), ("fsdp", "tensor"))
+    if layout == "hybrid-data":
+        return meshes.build(layout, ctx)
     raise ValueError(f"unknown job layout {layout!r}; known: {', '.join(LAYOUTS)}")
+
+
+def fsdpv2_kwargs(layout: str) -> dict[str, Any]:
+    """What FSDPv2 gets besides module and mesh: the data axis of a data-parallel layout."""
+    from harness import meshes
+
+    return meshes.get(layout).fsdpv2_kwargs() if layout in meshes.LAYOUTS else {}
+
+
+def batch_spec(layout: str) -> tuple[Any, ...]:
+    """A batch of token rows: over every data-like axis, as torchprime's input sharding."""
+    from harness import meshes
+
+    return meshes.get(layout).batch_spec(2) if layout in meshes.LAYOUTS else ("fsdp", None)
 
 
 def warmup_factor(step: int) -> float:
@@ -86,6 +106,7 @@ class Job:
     layout: str
     seed: int = 0
     omitted: dict[str, str] = dataclasses.field(default_factory=missing_parts)
+    ctx: Any = None  # a case's context: the mesh of a hybrid layout is recorded there
 
     def __post_init__(self) -> None:
         import torch_xla.distributed.spmd as xs
@@ -93,7 +114,7 @@ class Job:
 
         from harness import xla
 
-        self.mesh = mesh_of(self.layout)
+        self.mesh = mesh_of(self.layout, self.ctx)
         self.model = decoder.build_decoder(self.seed)
         self.reference = copy.deepcopy(self.model)  # the CPU copy, before anything moves or is marked
         if self.layout == "fsdp-tensor":
@@ -103,10 +124,10 @@ class Job:
                 xs.mark_sharding(param, self.mesh, decoder.tensor_parallel_spec(name))
         if "remat" not in self.omitted:
             self.model.remat = rematerialize
-        self.wrapped = SpmdFullyShardedDataParallel(self.model, mesh=self.mesh)
+        self.wrapped = SpmdFullyShardedDataParallel(self.model, mesh=self.mesh, **fsdpv2_kwargs(self.layout))
         self.parameters = list(self.wrapped.parameters())
         self.optimizer, self.scheduler = adamw(self.parameters)
-        self.batch_spec = ("fsdp", None)
+        self.batch_spec = batch_spec(self.layout)
 
     def step(self, tokens: Any) -> tuple[Any, Any]:
         """One training step: (loss, grad norm) as XLA tensors, executed."""
