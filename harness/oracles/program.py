@@ -160,6 +160,14 @@ class _Operands:
             raise self.fail(f"{key} must be one of {', '.join(choices)}, got {op.get(key)!r:.40}")
         return str(op[key])
 
+    def positions(self, op: dict[str, Any], key: str, size: int) -> list[int]:
+        """A list of 1..LIMITS["dim"] positions along a dim of `size`, each in range on purpose:
+        torch raises for an out-of-range index, XLA clamps it (both legitimate)."""
+        index = op.get(key)
+        if not isinstance(index, list) or not 1 <= len(index) <= LIMITS["dim"]:
+            raise self.fail(f"{key} must be a list of 1..{LIMITS['dim']} positions")
+        return [_int(position, f"{self.where}.{key}[{i}]", 0, size - 1) for i, position in enumerate(index)]
+
     def number(self, op: dict[str, Any], key: str) -> float:
         value = op.get(key)
         if (
@@ -317,13 +325,7 @@ def _slice(op: dict[str, Any], o: _Operands) -> Shape:
 def _index_select(op: dict[str, Any], o: _Operands) -> Shape:
     x = list(o.value(op, "x"))
     dim = o.dim(op, "dim", len(x))
-    index = op.get("index")
-    # In range on purpose: torch raises for an out-of-range index, XLA clamps it (both legitimate).
-    if not isinstance(index, list) or not 1 <= len(index) <= LIMITS["dim"]:
-        raise o.fail(f"index must be a list of 1..{LIMITS['dim']} positions")
-    for i, position in enumerate(index):
-        _int(position, f"{o.where}.index[{i}]", 0, x[dim] - 1)
-    x[dim] = len(index)
+    x[dim] = len(o.positions(op, "index", x[dim]))
     return tuple(x)
 
 
@@ -366,11 +368,7 @@ def _index_put(op: dict[str, Any], o: _Operands) -> Shape:
     """Out of place: x with the rows `index` along `dim` set to (or, accumulating, added) src's."""
     x = o.value(op, "x")
     dim = o.dim(op, "dim", len(x))
-    index = op.get("index")
-    if not isinstance(index, list) or not 1 <= len(index) <= LIMITS["dim"]:
-        raise o.fail(f"index must be a list of 1..{LIMITS['dim']} positions")
-    for i, position in enumerate(index):
-        _int(position, f"{o.where}.index[{i}]", 0, x[dim] - 1)
+    index = o.positions(op, "index", x[dim])
     if not isinstance(op.get("accumulate"), bool):
         raise o.fail("accumulate must be true or false")
     # Without accumulate, which of two writes to one row wins is unspecified (both sides legitimately).
