@@ -8,15 +8,23 @@ times two, marked with spec B again (an unmarked output's sharding is XLA's choi
     split -> replicated                an all-gather among all devices
     split on dim 0 -> split on dim 1   an all-to-all among all devices
 and nothing else. The prediction names the kinds and the group; counts and bytes are XLA's choice.
+
+Nightly tier: reshardings drawn on 1-3-D meshes (permuted device orders, several axes on one dim)
+until --spmd-fuzz-budget seconds are spent, for the three changes whose collectives follow from
+any spec A: A -> A and replicated -> A need none, A -> replicated needs all-gathers and nothing
+else (its groups are XLA's choice there: which axes it gathers over first).
 """
 
 from __future__ import annotations
 
+import time
+import warnings
 from typing import Any
 
 import pytest
 
 from cases.test_oracle_metamorphic import Measurer
+from harness.oracles import search
 
 pytestmark = pytest.mark.spmd
 
@@ -33,9 +41,10 @@ TRANSITIONS = [
 ]
 
 
-def resharding(devices: int, before: list[Any], after: list[Any]) -> dict[str, Any]:
+def resharding(devices: int, before: list[Any], after: list[Any], mesh: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The program of a change from spec `before` to `after`, on `mesh` (default: 1-D, every device)."""
     return {
-        "mesh": {"shape": [devices], "axes": ["x"], "devices": list(range(devices))},
+        "mesh": mesh or {"shape": [devices], "axes": ["x"], "devices": list(range(devices))},
         "inputs": [{"shape": [2 * devices, 2 * devices], "seed": 0, "spec": before}],
         "ops": [
             {"op": "scalar", "fn": "add", "x": 0, "c": 1.0},
@@ -47,7 +56,7 @@ def resharding(devices: int, before: list[Any], after: list[Any]) -> dict[str, A
     }
 
 
-def unexpected(measured: dict[str, Any], kinds: set[str], devices: int) -> str | None:
+def unexpected(measured: dict[str, Any], kinds: set[str], devices: int, any_groups: bool = False) -> str | None:
     if measured.get("status") != "ok":
         return f"{measured.get('status')}: {str(measured.get('detail'))[:300]}"
     if measured["collectives"] is None:
@@ -55,7 +64,7 @@ def unexpected(measured: dict[str, Any], kinds: set[str], devices: int) -> str |
     found = {c["kind"] for c in measured["collectives"]}
     everyone = "{{" + ",".join(map(str, range(devices))) + "}}"
     groups = {c["replica_groups"] for c in measured["collectives"]}
-    if found != kinds or (kinds and groups != {everyone}):
+    if found != kinds or (kinds and not any_groups and groups != {everyone}):
         return f"the specs imply {sorted(kinds) or 'no collective'} among {everyone}; the module has {measured['collectives']}"
     return None
 
@@ -81,3 +90,44 @@ def test_resharding_oracle_fails_when_a_mark_is_dropped(spmd) -> None:
     found = failures(spmd, "drop-marks")
     assert found, "no transition noticed that torch_xla dropped the marks on intermediates"
     print(f"fault drop-marks: {len(found)} of {len(TRANSITIONS)} transitions differ; first: {found[0][:500]}")
+
+
+def splits(mesh: dict[str, Any], spec: list[Any]) -> bool:
+    """Whether `spec` cuts the tensor at all: some axis it uses is longer than 1."""
+    sizes = dict(zip(mesh["axes"], mesh["shape"]))
+    used = [name for entry in spec for name in (entry if isinstance(entry, list) else [entry]) if name]
+    return any(sizes[name] > 1 for name in used)
+
+
+@pytest.mark.nightly
+def test_drawn_reshardings_move_what_their_specs_imply(spmd, request) -> None:
+    """Specs drawn by harness.oracles.generate until --spmd-fuzz-budget seconds are spent."""
+    from hypothesis import strategies as st
+    from hypothesis.errors import NonInteractiveExampleWarning
+
+    from harness.oracles import generate
+
+    devices = spmd.backend.devices
+    shape = (2 * devices, 2 * devices)  # every spec splits it evenly: no padding to account for
+
+    @st.composite
+    def drawn(draw) -> tuple[dict[str, Any], list[Any]]:
+        mesh = draw(generate.meshes(devices))
+        spec = draw(generate.specs(shape, mesh).filter(lambda spec: any(entry is not None for entry in spec)))
+        return mesh, spec
+
+    deadline = time.monotonic() + search.budget(request.config)
+    measure, found, checked = Measurer(spmd), [], 0
+    while time.monotonic() < deadline:
+        with warnings.catch_warnings():  # a draw outside @given is what this loop wants: no shrinking here
+            warnings.simplefilter("ignore", NonInteractiveExampleWarning)
+            mesh, spec = drawn().example()
+        # A spec over mesh axes of size 1 only splits nothing: replicated, nothing to gather.
+        gathers = {"all-gather"} if splits(mesh, spec) else set()
+        for before, after, kinds in ((spec, spec, set()), (R, spec, set()), (spec, R, gathers)):
+            wrong = unexpected(measure(resharding(devices, before, after, mesh)), kinds, devices, any_groups=True)
+            if wrong:
+                found.append(f"mesh {mesh}: {before} -> {after}: {wrong}")
+        checked += 1
+    print(f"resharding search: {checked} drawn specs, {3 * checked} changes, {len(found)} differences")
+    assert not found, "\n".join(found)
