@@ -7,6 +7,8 @@ comparison, in a child of its own (a finding may abort its process).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 pytestmark = pytest.mark.spmd
@@ -89,6 +91,39 @@ MATMUL_SIZE1_PROGRAM = {
 def test_matmul_with_weight_sharded_over_size1_contraction_dim(spmd) -> None:
     """The nightly search's shrunk program (values numbered as the oracle numbers them)."""
     spmd.run(body_program_agrees_with_cpu, program=MATMUL_SIZE1_PROGRAM, fresh=True)
+
+
+# The same bug without the size-1 dim, the padding or the 3-D mesh (the nightly search drew it as a
+# view, then an einsum; narrowed by hand): what it needs is the permuted device order and an x made
+# by a view. The controls take one of the two away and agree.
+VIEW_MATMUL_PERMUTED = {
+    "mesh": {"shape": [2, 2], "axes": ["x", "y"], "devices": [0, 2, 3, 1]},
+    "inputs": [{"shape": [2], "seed": 1, "spec": None}],
+    "ops": [
+        {"op": "reshape", "method": "view", "x": 0, "shape": [1, 2]},
+        {"op": "matmul", "x": 1, "w": {"shape": [2, 4], "seed": 976, "spec": ["x", "y"]}},
+    ],
+    "outputs": [2],
+}
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.known_bug("matmul-size1-dim-sharded-weight-wrong-numbers")
+def test_matmul_of_a_view_with_weight_over_both_axes_of_a_permuted_mesh(spmd) -> None:
+    spmd.run(body_program_agrees_with_cpu, program=VIEW_MATMUL_PERMUTED, fresh=True)
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.parametrize("control", ["identity-device-order", "input-not-a-view"])
+def test_matmul_with_weight_over_both_axes_agrees_without_the_condition(spmd, control: str) -> None:
+    program = copy.deepcopy(VIEW_MATMUL_PERMUTED)
+    if control == "identity-device-order":
+        program["mesh"]["devices"] = [0, 1, 2, 3]
+    else:
+        program["inputs"][0]["shape"] = [1, 2]
+        program["ops"] = [{"op": "matmul", "x": 0, "w": VIEW_MATMUL_PERMUTED["ops"][1]["w"]}]
+        program["outputs"] = [1]
+    spmd.run(body_program_agrees_with_cpu, program=program)
 
 
 def _gather_program(dim: int) -> dict:

@@ -6,9 +6,10 @@ each distinct finding is kept with its standalone script (harness.oracles.repro)
 Each round is a separate hypothesis run with its own seed, so one finding does not end the
 search: the next round draws afresh, and a finding already kept (`finding_key`) is not kept, nor
 shrunk, twice. A failure a known-bug registry entry explains (carried by the build the children
-run, its signature matching the failure's text: `known_bugs`) is counted and passed over: found
-again it is no finding (a nightly false alarm on every release that carries it), and shrinking it
-would spend the round a new bug needs.
+run, its signature matching the failure's text, or for wrong numbers its class in
+harness.oracles.knownclasses agreeing once the class's condition is taken away: `known_bugs`) is
+counted and passed over: found again it is no finding (a nightly false alarm on every release that
+carries it), and shrinking it would spend the round a new bug needs.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from harness.oracles import generate, repro, runner
+from harness.oracles import generate, knownclasses, repro, runner
 from harness.registry import KnownBug
 
-# A failing verdict -> the registry entry that explains it, or None.
-Explains = Callable[[dict[str, str]], str | None]
+# A failing program and its verdict -> the registry entry that explains it, or None.
+Explains = Callable[[dict[str, Any], dict[str, str]], str | None]
 
 
 def finding_key(program: dict[str, Any], verdict: dict[str, str]) -> tuple[str, ...]:
@@ -83,19 +84,26 @@ class SearchSummary:
         )
 
 
-def known_bugs(spmd: Any, entries: Sequence[KnownBug]) -> Explains:
+def known_bugs(spmd: Any, entries: Sequence[KnownBug], fault: str | None = None) -> Explains:
     """The entry among `entries` carried by the torch_xla the children run (the last version a child
-    reported) whose signature matches a failing verdict's text, by id; None before any child said
-    its version, and for a failure no carried entry matches."""
+    reported) that explains a failing program, by id: its signature matches the verdict's text, or
+    (wrong numbers) the program is of the entry's class and agrees in a new child once the class's
+    condition is taken away (with `fault`, as the search's own children run). None before any
+    child said its version, and for a failure no carried entry explains."""
 
-    def explains(verdict: dict[str, str]) -> str | None:
+    def explains(program: dict[str, Any], verdict: dict[str, str]) -> str | None:
         version = next((r.torch_xla for r in reversed(spmd.results) if r.torch_xla), None)
         if version is None:
             return None
+        carried = {entry.id: entry for entry in entries if entry.carried_by_release(version)}
         detail = verdict.get("detail") or ""
-        for entry in entries:
-            if entry.carried_by_release(version) and entry.matching_signature(detail):
+        for entry in carried.values():
+            if entry.matching_signature(detail):
                 return entry.id
+        for known in knownclasses.candidates(program, verdict, carried.__contains__):
+            variant = known.without_condition(program)
+            if runner.check_programs(spmd, [variant], fault=fault, batch=1, fresh=True)[0]["status"] == "ok":
+                return known.entry
         return None
 
     return explains
@@ -171,7 +179,7 @@ def _round(
             # a new child per step); a mismatch is, since its key needs the shrunk program.
             if verdict["status"] == "ok":
                 continue
-            entry = explains(verdict) if explains is not None else None
+            entry = explains(program, verdict) if explains is not None else None
             if entry is not None:  # a known bug, found again: counted while drawing, never shrunk
                 if not last_failure:
                     summary.known[entry] = summary.known.get(entry, 0) + 1

@@ -1,0 +1,69 @@
+"""Wrong numbers a registry entry already names, recognised in a drawn program by taking its
+condition away.
+
+A crash or an error is recognised by its text (the entry's signatures). A mismatch is not: the
+numbers differ with every program. An entry whose bug needs a condition the program can be run
+without has a class here: a program that looks like the class (`looks_like`) and agrees with
+the CPU once the condition is taken away (`without_condition`, run in a new child) is that bug,
+found again. A program that still disagrees without it is a finding, whatever it looks like:
+another bug there is not hidden by this one.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+Program = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownClass:
+    entry: str  # the registry entry (harness/known_bugs.toml) whose bug this is
+    looks_like: Callable[[Program], bool]
+    without_condition: Callable[[Program], Program]
+    condition: str  # what without_condition takes away, for the summary and the docs
+
+
+def _axes_over_one(mesh: dict[str, Any], spec: Any) -> list[str]:
+    """The mesh axes longer than 1 that a partition spec uses."""
+    sizes = dict(zip(mesh["axes"], mesh["shape"]))
+    names = [n for entry in spec or [] for n in (entry if isinstance(entry, list) else [entry]) if n]
+    return [name for name in names if sizes.get(name, 1) > 1]
+
+
+def _matmul_weight_over_two_axes(program: Program) -> bool:
+    mesh = program["mesh"]
+    if mesh["devices"] == sorted(mesh["devices"]):
+        return False  # the bug needs a device order other than the mesh's own
+    return any(
+        op["op"] in ("matmul", "einsum") and len(_axes_over_one(mesh, op["w"].get("spec"))) >= 2
+        for op in program["ops"]
+    )
+
+
+def _identity_device_order(program: Program) -> Program:
+    variant = copy.deepcopy(program)
+    variant["mesh"]["devices"] = sorted(variant["mesh"]["devices"])
+    return variant
+
+
+CLASSES = (
+    # Measured on 2.4.0, 2.6.0, 2.8.0 and 2.9.0: wrong numbers only with a permuted device order
+    # (the same program on the mesh's own order agrees); see the entry's notes.
+    KnownClass(
+        "matmul-size1-dim-sharded-weight-wrong-numbers",
+        _matmul_weight_over_two_axes,
+        _identity_device_order,
+        "the mesh's device order put back to 0..n-1",
+    ),
+)
+
+
+def candidates(program: Program, verdict: dict[str, str], carried: Callable[[str], bool]) -> list[KnownClass]:
+    """The classes of entries carried by the build that a mismatching program looks like."""
+    if verdict.get("status") != "mismatch":
+        return []
+    return [known for known in CLASSES if carried(known.entry) and known.looks_like(program)]
