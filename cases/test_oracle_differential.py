@@ -54,12 +54,30 @@ def failures_text(programs: list[dict], verdicts: list[dict]) -> str:
     return "\n\n".join(repro.report(p, v) for p, v in failed)
 
 
-def test_committed_programs_agree_with_cpu(spmd) -> None:
+def test_committed_programs_agree_with_cpu(spmd, request) -> None:
+    """A failure a registry entry carried by this build explains (gather-along-sharded-dim-hlo-verifier
+    on 2.7.0: a committed program hits it) is listed, not failed: its own case in
+    cases/test_oracle_findings.py reports it; any other failure fails."""
     programs = [p for p in load_examples() if len(p["mesh"]["devices"]) == spmd.backend.devices]
     if not programs:
         pytest.skip(f"no committed program for {spmd.backend.devices} devices")
     verdicts = runner.check_programs(spmd, programs)
-    assert all(v["status"] == "ok" for v in verdicts), failures_text(programs, verdicts)
+    explains = search.known_bugs(spmd, search.registry_entries(request.config))
+    known = {
+        i: entry
+        for i, (program, verdict) in enumerate(zip(programs, verdicts, strict=True))
+        if verdict["status"] != "ok" and (entry := explains(program, verdict)) is not None
+    }
+    if known:
+        request.node.add_report_section(
+            "call",
+            "known bugs passed over",
+            "\n".join(
+                f"committed program {i}: {entry} (its own case reports it)" for i, entry in sorted(known.items())
+            ),
+        )
+    unexplained = [(p, v) for i, (p, v) in enumerate(zip(programs, verdicts, strict=True)) if i not in known]
+    assert all(v["status"] == "ok" for _, v in unexplained), failures_text(*map(list, zip(*unexplained)))
 
 
 @pytest.mark.nightly
