@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from harness.isolation.parent.case import failure_from_answer
-from harness.isolation.parent.evidence import crash_evidence, first_fatal_line, fold_thread_dumps, headline, log_tail
+from harness.isolation.parent.evidence import (
+    crash_evidence,
+    first_fatal_line,
+    fold_prefix_runs,
+    fold_thread_dumps,
+    headline,
+    log_tail,
+)
 from harness.isolation.system.logtail import tail_file, tail_text
 from harness.isolation.system.processes import describe_exit, signal_name
 from harness.isolation.wire.protocol import ChildAnswer
@@ -147,3 +154,42 @@ def test_exits_are_described(returncode, words):
 def test_an_unknown_signal_number_is_named_without_raising():
     assert signal_name(250) == "signal 250"
     assert describe_exit(-250) == "signal 250"
+
+
+ANALYSIS = [f"Unexpected Execution Analysis:   frame {i} (/site-packages/torch/x.py:{i})" for i in range(17)]
+
+
+def test_a_long_run_of_one_prefix_keeps_its_first_lines_and_says_how_many_more():
+    text = "\n".join(["[harness] case x starts", *ANALYSIS, "RuntimeError: after it"])
+    folded = fold_prefix_runs(text).splitlines()
+    assert folded[0] == "[harness] case x starts" and folded[-1] == "RuntimeError: after it"
+    assert folded[1:7] == ANALYSIS[:6]
+    assert (
+        folded[7]
+        == "Unexpected Execution Analysis: ... 11 more line(s) like these (the run folder's logs/ has them all)"
+    )
+    assert len(folded) == 9
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ANALYSIS[:10],  # not longer than 10: whole
+        [f"E: short prefix {i}" for i in range(20)],  # a prefix under 12 characters is no block's
+        [f"line {i} with no colon at all" for i in range(20)],
+        [f"{'Analysis A' if i % 2 else 'Analysis Block'}: {i}" for i in range(20)],  # prefixes alternate
+    ],
+    ids=["ten", "short-prefix", "no-colon", "alternating"],
+)
+def test_other_text_is_left_as_it_is(lines):
+    text = "\n".join(lines)
+    assert fold_prefix_runs(text) == text
+
+
+def test_a_raised_failure_shows_the_folded_log_and_keeps_its_evidence():
+    saved = json.loads(EXCEPTION_VERDICT.read_text())
+    answer = ChildAnswer(id=1, case="c", outcome="error", exception=saved["exception"], observations={}, duration_s=0.1)
+    tail = "\n".join(ANALYSIS)
+    failure = failure_from_answer("c::case", answer, tail)
+    assert "... 11 more line(s) like these" in str(failure)
+    assert failure.log_tail == tail and failure.evidence.startswith("RuntimeError: !at::functionalization")

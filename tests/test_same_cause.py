@@ -60,3 +60,17 @@ def test_seven_failures_of_one_cause_show_the_first_whole_and_the_rest_by_their_
     whole = run_fake(pytester, "-p", "no:randomly", "--tb=long").stdout.str()
     assert "the same cause as" not in whole
     assert whole.split("= FAILURES =", 1)[1].count("Traceback (most recent call last)") == 8
+
+
+def test_under_xdist_a_repeat_drops_the_worker_line_its_first_shows(pytester):
+    """xdist prints "[gw0] linux -- Python ... <venv>" before every failure: 24 lines of a 437-line
+    run (one extra sync per FSDPv2 block). A repeat shows none; each first of a cause keeps its own."""
+    import re
+
+    pytester.makepyfile(test_cases=CASES)
+    result = run_fake(pytester, "-p", "no:randomly", "-n", "2")
+    result.assert_outcomes(failed=8)
+    failures = result.stdout.str().split("= FAILURES =", 1)[1].split("spmd findings", 1)[0]
+    assert len(re.findall(r"^\[gw\d+\] ", failures, re.MULTILINE)) == 2, failures
+    whole = run_fake(pytester, "-p", "no:randomly", "-n", "2", "--tb=long").stdout.str()
+    assert len(re.findall(r"^\[gw\d+\] ", whole.split("= FAILURES =", 1)[1], re.MULTILINE)) == 8

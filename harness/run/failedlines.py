@@ -76,11 +76,11 @@ class WholeFailedLines:
     def __init__(self) -> None:
         self.saved_verbosity: int | None = None
         # Each report this process changed for the summary, as it was: put back after it.
-        self.originals: dict[int, tuple[Any, Any, str | None, str, list[tuple[str, str]]]] = {}
+        self.originals: dict[int, tuple[Any, Any, str | None, str, list[tuple[str, str]], Any]] = {}
 
     def keep_original(self, report: pytest.TestReport) -> None:
         """Before a change for the summary (the first one counts): report, longrepr, its crash's
-        message, node id and sections."""
+        message, node id, sections and xdist's worker node (whose line the report prints first)."""
         if id(report) not in self.originals:
             crash = getattr(report.longrepr, "reprcrash", None)
             self.originals[id(report)] = (
@@ -89,6 +89,7 @@ class WholeFailedLines:
                 crash.message if crash is not None else None,
                 report.nodeid,
                 list(report.sections),
+                report.__dict__.get("node"),
             )
 
     @pytest.hookimpl(wrapper=True, trylast=True)
@@ -131,12 +132,14 @@ class WholeFailedLines:
             if self.saved_verbosity is not None:
                 session.config.option.verbose = self.saved_verbosity
                 self.saved_verbosity = None
-            for report, longrepr, message, nodeid, sections in self.originals.values():
+            for report, longrepr, message, nodeid, sections, node in self.originals.values():
                 if hasattr(report, WHOLE_FAILURE):
                     delattr(report, WHOLE_FAILURE)
                 report.longrepr = longrepr
                 report.nodeid = nodeid
                 report.sections = sections
+                if node is not None:
+                    report.node = node
                 if message is not None:
                     longrepr.reprcrash.message = message
             self.originals.clear()

@@ -62,6 +62,9 @@ class SameCauseShownOnce:
             setattr(report, WHOLE_FAILURE, (report.longrepr, list(report.sections)))  # what findings read
             report.longrepr = repeated(report, first_of[cause].nodeid, cause, config.rootpath)
             report.sections = []
+            # xdist's "[gw0] linux -- Python ... <venv>" line, printed before each failure: the
+            # first of the cause shows it; a repeat's line would only say it again.
+            report.__dict__.pop("node", None)
 
 
 def repeated(report: pytest.TestReport, first: str, cause: tuple[str, str], rootpath: Path) -> str:

@@ -27,7 +27,7 @@ from harness.errors import CaseCrashed, CaseError, CaseFailed, HarnessUsageError
 from harness.isolation.backend import Backend
 from harness.isolation.parent import evidence
 from harness.isolation.parent.child_process import ChildProcess, ChildSpec, LateFault
-from harness.isolation.parent.evidence import headline, terminal_safe
+from harness.isolation.parent.evidence import fold_prefix_runs, headline, terminal_safe
 from harness.isolation.parent.pool import ChildPool
 from harness.isolation.system import files, processes
 from harness.isolation.wire import protocol
@@ -141,7 +141,7 @@ def failure_from_answer(case: str, answer: ChildAnswer, tail: str) -> CaseFailed
     return CaseFailed(
         terminal_safe(
             f"{headline(exc.line, 1000)}\n(raised by case {case} in its child)\n{without_carets(exc.traceback)}"
-            f"--- child log (this case) ---\n{tail}"
+            f"--- child log (this case) ---\n{fold_prefix_runs(tail)}"
         ),
         evidence=exc.line,
         log_tail=tail,

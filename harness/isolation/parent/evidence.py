@@ -110,6 +110,37 @@ def crash_evidence(how: str, path: Path, since: int = 0) -> tuple[str, str]:
     return f"{headline}\n--- log tail ---\n{tail}", tail
 
 
+# A library's debug log writes one block as many lines behind one prefix (torch_xla 2.9's
+# "Unexpected Execution Analysis: ..." block: 17 lines, 10 of them the Python frames the child's
+# traceback shows above it). Shown in a failure, such a run keeps its first lines.
+_PREFIX = re.compile(r"^([^:\n]{12,80}:)")
+PREFIX_RUN_KEEP = 6
+PREFIX_RUN_MIN = 10
+
+
+def fold_prefix_runs(text: str, keep: int = PREFIX_RUN_KEEP, longer_than: int = PREFIX_RUN_MIN) -> str:
+    """text with each run of more than `longer_than` consecutive lines that share a prefix (up to
+    their first colon, 12-80 characters) cut to its first `keep` lines and a line that says how
+    many more there were. For display only: registry signatures match the whole tail."""
+    lines = text.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        match = _PREFIX.match(lines[i])
+        j = i + 1
+        while match and j < len(lines) and lines[j].startswith(match.group(1)):
+            j += 1
+        if match and j - i > longer_than:
+            out += lines[i : i + keep]
+            out.append(
+                f"{match.group(1)} ... {j - i - keep} more line(s) like these (the run folder's logs/ has them all)"
+            )
+        else:
+            out += lines[i:j]
+        i = j
+    return "\n".join(out)
+
+
 def terminal_safe(text: str) -> str:
     """text with every control character but newline and tab escaped (\\x1b): a failure's long
     text is the code under test's, and pytest prints it as it is, where an escape sequence could
