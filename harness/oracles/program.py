@@ -149,6 +149,14 @@ class _Operands:
     def value(self, op: dict[str, Any], key: str) -> Shape:
         return self.shapes[_int(op.get(key), f"{self.where}.{key}", 0, len(self.shapes) - 1)]
 
+    def positions(self, op: dict[str, Any], key: str, size: int) -> list[int]:
+        """A list of 1..LIMITS["dim"] positions along a dim of `size`, each in range on purpose:
+        torch raises for an out-of-range index, XLA clamps it (both legitimate)."""
+        index = op.get(key)
+        if not isinstance(index, list) or not 1 <= len(index) <= LIMITS["dim"]:
+            raise self.fail(f"{key} must be a list of 1..{LIMITS['dim']} positions")
+        return [_int(position, f"{self.where}.{key}[{i}]", 0, size - 1) for i, position in enumerate(index)]
+
     def dim(self, op: dict[str, Any], key: str, rank: int) -> int:
         return _dim(op.get(key), rank, f"{self.where}.{key}")
 
@@ -159,14 +167,6 @@ class _Operands:
         if op.get(key) not in choices:
             raise self.fail(f"{key} must be one of {', '.join(choices)}, got {op.get(key)!r:.40}")
         return str(op[key])
-
-    def positions(self, op: dict[str, Any], key: str, size: int) -> list[int]:
-        """A list of 1..LIMITS["dim"] positions along a dim of `size`, each in range on purpose:
-        torch raises for an out-of-range index, XLA clamps it (both legitimate)."""
-        index = op.get(key)
-        if not isinstance(index, list) or not 1 <= len(index) <= LIMITS["dim"]:
-            raise self.fail(f"{key} must be a list of 1..{LIMITS['dim']} positions")
-        return [_int(position, f"{self.where}.{key}[{i}]", 0, size - 1) for i, position in enumerate(index)]
 
     def number(self, op: dict[str, Any], key: str) -> float:
         value = op.get(key)
