@@ -11,6 +11,8 @@ import copy
 
 import pytest
 
+from harness.oracles import knownclasses
+
 pytestmark = pytest.mark.spmd
 
 MESH_4 = {"shape": [4], "axes": ["x"], "devices": [0, 1, 2, 3]}
@@ -96,15 +98,7 @@ def test_matmul_with_weight_sharded_over_size1_contraction_dim(spmd) -> None:
 # The same bug without the size-1 dim, the padding or the 3-D mesh (the nightly search drew it as a
 # view, then an einsum; narrowed by hand): what it needs is the permuted device order and an x made
 # by a view. The controls take one of the two away and agree.
-VIEW_MATMUL_PERMUTED = {
-    "mesh": {"shape": [2, 2], "axes": ["x", "y"], "devices": [0, 2, 3, 1]},
-    "inputs": [{"shape": [2], "seed": 1, "spec": None}],
-    "ops": [
-        {"op": "reshape", "method": "view", "x": 0, "shape": [1, 2]},
-        {"op": "matmul", "x": 1, "w": {"shape": [2, 4], "seed": 976, "spec": ["x", "y"]}},
-    ],
-    "outputs": [2],
-}
+VIEW_MATMUL_PERMUTED = knownclasses.of_entry("matmul-size1-dim-sharded-weight-wrong-numbers").example
 
 
 @pytest.mark.needs(devices=4)

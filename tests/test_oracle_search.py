@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness.oracles import runner, search
+from harness.oracles import knownclasses, runner, search
 from harness.registry import get_entry
 
 pytestmark = pytest.mark.selftest
@@ -54,17 +54,9 @@ def test_the_same_failure_is_a_finding_where_no_carried_entry_explains_it(every_
 # Wrong numbers have no text to match: a class (harness.oracles.knownclasses) recognises them by
 # taking the bug's condition away. The nightly search on 2.9.0 drew this one (a view, then a matmul
 # with a weight over both axes of a permuted mesh) and failed the night on the known entry.
-PERMUTED = {
-    "mesh": {"shape": [2, 2], "axes": ["x", "y"], "devices": [0, 2, 3, 1]},
-    "inputs": [{"shape": [2], "seed": 1, "spec": None}],
-    "ops": [
-        {"op": "reshape", "method": "view", "x": 0, "shape": [1, 2]},
-        {"op": "matmul", "x": 1, "w": {"shape": [2, 4], "seed": 976, "spec": ["x", "y"]}},
-    ],
-    "outputs": [2],
-}
-MISMATCH = {"status": "mismatch", "detail": "value 2: 4 of 4 elements differ; first at (0, 0): XLA 0.875, CPU 1.125"}
 CLASS_ENTRY = "matmul-size1-dim-sharded-weight-wrong-numbers"
+PERMUTED = knownclasses.of_entry(CLASS_ENTRY).example
+MISMATCH = {"status": "mismatch", "detail": "value 2: 4 of 4 elements differ; first at (0, 0): XLA 0.875, CPU 1.125"}
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ class KnownClass:
     looks_like: Callable[[Program], bool]
     without_condition: Callable[[Program], Program]
     condition: str  # what without_condition takes away, for the summary and the docs
+    example: Program  # a smallest program of the class, as narrowed (its case runs it)
 
 
 def _axes_over_one(mesh: dict[str, Any], spec: Any) -> list[str]:
@@ -58,8 +59,27 @@ CLASSES = (
         _matmul_weight_over_two_axes,
         _identity_device_order,
         "the mesh's device order put back to 0..n-1",
+        # A view of a [2] input, then a matmul with w [2, 4] over both axes of a (2, 2) mesh whose
+        # device order is [0, 2, 3, 1]: 4 of 4 elements wrong (2.4.0-2.9.0).
+        {
+            "mesh": {"shape": [2, 2], "axes": ["x", "y"], "devices": [0, 2, 3, 1]},
+            "inputs": [{"shape": [2], "seed": 1, "spec": None}],
+            "ops": [
+                {"op": "reshape", "method": "view", "x": 0, "shape": [1, 2]},
+                {"op": "matmul", "x": 1, "w": {"shape": [2, 4], "seed": 976, "spec": ["x", "y"]}},
+            ],
+            "outputs": [2],
+        },
     ),
 )
+
+
+def of_entry(entry: str) -> KnownClass:
+    """The class of a registry entry; KeyError naming the entries that have one."""
+    for known in CLASSES:
+        if known.entry == entry:
+            return known
+    raise KeyError(f"no known class for {entry!r}; classes: {', '.join(k.entry for k in CLASSES)}")
 
 
 def candidates(program: Program, verdict: dict[str, str], carried: Callable[[str], bool]) -> list[KnownClass]:
