@@ -92,13 +92,6 @@ def test_resharding_oracle_fails_when_a_mark_is_dropped(spmd) -> None:
     print(f"fault drop-marks: {len(found)} of {len(TRANSITIONS)} transitions differ; first: {found[0][:500]}")
 
 
-def splits(mesh: dict[str, Any], spec: list[Any]) -> bool:
-    """Whether `spec` cuts the tensor at all: some axis it uses is longer than 1."""
-    sizes = dict(zip(mesh["axes"], mesh["shape"]))
-    used = [name for entry in spec for name in (entry if isinstance(entry, list) else [entry]) if name]
-    return any(sizes[name] > 1 for name in used)
-
-
 @pytest.mark.nightly
 def test_drawn_reshardings_move_what_their_specs_imply(spmd, request) -> None:
     """Specs drawn by harness.oracles.generate until --spmd-fuzz-budget seconds are spent."""
@@ -106,6 +99,7 @@ def test_drawn_reshardings_move_what_their_specs_imply(spmd, request) -> None:
     from hypothesis.errors import NonInteractiveExampleWarning
 
     from harness.oracles import generate
+    from harness.oracles.program import axes_that_split
 
     devices = spmd.backend.devices
     shape = (2 * devices, 2 * devices)  # every spec splits it evenly: no padding to account for
@@ -123,7 +117,7 @@ def test_drawn_reshardings_move_what_their_specs_imply(spmd, request) -> None:
             warnings.simplefilter("ignore", NonInteractiveExampleWarning)
             mesh, spec = drawn().example()
         # A spec over mesh axes of size 1 only splits nothing: replicated, nothing to gather.
-        gathers = {"all-gather"} if splits(mesh, spec) else set()
+        gathers = {"all-gather"} if axes_that_split(mesh, spec) else set()
         for before, after, kinds in ((spec, spec, set()), (R, spec, set()), (spec, R, gathers)):
             wrong = unexpected(measure(resharding(devices, before, after, mesh)), kinds, devices, any_groups=True)
             if wrong:

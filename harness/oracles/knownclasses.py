@@ -16,6 +16,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from harness.oracles.program import axes_that_split
+
 Program = dict[str, Any]
 
 
@@ -24,15 +26,7 @@ class KnownClass:
     entry: str  # the registry entry (harness/known_bugs.toml) whose bug this is
     looks_like: Callable[[Program], bool]
     without_condition: Callable[[Program], Program]
-    condition: str  # what without_condition takes away, for the summary and the docs
     example: Program  # a smallest program of the class, as narrowed (its case runs it)
-
-
-def _axes_over_one(mesh: dict[str, Any], spec: Any) -> list[str]:
-    """The mesh axes longer than 1 that a partition spec uses."""
-    sizes = dict(zip(mesh["axes"], mesh["shape"]))
-    names = [n for entry in spec or [] for n in (entry if isinstance(entry, list) else [entry]) if n]
-    return [name for name in names if sizes.get(name, 1) > 1]
 
 
 def _matmul_weight_over_two_axes(program: Program) -> bool:
@@ -40,7 +34,7 @@ def _matmul_weight_over_two_axes(program: Program) -> bool:
     if mesh["devices"] == sorted(mesh["devices"]):
         return False  # the bug needs a device order other than the mesh's own
     return any(
-        op["op"] in ("matmul", "einsum") and len(_axes_over_one(mesh, op["w"].get("spec"))) >= 2
+        op["op"] in ("matmul", "einsum") and len(axes_that_split(mesh, op["w"].get("spec"))) >= 2
         for op in program["ops"]
     )
 
@@ -57,8 +51,7 @@ CLASSES = (
     KnownClass(
         "matmul-size1-dim-sharded-weight-wrong-numbers",
         _matmul_weight_over_two_axes,
-        _identity_device_order,
-        "the mesh's device order put back to 0..n-1",
+        _identity_device_order,  # the condition taken away: the mesh's device order put back to 0..n-1
         # A view of a [2] input, then a matmul with w [2, 4] over both axes of a (2, 2) mesh whose
         # device order is [0, 2, 3, 1]: 4 of 4 elements wrong (2.4.0-2.9.0).
         {

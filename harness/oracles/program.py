@@ -87,6 +87,17 @@ def check_mesh(mesh: Any) -> dict[str, Any]:
     return mesh
 
 
+def spec_axes(spec: Any) -> list[str]:
+    """The mesh axis names a partition spec uses, in order (an entry: null, a name or a list)."""
+    return [name for entry in spec or [] for name in (entry if isinstance(entry, list) else [entry]) if name]
+
+
+def axes_that_split(mesh: dict[str, Any], spec: Any) -> list[str]:
+    """The axes a spec uses that are longer than 1: a spec over unit axes only cuts nothing."""
+    sizes = dict(zip(mesh["axes"], mesh["shape"]))
+    return [name for name in spec_axes(spec) if sizes.get(name, 1) > 1]
+
+
 def check_spec(spec: Any, rank: int, axes: Sequence[str], where: str) -> None:
     """A partition spec: one entry per dim, each mesh axis used at most once."""
     if spec is None:
@@ -96,12 +107,10 @@ def check_spec(spec: Any, rank: int, axes: Sequence[str], where: str) -> None:
             where, f"expected a list of {rank} entries (null, an axis name or a list of names), got {spec!r:.60}"
         )
     used: list[str] = []
-    for entry in spec:
-        names = entry if isinstance(entry, list) else [] if entry is None else [entry]
-        for name in names:
-            if name not in axes or name in used:
-                raise _fail(where, f"{name!r:.30} is not a mesh axis ({', '.join(axes)}) or is used twice")
-            used.append(name)
+    for name in spec_axes(spec):
+        if name not in axes or name in used:
+            raise _fail(where, f"{name!r:.30} is not a mesh axis ({', '.join(axes)}) or is used twice")
+        used.append(name)
 
 
 def check_leaf(leaf: Any, where: str, axes: Sequence[str], index: bool = False) -> Shape:

@@ -84,11 +84,11 @@ class SearchSummary:
         )
 
 
-def known_bugs(spmd: Any, entries: Sequence[KnownBug], fault: str | None = None) -> Explains:
+def known_bugs(spmd: Any, entries: Sequence[KnownBug]) -> Explains:
     """The entry among `entries` carried by the torch_xla the children run (the last version a child
     reported) that explains a failing program, by id: its signature matches the verdict's text, or
     (wrong numbers) the program is of the entry's class and agrees in a new child once the class's
-    condition is taken away (with `fault`, as the search's own children run). None before any
+    condition is taken away. None before any
     child said its version, and for a failure no carried entry explains."""
 
     def explains(program: dict[str, Any], verdict: dict[str, str]) -> str | None:
@@ -102,7 +102,7 @@ def known_bugs(spmd: Any, entries: Sequence[KnownBug], fault: str | None = None)
                 return entry.id
         for known in knownclasses.candidates(program, verdict, carried.__contains__):
             variant = known.without_condition(program)
-            if runner.check_programs(spmd, [variant], fault=fault, batch=1, fresh=True)[0]["status"] == "ok":
+            if runner.check_programs(spmd, [variant], batch=1, fresh=True)[0]["status"] == "ok":
                 return known.entry
         return None
 
