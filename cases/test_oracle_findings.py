@@ -141,3 +141,84 @@ def test_gather_along_the_sharded_dim(spmd) -> None:
 def test_gather_along_an_unsharded_dim(spmd) -> None:
     """The control: the same tensor gathered along its rows compiles and agrees."""
     spmd.run(body_program_agrees_with_cpu, program=_gather_program(0))
+
+
+# Wrong numbers the nightly search found on 2.4.0-2.6.0 (release matrix, 2026-11-29), each narrowed
+# by hand to its class's example (harness.oracles.knownclasses): the example must agree with the CPU,
+# and so must the same program with the class's condition taken away (the control, on every release).
+FIXED_CLASSES = [
+    pytest.param(
+        "einsum-reads-base-before-inplace-through-view",
+        marks=pytest.mark.known_bug("einsum-reads-base-before-inplace-through-view"),
+        id="einsum-after-inplace-through-view",
+    ),
+    pytest.param(
+        "gather-index-shorter-along-split-dim-wrong-numbers",
+        # 2.7.0 does not compile the same gather (its own entry; the windows are disjoint).
+        marks=[
+            pytest.mark.known_bug("gather-index-shorter-along-split-dim-wrong-numbers"),
+            pytest.mark.known_bug("gather-along-sharded-dim-hlo-verifier"),
+        ],
+        id="gather-index-shorter-along-split-dim",
+    ),
+    pytest.param(
+        "roll-cat-partially-replicated-adds-replicas",
+        marks=pytest.mark.known_bug("roll-cat-partially-replicated-adds-replicas"),
+        id="roll-partially-replicated",
+    ),
+]
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.parametrize("entry", FIXED_CLASSES)
+def test_known_class_example_agrees_with_cpu(spmd, entry: str) -> None:
+    spmd.run(body_program_agrees_with_cpu, program=knownclasses.of_entry(entry).example)
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.parametrize("entry", [p.values[0] for p in FIXED_CLASSES], ids=[p.id for p in FIXED_CLASSES])
+def test_known_class_example_agrees_without_its_condition(spmd, entry: str) -> None:
+    """The control: what the class says the bug needs, taken away, leaves a program every release computes right."""
+    known = knownclasses.of_entry(entry)
+    spmd.run(body_program_agrees_with_cpu, program=known.without_condition(known.example))
+
+
+# What the metamorphic search found with functionalization off (XLA_DISABLE_FUNCTIONALIZATION=1) on
+# 2.4.0-2.7.0 (release matrix, 2026-11-29): the same program must compute, compile and communicate
+# alike with it on and off (harness.oracles.metamorphic), each side in a child of its own.
+FUNCTIONALIZATION_FINDINGS = {
+    # An in-place op through x.transpose(0, 0), a view that moves nothing.
+    "inplace-through-identity-transpose": {
+        "mesh": MESH_4,
+        "inputs": [{"shape": [8], "seed": 0, "spec": ["x"]}],
+        "ops": [{"op": "inplace", "x": 0, "fn": "add_", "c": 0.5, "view": "transpose", "d0": 0, "d1": 0}],
+        "outputs": [0, 1],
+    },
+    # A matmul of a [2, 1, 6] input split unevenly over dim 0 (narrowed from the search's [1, 1, 6]).
+    "matmul-of-unevenly-split-input": knownclasses.of_entry("functionalization-off-adds-collectives").example,
+    # The control: the same program with dim 0 left whole keeps its collectives on every release.
+    "matmul-of-unsplit-input": knownclasses.of_entry("functionalization-off-adds-collectives").without_condition(
+        knownclasses.of_entry("functionalization-off-adds-collectives").example
+    ),
+}
+
+
+@pytest.mark.needs(devices=4)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            "inplace-through-identity-transpose",
+            marks=pytest.mark.known_bug("functionalization-off-identity-transpose-view-check-failed"),
+        ),
+        pytest.param(
+            "matmul-of-unevenly-split-input", marks=pytest.mark.known_bug("functionalization-off-adds-collectives")
+        ),
+        "matmul-of-unsplit-input",
+    ],
+)
+def test_functionalization_off_keeps_the_program(spmd, name: str) -> None:
+    from cases.test_oracle_metamorphic import Measurer, relation_failures
+
+    failures = relation_failures(Measurer(spmd), FUNCTIONALIZATION_FINDINGS[name], ["functionalization"])
+    assert not failures, "\n\n".join(failures)

@@ -2,17 +2,20 @@
 condition away.
 
 A crash or an error is recognised by its text (the entry's signatures). A mismatch is not: the
-numbers differ with every program. An entry whose bug needs a condition the program can be run
-without has a class here: a program that looks like the class (`looks_like`) and agrees with
-the CPU once the condition is taken away (`without_condition`, run in a new child) is that bug,
-found again. A program that still disagrees without it is a finding, whatever it looks like:
-another bug there is not hidden by this one.
+numbers differ with every program; nor is a metamorphic difference (its collectives and bytes
+differ with every program). An entry whose bug needs a condition the program can be run without
+has a class here: a failure of the class's kind (`failure`, searched in "status: detail") of a
+program that looks like the class (`looks_like`), gone once the condition is taken away
+(`without_condition`, run again in new children by the oracle that failed it), is that bug, found
+again. A program that still fails without it is a finding, whatever it looks like: another bug
+there is not hidden by this one.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +30,8 @@ class KnownClass:
     looks_like: Callable[[Program], bool]
     without_condition: Callable[[Program], Program]
     example: Program  # a smallest program of the class, as narrowed (its case runs it)
+    # The failures it explains: the differential oracle's wrong numbers, unless it says otherwise.
+    failure: str = "^mismatch: "
 
 
 def _matmul_weight_over_two_axes(program: Program) -> bool:
@@ -42,6 +47,104 @@ def _matmul_weight_over_two_axes(program: Program) -> bool:
 def _identity_device_order(program: Program) -> Program:
     variant = copy.deepcopy(program)
     variant["mesh"]["devices"] = sorted(variant["mesh"]["devices"])
+    return variant
+
+
+def _einsum_after_inplace_through_view(program: Program) -> bool:
+    ops = program["ops"]
+    return any(op["op"] == "einsum" for op in ops) and any(op["op"] == "inplace" and op["view"] != "none" for op in ops)
+
+
+def _inplace_ops_on_their_base(program: Program) -> Program:
+    variant = copy.deepcopy(program)
+    for op in variant["ops"]:
+        if op["op"] == "inplace":
+            op["view"] = "none"
+    return variant
+
+
+def _input_gathered_with_a_smaller_index_along_its_split_dim(program: Program) -> int | None:
+    """The input a gather reads directly, split along a dim other than the gather's, where the
+    index is shorter than the input (None: no such gather)."""
+    mesh, inputs = program["mesh"], program["inputs"]
+    for op in program["ops"]:
+        if op["op"] != "gather" or op["x"] >= len(inputs):
+            continue
+        leaf = inputs[op["x"]]
+        for d, (entry, size, want) in enumerate(zip(leaf["spec"] or [], leaf["shape"], op["index"]["shape"])):
+            if d != op["dim"] and want < size and axes_that_split(mesh, [entry]):
+                return int(op["x"])
+    return None
+
+
+def _that_input_unsplit(program: Program) -> Program:
+    variant = copy.deepcopy(program)
+    which = _input_gathered_with_a_smaller_index_along_its_split_dim(program)
+    if which is not None:
+        variant["inputs"][which]["spec"] = None
+    return variant
+
+
+def _spec_places(program: Program) -> list[dict[str, Any]]:
+    """Every object of a program that holds a partition spec under "spec"."""
+    places = list(program["inputs"])
+    for op in program["ops"]:
+        places += [op[key] for key in ("w", "src") if isinstance(op.get(key), dict) and "spec" in op[key]]
+        if op["op"] == "mark":
+            places.append(op)
+    return places
+
+
+def _replicas_left(mesh: dict[str, Any], spec: Any) -> list[str]:
+    """The split mesh axes a spec that splits something leaves unused (its tiles have replicas)."""
+    used = axes_that_split(mesh, spec)
+    return [a for a, n in zip(mesh["axes"], mesh["shape"]) if n > 1 and a not in used] if used else []
+
+
+def _roll_or_cat_with_partial_replication(program: Program) -> bool:
+    mesh = program["mesh"]
+    return any(op["op"] in ("roll", "cat") for op in program["ops"]) and any(
+        _replicas_left(mesh, place["spec"]) for place in _spec_places(program)
+    )
+
+
+def _every_spec_over_the_whole_mesh(program: Program) -> Program:
+    """Each partially replicating spec with the axes it left unused added to its last split dim:
+    the same dims split, no replicas."""
+    variant = copy.deepcopy(program)
+    mesh = variant["mesh"]
+    for place in _spec_places(variant):
+        left = _replicas_left(mesh, place["spec"])
+        if left:
+            spec = place["spec"]
+            last = max(d for d, entry in enumerate(spec) if axes_that_split(mesh, [entry]))
+            entry = spec[last]
+            spec[last] = [*(entry if isinstance(entry, list) else [entry]), *left]
+    return variant
+
+
+def _split_unevenly(program: Program) -> bool:
+    return any(_uneven_dims(program["mesh"], place) for place in _spec_places(program))
+
+
+def _uneven_dims(mesh: dict[str, Any], place: dict[str, Any]) -> list[int]:
+    """The dims a spec splits into tiles of unequal size (the last one padded)."""
+    sizes = dict(zip(mesh["axes"], mesh["shape"]))
+    uneven = []
+    for d, (entry, size) in enumerate(zip(place.get("spec") or [], place["shape"] if "shape" in place else [])):
+        tiles = 1
+        for name in axes_that_split(mesh, [entry]):
+            tiles *= sizes[name]
+        if size % tiles:
+            uneven.append(d)
+    return uneven
+
+
+def _uneven_dims_unsplit(program: Program) -> Program:
+    variant = copy.deepcopy(program)
+    for place in _spec_places(variant):
+        for d in _uneven_dims(variant["mesh"], place):
+            place["spec"][d] = None
     return variant
 
 
@@ -64,6 +167,64 @@ CLASSES = (
             "outputs": [2],
         },
     ),
+    # Measured on 2.4.0 and 2.5.1, with and without SPMD: einsum reads the tensor as it was before
+    # an in-place op through a narrow or slice of it (matmul and elementwise ops read it right).
+    KnownClass(
+        "einsum-reads-base-before-inplace-through-view",
+        _einsum_after_inplace_through_view,
+        _inplace_ops_on_their_base,  # the condition taken away: each in-place op on its tensor itself
+        {
+            "mesh": {"shape": [4], "axes": ["x"], "devices": [0, 1, 2, 3]},
+            "inputs": [{"shape": [4], "seed": 0, "spec": None}],
+            "ops": [
+                {"op": "inplace", "x": 0, "fn": "add_", "c": 0.5, "view": "narrow", "dim": 0, "start": 0, "length": 2},
+                {"op": "einsum", "x": 1, "dim": 0, "w": {"shape": [4, 3], "seed": 1, "spec": None}},
+            ],
+            "outputs": [2],
+        },
+    ),
+    # Measured on 2.4.0: a gather whose index is shorter than its input along a split dim (not the
+    # gathered one) reads the wrong columns, evenly split or not; 2.5.1 on agrees.
+    KnownClass(
+        "gather-index-shorter-along-split-dim-wrong-numbers",
+        lambda program: _input_gathered_with_a_smaller_index_along_its_split_dim(program) is not None,
+        _that_input_unsplit,  # the condition taken away: the gathered input left unsplit
+        {
+            "mesh": {"shape": [4], "axes": ["x"], "devices": [0, 1, 2, 3]},
+            "inputs": [{"shape": [2, 8], "seed": 0, "spec": [None, "x"]}],
+            "ops": [{"op": "gather", "x": 0, "dim": 0, "index": {"shape": [2, 3], "seed": 0, "high": 2}}],
+            "outputs": [1],
+        },
+    ),
+    # Measured on 2.4.0-2.6.0: roll and cat along a dim split over part of the mesh (its tiles
+    # replicated over the other axes) add the replicas up: every value doubled on a (2, 2) mesh.
+    KnownClass(
+        "roll-cat-partially-replicated-adds-replicas",
+        _roll_or_cat_with_partial_replication,
+        _every_spec_over_the_whole_mesh,  # the condition taken away: no replicas
+        {
+            "mesh": {"shape": [2, 2], "axes": ["x", "y"], "devices": [0, 1, 2, 3]},
+            "inputs": [{"shape": [3, 3], "seed": 0, "spec": ["x", None]}],
+            "ops": [{"op": "roll", "x": 0, "dim": 0, "shift": 1}],
+            "outputs": [1],
+        },
+    ),
+    # Measured on 2.4.0-2.9.0 (cases/test_oracle_findings.py): with functionalization off, a
+    # matmul of [1, 1, 6] or [2, 1, 6] split over dim 0 on 4 devices partitions with an all-reduce
+    # more; [4, 1, 6] and [8, 1, 6] (evenly split) and [1, 6] keep the collectives. Every program
+    # the nightly search found this way (2.4.0-2.7.0) split a dim unevenly.
+    KnownClass(
+        "functionalization-off-adds-collectives",
+        _split_unevenly,
+        _uneven_dims_unsplit,  # the condition taken away: every unevenly split dim left whole
+        {
+            "mesh": {"shape": [4], "axes": ["x"], "devices": [0, 1, 2, 3]},
+            "inputs": [{"shape": [2, 1, 6], "seed": 0, "spec": ["x", None, None]}],
+            "ops": [{"op": "matmul", "x": 0, "w": {"shape": [6, 2], "seed": 470, "spec": None}}],
+            "outputs": [0, 1],
+        },
+        failure="^metamorphic: functionalization: collectives differ",
+    ),
 )
 
 
@@ -76,7 +237,11 @@ def of_entry(entry: str) -> KnownClass:
 
 
 def candidates(program: Program, verdict: dict[str, str], carried: Callable[[str], bool]) -> list[KnownClass]:
-    """The classes of entries carried by the build that a mismatching program looks like."""
-    if verdict.get("status") != "mismatch":
-        return []
-    return [known for known in CLASSES if carried(known.entry) and known.looks_like(program)]
+    """The classes of entries carried by the build whose kind of failure this is and which the
+    failing program looks like."""
+    failure = f"{verdict.get('status')}: {verdict.get('detail') or ''}"
+    return [
+        known
+        for known in CLASSES
+        if carried(known.entry) and re.search(known.failure, failure) and known.looks_like(program)
+    ]

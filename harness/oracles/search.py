@@ -84,12 +84,17 @@ class SearchSummary:
         )
 
 
-def known_bugs(spmd: Any, entries: Sequence[KnownBug]) -> Explains:
+def known_bugs(
+    spmd: Any, entries: Sequence[KnownBug], holds: Callable[[dict[str, Any]], bool] | None = None
+) -> Explains:
     """The entry among `entries` carried by the torch_xla the children run (the last version a child
     reported) that explains a failing program, by id: its signature matches the verdict's text, or
-    (wrong numbers) the program is of the entry's class and agrees in a new child once the class's
-    condition is taken away. None before any
-    child said its version, and for a failure no carried entry explains."""
+    the program is of the entry's class and `holds` once the class's condition is taken away (by
+    default: agrees with the CPU in a new child; the metamorphic oracle passes its relation). None
+    before any child said its version, and for a failure no carried entry explains."""
+
+    def agrees(variant: dict[str, Any]) -> bool:
+        return bool(runner.check_programs(spmd, [variant], batch=1, fresh=True)[0]["status"] == "ok")
 
     def explains(program: dict[str, Any], verdict: dict[str, str]) -> str | None:
         version = next((r.torch_xla for r in reversed(spmd.results) if r.torch_xla), None)
@@ -101,8 +106,7 @@ def known_bugs(spmd: Any, entries: Sequence[KnownBug]) -> Explains:
             if entry.matching_signature(detail):
                 return entry.id
         for known in knownclasses.candidates(program, verdict, carried.__contains__):
-            variant = known.without_condition(program)
-            if runner.check_programs(spmd, [variant], batch=1, fresh=True)[0]["status"] == "ok":
+            if (holds or agrees)(known.without_condition(program)):
                 return known.entry
         return None
 

@@ -1,0 +1,110 @@
+"""The known classes (harness.oracles.knownclasses): each recognises its own narrowed example, and
+taking its condition away leaves a valid program that no longer looks like the class, so a search
+rerun of it can tell the known bug from another. What each class says the bug needs was measured
+on the releases its entry names (cases/test_oracle_findings.py runs the examples and the controls)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.oracles import knownclasses, program, search
+from harness.registry import get_entry
+
+pytestmark = pytest.mark.selftest
+
+CLASSES = {known.entry: known for known in knownclasses.CLASSES}
+
+
+@pytest.mark.parametrize("entry", list(CLASSES))
+def test_a_class_recognises_its_example_and_not_the_example_without_its_condition(entry):
+    known = CLASSES[entry]
+    get_entry(entry)  # the registry names it
+    program.check_program(known.example)
+    assert known.looks_like(known.example)
+    variant = known.without_condition(known.example)
+    program.check_program(variant)
+    assert not known.looks_like(variant), variant
+    assert known.example != variant
+
+
+def test_partial_replication_is_taken_away_by_splitting_over_the_axes_left():
+    known = CLASSES["roll-cat-partially-replicated-adds-replicas"]
+    example = known.example  # [3, 3] marked ('x', None) on a (2, 2) mesh
+    assert known.without_condition(example)["inputs"][0]["spec"] == [["x", "y"], None]
+    whole_mesh = {**example, "inputs": [{**example["inputs"][0], "spec": [["x", "y"], None]}]}
+    assert not known.looks_like(whole_mesh)
+    no_roll = {**example, "ops": [{"op": "unary", "fn": "tanh", "x": 0}]}
+    assert not known.looks_like(no_roll)
+
+
+def test_only_the_unevenly_split_dims_are_left_whole():
+    known = CLASSES["functionalization-off-adds-collectives"]
+    two_inputs = {
+        "mesh": {"shape": [2, 2], "axes": ["x", "y"], "devices": [0, 1, 2, 3]},
+        "inputs": [
+            {"shape": [3, 4], "seed": 0, "spec": ["x", "y"]},
+            {"shape": [4, 4], "seed": 1, "spec": [["x", "y"], None]},
+        ],
+        "ops": [{"op": "binary", "fn": "add", "x": 0, "y": 1}],
+        "outputs": [2],
+    }
+    variant = known.without_condition(two_inputs)
+    assert [leaf["spec"] for leaf in variant["inputs"]] == [[None, "y"], [["x", "y"], None]]
+
+
+def test_the_gather_class_needs_an_index_shorter_along_the_split_dim():
+    known = CLASSES["gather-index-shorter-along-split-dim-wrong-numbers"]
+    example = known.example  # [2, 8] split over its columns, gathered along dim 0 with [2, 3]
+    full_index = {**example, "ops": [{**example["ops"][0], "index": {"shape": [2, 8], "seed": 0, "high": 2}}]}
+    assert not known.looks_like(full_index)
+    assert known.without_condition(example)["inputs"][0]["spec"] is None
+
+
+# The metamorphic search asks the same question with its relation as the rerun: a difference of
+# the class's kind, gone once the condition is taken away, is the known bug.
+ENTRY = "functionalization-off-adds-collectives"
+COLLECTIVES = {
+    "status": "metamorphic",
+    "detail": "functionalization: collectives differ: reference [], variant [('all-to-all', '[[0, 1, 2, 3]]', 1, 192)]",
+}
+
+
+def children_of(version: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(results=[SimpleNamespace(torch_xla=version)])
+
+
+@pytest.mark.parametrize(
+    ("verdict", "holds", "version", "expected"),
+    [
+        (COLLECTIVES, True, "2.9.0", ENTRY),
+        (COLLECTIVES, False, "2.9.0", None),
+        ({**COLLECTIVES, "detail": "functionalization: numbers differ: output 0"}, True, "2.9.0", None),
+        ({**COLLECTIVES, "detail": "unit-axis: collectives differ: reference [], variant []"}, True, "2.9.0", None),
+        (COLLECTIVES, True, "2.3.0", None),
+    ],
+    ids=[
+        "gone-without-uneven-splits",
+        "stays-without-them",
+        "numbers-not-collectives",
+        "another-relation",
+        "not-carried",
+    ],
+)
+def test_a_metamorphic_difference_is_the_known_class_only_when_the_relation_holds_without_it(
+    verdict, holds, version, expected
+):
+    asked: list[dict] = []
+    known = CLASSES[ENTRY]
+
+    def relation_holds(variant: dict) -> bool:
+        asked.append(variant)
+        return holds
+
+    explains = search.known_bugs(children_of(version), [get_entry(ENTRY)], relation_holds)
+    assert explains(known.example, verdict) == expected
+    if verdict is COLLECTIVES and version == "2.9.0":
+        assert asked == [known.without_condition(known.example)]
+    else:
+        assert asked == []
