@@ -638,26 +638,33 @@ class _Alive:
 class _FreezeWatch:
     """Freezes the collector's generations now, and tells how many objects later freezes moved.
 
-    gc.get_freeze_count() walks the whole permanent generation (a linked list: ~35 ms for a
-    child's ~500k objects), which after every step of every metered loop was 5% of a run's CPU.
-    A sentinel made after this freeze is listed by gc.get_objects() until a later gc.freeze()
-    moves it: while it is listed nothing was frozen since (only a freeze adds to the permanent
-    generation), and the count is read only once it is gone, so the answers are the same.
+    gc.get_freeze_count() walks the whole permanent generation (a linked list: 35-70 ms for the
+    ~450k objects a forked child inherits frozen from the fork server), which once per metered
+    loop was 1% of a PR run's CPU and after every step 5%. A sentinel made after this freeze is
+    listed by gc.get_objects() until a later gc.freeze() moves it: while it is listed nothing was
+    frozen since (only a freeze adds to the permanent generation). The count is read first when
+    the sentinel is gone, and what later steps froze is counted from there: the leak judge compares
+    steps, so the steps after that one see what each freeze hid, as before; the step of the first
+    freeze counts none of it (its objects leave gc.get_objects() that step, so the growth the judge
+    sees there is low, never high: a loop that keeps hiding grows in every later step).
     """
 
     def __init__(self) -> None:
         _freeze()
-        self.at_start = _freeze_count()
+        self.first_seen: int | None = None  # the permanent generation's size when a later freeze was first seen
         self.meter_frozen = 0  # the meter's own records frozen since (StepMeter._frozen_loop_tensors)
         self.sentinel: list[Any] = []  # a list is always tracked by the collector
-        self.seen_freeze = False
+
+    @property
+    def seen_freeze(self) -> bool:
+        return self.first_seen is not None
 
     def frozen_since_start(self) -> int:
-        if not self.seen_freeze:
+        if self.first_seen is None:
             if any(obj is self.sentinel for obj in _get_objects()):
                 return 0
-            self.seen_freeze = True
-        return _freeze_count() - self.at_start - self.meter_frozen
+            self.first_seen = _freeze_count()
+        return _freeze_count() - self.first_seen - self.meter_frozen
 
 
 def _device_tensors_now() -> list[weakref.ReferenceType[Any]]:
