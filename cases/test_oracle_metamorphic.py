@@ -146,7 +146,12 @@ def test_drawn_programs_keep_equivalences(spmd, request) -> None:
         with warnings.catch_warnings():  # a draw outside @given is what this loop wants: no shrinking here
             warnings.simplefilter("ignore", NonInteractiveExampleWarning)
             program = strategy.example()
-        failures += relation_failures(measure, program, list(metamorphic.RELATIONS), explained)
+        failed = relation_failures(measure, program, list(metamorphic.RELATIONS), explained)
+        if failed:  # rerun in new children, as the differential search does, before it is reported
+            relations = list(metamorphic.RELATIONS)
+            again = ["differs" if relation_failures(Measurer(spmd), program, relations) else "holds" for _ in range(2)]
+            note = "deterministic" if again == ["differs", "differs"] else "NOT deterministic"
+            failures += [f"[{note}: reruns in new children: {', '.join(again)}] {failure}" for failure in failed]
         checked += 1
     passed_over = ", ".join(f"{entry} x{n}" for entry, n in sorted(known.items()))
     line = f"metamorphic search: {checked} programs, {len(failures)} differences" + (

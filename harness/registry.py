@@ -40,6 +40,11 @@ class KnownBug:
     # Steady-state figures the bug's own mechanism moves (MOVED_FIGURES): its reproduced case is not
     # judged on them, every other figure is (harness.judges.excused).
     moves: tuple[str, ...] = ()
+    # The oracles' nightly searches (harness.oracles) may pass over a drawn program's failure that
+    # this entry explains: its signatures (or its class) were written for drawn programs. Other
+    # entries' signatures were written for their own cases and can be as generic as "Check failed:
+    # xtensor": a drawn program failing that way is a finding, not their bug.
+    drawn_programs: bool = False
     source: Path = REGISTRY_PATH  # the registry file it was read from (--spmd-known-bugs): hints name it
 
     def carried_by_release(self, version: str) -> bool:
@@ -74,7 +79,7 @@ def parse_version(text: str) -> Version:
         raise RegistryError(f"torch_xla reported version {text!r}, which is not a PEP 440 version") from None
 
 
-ENTRY_KEYS = ("id", "title", "upstream_issue", "fix", "status", "carried_by", "signatures", "moves")
+ENTRY_KEYS = ("id", "title", "upstream_issue", "fix", "status", "carried_by", "signatures", "moves", "drawn_programs")
 # What an entry's `moves` may name: the figures a reproduced bug's case is still judged on alone.
 MOVED_FIGURES = ("native heap", "resident set")
 REQUIRED_KEYS = ("id", "title", "status", "carried_by", "signatures")
@@ -121,6 +126,11 @@ def _entry_from_table(table: Any, number: int, path: Path) -> KnownBug:
         value = table.get(key, "")
         if not isinstance(value, str) or (key in ("id", "title") and not value):
             raise RegistryError(f'{where}: {key} must be a non-empty string, e.g. {key} = "..."; got {shown(value)}')
+    if not isinstance(table.get("drawn_programs", False), bool):
+        raise RegistryError(
+            f"{where}: drawn_programs must be true or false (unquoted), e.g. drawn_programs = true; "
+            f"got {shown(table['drawn_programs'])}"
+        )
     carried_by = SpecifierSet() if not_reproduced else _carried_by(table["carried_by"], where)
     if table["status"] == "fixed" and not any(spec.operator in UPPER_BOUND_OPERATORS for spec in carried_by):
         raise RegistryError(
@@ -137,6 +147,7 @@ def _entry_from_table(table: Any, number: int, path: Path) -> KnownBug:
         carried_by=carried_by,
         signatures=_signatures(table["signatures"], where),
         moves=_moves(table.get("moves", []), where),
+        drawn_programs=table.get("drawn_programs", False),
         source=path,
     )
 

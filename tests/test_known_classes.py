@@ -27,12 +27,12 @@ def test_a_class_recognises_its_example_and_not_the_example_without_its_conditio
     assert known.example != variant
 
 
-def test_partial_replication_is_taken_away_by_splitting_over_the_axes_left():
+def test_the_roll_cat_class_takes_every_split_away_and_needs_one_of_its_ops():
     known = CLASSES["roll-cat-partially-replicated-adds-replicas"]
     example = known.example  # [3, 3] marked ('x', None) on a (2, 2) mesh
-    assert known.without_condition(example)["inputs"][0]["spec"] == [["x", "y"], None]
-    whole_mesh = {**example, "inputs": [{**example["inputs"][0], "spec": [["x", "y"], None]}]}
-    assert not known.looks_like(whole_mesh)
+    assert known.without_condition(example)["inputs"][0]["spec"] == [None, None]
+    stacked = {**example, "ops": [{"op": "stack", "x": 0, "y": 0, "dim": 0}]}
+    assert known.looks_like(stacked)
     no_roll = {**example, "ops": [{"op": "unary", "fn": "tanh", "x": 0}]}
     assert not known.looks_like(no_roll)
 
@@ -58,6 +58,24 @@ def test_the_gather_class_needs_an_index_shorter_along_the_split_dim():
     full_index = {**example, "ops": [{**example["ops"][0], "index": {"shape": [2, 8], "seed": 0, "high": 2}}]}
     assert not known.looks_like(full_index)
     assert known.without_condition(example)["inputs"][0]["spec"] is None
+
+
+def test_the_gather_class_takes_a_scatter_adds_split_src_too():
+    """The nightly search's 2.4.0 finding: src [4, 1, 1] split over dim 0 added along dim 1 of a [5, 1, 1]."""
+    known = CLASSES["gather-index-shorter-along-split-dim-wrong-numbers"]
+    src = {"shape": [4, 1, 1], "seed": 0, "spec": ["x", None, None]}
+    program = {
+        "mesh": {"shape": [4], "axes": ["x"], "devices": [0, 1, 2, 3]},
+        "inputs": [{"shape": [5, 1, 1], "seed": 0, "spec": None}],
+        "ops": [
+            {"op": "scatter_add", "x": 0, "dim": 1, "index": {"shape": [4, 1, 1], "seed": 0, "high": 1}, "src": src}
+        ],
+        "outputs": [1],
+    }
+    assert known.looks_like(program)
+    assert known.without_condition(program)["ops"][0]["src"]["spec"] is None
+    as_long = {**program, "inputs": [{"shape": [4, 1, 1], "seed": 0, "spec": None}]}
+    assert not known.looks_like(as_long)
 
 
 # The metamorphic search asks the same question with its relation as the rerun: a difference of

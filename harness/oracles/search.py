@@ -114,11 +114,13 @@ def known_bugs(
 
 
 def registry_entries(config: Any) -> list[KnownBug]:
-    """The known-bug registry the run judges with (--spmd-known-bugs, else the harness's own)."""
+    """The entries of the registry the run judges with (--spmd-known-bugs, else the harness's own)
+    that may explain a drawn program's failure (drawn_programs = true)."""
     from harness.config import options  # the pytest side's option table; cases ask through here
     from harness.registry import REGISTRY_PATH, load_registry
 
-    return list(load_registry(Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH)).values())
+    entries = load_registry(Path(options.value(config, "spmd_known_bugs") or REGISTRY_PATH)).values()
+    return [entry for entry in entries if entry.drawn_programs]
 
 
 def budget(config: Any) -> float:
