@@ -8,6 +8,8 @@ times two, marked with spec B again (an unmarked output's sharding is XLA's choi
     split -> replicated                an all-gather among all devices
     split on dim 0 -> split on dim 1   an all-to-all among all devices
 and nothing else. The prediction names the kinds and the group; counts and bytes are XLA's choice.
+On a (2, n/2) mesh, adding, removing or moving one axis needs that axis's collective among its
+groups alone (TRANSITIONS_2D; which devices talk, not the order XLA lists them in).
 
 Nightly tier: reshardings drawn on 1-3-D meshes (permuted device orders, several axes on one dim)
 until --spmd-fuzz-budget seconds are spent, for the three changes whose collectives follow from
@@ -69,18 +71,66 @@ def unexpected(measured: dict[str, Any], kinds: set[str], devices: int, any_grou
     return None
 
 
+# On a (2, n/2) mesh, a change that adds, removes or moves one axis needs the collective of that
+# axis alone, among its groups (the devices that differ only in their coordinate on it):
+#   adding 'y' to a split                          no collective
+#   removing 'y' (dim 1, or dim 0's inner axis)    an all-gather among the 'y' groups
+#   moving 'x' from dim 0 to dim 1                 an all-to-all among the 'x' groups
+TRANSITIONS_2D = [
+    (D0, ["x", "y"], set(), None),
+    (["x", "y"], D0, {"all-gather"}, "y"),
+    ([["x", "y"], None], D0, {"all-gather"}, "y"),
+    (D0, D1, {"all-to-all"}, "x"),
+]
+
+
+def axis_groups(mesh: dict[str, Any], axis: str) -> list[list[int]]:
+    """The devices of `mesh` that differ only in their coordinate on `axis`, each group in that order."""
+    import numpy as np
+
+    grid = np.array(mesh["devices"]).reshape(mesh["shape"])
+    moved = np.moveaxis(grid, mesh["axes"].index(axis), -1)
+    return sorted(row.tolist() for row in moved.reshape(-1, moved.shape[-1]))
+
+
+def group_sets(replica_groups: str) -> list[list[int]]:
+    """XLA's "{{0,1},{2,3}}" as sorted groups of sorted devices: which devices talk, not in which order."""
+    return sorted(sorted(int(x) for x in group.split(",") if x) for group in replica_groups.strip("{}").split("},{"))
+
+
+def unexpected_2d(measured: dict[str, Any], kinds: set[str], mesh: dict[str, Any], axis: str | None) -> str | None:
+    wrong = unexpected(measured, kinds, 0, any_groups=True)
+    if wrong or axis is None:
+        return wrong
+    want = sorted(sorted(group) for group in axis_groups(mesh, axis))
+    groups = [group_sets(c["replica_groups"]) for c in measured["collectives"]]
+    if any(found != want for found in groups):
+        return f"the specs imply {sorted(kinds)} among the {axis!r} groups {want}; the module has {measured['collectives']}"
+    return None
+
+
 def failures(spmd: Any, fault: str | None = None) -> list[str]:
+    devices = spmd.backend.devices
     measure, out = Measurer(spmd, fault), []
     for before, after, kinds in TRANSITIONS:
-        wrong = unexpected(measure(resharding(spmd.backend.devices, before, after)), kinds, spmd.backend.devices)
+        wrong = unexpected(measure(resharding(devices, before, after)), kinds, devices)
         if wrong:
             out.append(f"{before} -> {after}: {wrong}")
+    if devices >= 4 and devices % 2 == 0:
+        # Devices in the order of the transposed grid ([0, 2, 1, 3] on 4): the 'y' groups are not
+        # runs of consecutive devices, so a mesh whose device order was lost shows in the groups.
+        order = [d for start in range(2) for d in range(start, devices, 2)]
+        mesh = {"shape": [2, devices // 2], "axes": ["x", "y"], "devices": order}
+        for before, after, kinds, axis in TRANSITIONS_2D:
+            wrong = unexpected_2d(measure(resharding(devices, before, after, mesh)), kinds, mesh, axis)
+            if wrong:
+                out.append(f"mesh {mesh['shape']}: {before} -> {after}: {wrong}")
     return out
 
 
 def test_resharding_moves_what_its_specs_imply(spmd) -> None:
     found = failures(spmd)
-    print(f"resharding: {len(TRANSITIONS)} transitions")
+    print(f"resharding: {len(TRANSITIONS)} transitions on a 1-D mesh, {len(TRANSITIONS_2D)} on a 2-D one")
     assert not found, "\n".join(found)
 
 
@@ -89,7 +139,16 @@ def test_resharding_oracle_fails_when_a_mark_is_dropped(spmd) -> None:
     nothing, so the asked-for resharding and its collective never happen."""
     found = failures(spmd, "drop-marks")
     assert found, "no transition noticed that torch_xla dropped the marks on intermediates"
-    print(f"fault drop-marks: {len(found)} of {len(TRANSITIONS)} transitions differ; first: {found[0][:500]}")
+    print(f"fault drop-marks: {len(found)} transitions differ; first: {found[0][:500]}")
+
+
+@pytest.mark.needs(devices=4)
+def test_resharding_oracle_fails_when_the_device_order_is_lost(spmd) -> None:
+    """harness.oracles.faults mesh-order: the mesh's device order is ignored, so the 2-D mesh's
+    collectives run among the wrong groups."""
+    found = [f for f in failures(spmd, "mesh-order") if f.startswith("mesh [")]
+    assert found, "no 2-D transition noticed that torch_xla ignored the mesh's device order"
+    print(f"fault mesh-order: {len(found)} of {len(TRANSITIONS_2D)} 2-D transitions differ; first: {found[0][:500]}")
 
 
 @pytest.mark.nightly
