@@ -45,11 +45,24 @@ def test_only_the_unevenly_split_dims_are_left_whole():
             {"shape": [3, 4], "seed": 0, "spec": ["x", "y"]},
             {"shape": [4, 4], "seed": 1, "spec": [["x", "y"], None]},
         ],
-        "ops": [{"op": "binary", "fn": "add", "x": 0, "y": 1}],
+        "ops": [{"op": "unary", "fn": "neg", "x": 0}],
         "outputs": [2],
     }
     variant = known.without_condition(two_inputs)
     assert [leaf["spec"] for leaf in variant["inputs"]] == [[None, "y"], [["x", "y"], None]]
+
+
+def test_a_mark_op_that_splits_unevenly_is_of_the_class_too():
+    """The nightly search on 2.7.0: [2, 1, 8] marked (None, 'y', ('z', 'x')) on a (1, 2, 2) mesh."""
+    known = CLASSES["functionalization-off-adds-collectives"]
+    program = {
+        "mesh": {"shape": [1, 2, 2], "axes": ["x", "y", "z"], "devices": [0, 1, 2, 3]},
+        "inputs": [{"shape": [2, 1, 8], "seed": 0, "spec": None}],
+        "ops": [{"op": "mark", "x": 0, "spec": [None, "y", ["z", "x"]]}, {"op": "unary", "fn": "neg", "x": 1}],
+        "outputs": [2],
+    }
+    assert known.looks_like(program)
+    assert known.without_condition(program)["ops"][0]["spec"] == [None, None, ["z", "x"]]
 
 
 def test_the_gather_class_needs_an_index_shorter_along_the_split_dim():

@@ -122,14 +122,22 @@ def _unsplit(program: Program) -> Program:
 
 
 def _split_unevenly(program: Program) -> bool:
-    return any(_uneven_dims(program["mesh"], place) for place in _spec_places(program))
+    return any(_uneven_dims(program["mesh"], place, shape) for place, shape in _specs_with_shapes(program))
 
 
-def _uneven_dims(mesh: dict[str, Any], place: dict[str, Any]) -> list[int]:
+def _specs_with_shapes(program: Program) -> list[tuple[dict[str, Any], list[int]]]:
+    """Every object holding a spec, with the shape of what it splits (a mark op's: its value's)."""
+    shapes = check_program(program)
+    return [
+        (place, shapes[place["x"]] if place.get("op") == "mark" else place["shape"]) for place in _spec_places(program)
+    ]
+
+
+def _uneven_dims(mesh: dict[str, Any], place: dict[str, Any], shape: list[int]) -> list[int]:
     """The dims a spec splits into tiles of unequal size (the last one padded)."""
     sizes = dict(zip(mesh["axes"], mesh["shape"]))
     uneven = []
-    for d, (entry, size) in enumerate(zip(place.get("spec") or [], place["shape"] if "shape" in place else [])):
+    for d, (entry, size) in enumerate(zip(place.get("spec") or [], shape)):
         tiles = 1
         for name in axes_that_split(mesh, [entry]):
             tiles *= sizes[name]
@@ -140,8 +148,8 @@ def _uneven_dims(mesh: dict[str, Any], place: dict[str, Any]) -> list[int]:
 
 def _uneven_dims_unsplit(program: Program) -> Program:
     variant = copy.deepcopy(program)
-    for place in _spec_places(variant):
-        for d in _uneven_dims(variant["mesh"], place):
+    for place, shape in _specs_with_shapes(variant):
+        for d in _uneven_dims(variant["mesh"], place, shape):
             place["spec"][d] = None
     return variant
 
