@@ -22,6 +22,11 @@ site goes red naming it. Nothing is patched on disk.
     sync-per-fsdp-block           every FSDPv2-wrapped module's forward ends in a sync: the step
                                   graph splits in as many pieces as there are blocks (a regressed
                                   build's kind, for scripts/run-with-fault.sh: what the findings say)
+    no-param-aliasing             the compiled step no longer aliases updated parameters onto their
+                                  input buffers (XLA_ENABLE_PARAM_ALIASING=0 set as torch_xla is
+                                  imported): a device holds old and new parameters during every step
+    mark-sharding-leaks-native    every xs.mark_sharding call allocates 256 KiB of native memory it
+                                  never frees (the native leak of #49's build B)
 """
 
 from __future__ import annotations
@@ -172,6 +177,42 @@ def sync_per_fsdp_block() -> None:
     when_imported("torch_xla.experimental.spmd_fully_sharded_data_parallel", patch)
 
 
+def no_param_aliasing() -> None:
+    import os
+
+    # Read by torch_xla when it compiles, in this process and in every child a fork server forks
+    # (they keep its environment): the build's compile stops donating the parameters.
+    os.environ["XLA_ENABLE_PARAM_ALIASING"] = "0"
+
+
+LEAK_BYTES_PER_MARK = 256 << 10
+
+
+def mark_sharding_leaks_native() -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+
+    def patch(module: Any) -> None:
+        mark_sharding = module.mark_sharding
+
+        def leaking_mark_sharding(*args: Any, **kwargs: Any) -> Any:
+            block = libc.malloc(LEAK_BYTES_PER_MARK)  # never freed: C memory no Python object holds
+            if block:
+                libc.memset(block, 1, LEAK_BYTES_PER_MARK)  # touched, so it is resident
+            return mark_sharding(*args, **kwargs)
+
+        module.mark_sharding = leaking_mark_sharding
+        package = sys.modules.get("torch_xla.distributed.spmd")
+        if package is not None and getattr(package, "mark_sharding", None) is mark_sharding:
+            package.mark_sharding = leaking_mark_sharding
+
+    when_imported("torch_xla.distributed.spmd.xla_sharding", patch)
+
+
 def when_imported(name: str, patch: Callable[[Any], None]) -> None:
     """patch(module) once `name` is imported in this process (now, if it is already)."""
     if name in sys.modules:
@@ -207,4 +248,6 @@ FAULTS = {
     "restore-replicates-shards": restore_replicates_shards,
     "restore-keeps-host-copies": restore_keeps_host_copies,
     "sync-per-fsdp-block": sync_per_fsdp_block,
+    "no-param-aliasing": no_param_aliasing,
+    "mark-sharding-leaks-native": mark_sharding_leaks_native,
 }

@@ -89,7 +89,7 @@ def relation_failures(
             continue
         ref = measure(pair[0])
         var = measure(pair[1], functionalization=name != "functionalization")
-        for difference in metamorphic.differences(ref, var):
+        for difference in metamorphic.differences(ref, var, metamorphic.costs_compared(name, pair[0])):
             if explained is not None and explained(name, pair[0], f"{name}: {difference}"):
                 continue
             failures.append(f"{name}: {difference}\n  program: {json.dumps(pair[0])}\n  variant: {json.dumps(pair[1])}")

@@ -80,3 +80,21 @@ def test_differences_compare_numbers_compiles_and_collectives():
     assert metamorphic.differences(ok, gathered)[0].startswith("collectives differ")
     reordered = {**gathered, "collectives": [{"kind": "all-gather", "replica_groups": "{{1,0}}", "count": 1}]}
     assert metamorphic.differences(gathered, reordered)  # the order within a group is the placement
+
+
+def test_functionalization_compares_only_numbers_of_a_program_with_an_inplace_op_through_a_view():
+    """The nightly search on 2.9.0: x zeroed through x.transpose(1, 1), then a log_softmax along its
+    split dim: no collective with functionalization (XLA folds the zeros), two all-reduces without."""
+    through_view = {"ops": [{"op": "inplace", "x": 0, "fn": "zero_", "c": 0.25, "view": "transpose", "d0": 1, "d1": 1}]}
+    on_itself = {"ops": [{"op": "inplace", "x": 0, "fn": "zero_", "c": 0.25, "view": "none"}]}
+    assert not metamorphic.costs_compared("functionalization", through_view)
+    assert metamorphic.costs_compared("functionalization", on_itself)
+    assert metamorphic.costs_compared("unit-axis", through_view)
+    ok = {"status": "ok", "outputs": [[1.0, 2.0]], "compiles": 1, "collectives": []}
+    more = {
+        **ok,
+        "collectives": [{"kind": "all-reduce", "replica_groups": "{{0,1}}", "count": 2, "bytes_per_device": 16}],
+    }
+    assert metamorphic.differences(ok, more, costs=False) == []
+    assert metamorphic.differences(ok, {**more, "outputs": [[1.0, 3.0]]}, costs=False)[0].startswith("numbers differ")
+    assert metamorphic.differences(ok, more)[0].startswith("collectives differ")
