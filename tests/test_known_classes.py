@@ -65,30 +65,42 @@ def test_a_mark_op_that_splits_unevenly_is_of_the_class_too():
     assert known.without_condition(program)["ops"][0]["spec"] == [None, None, ["z", "x"]]
 
 
-def test_the_gather_class_needs_an_index_shorter_along_the_split_dim():
+def test_the_gather_class_needs_an_index_shorter_than_its_input_and_a_split():
     known = CLASSES["gather-index-shorter-along-split-dim-wrong-numbers"]
     example = known.example  # [2, 8] split over its columns, gathered along dim 0 with [2, 3]
     full_index = {**example, "ops": [{**example["ops"][0], "index": {"shape": [2, 8], "seed": 0, "high": 2}}]}
     assert not known.looks_like(full_index)
-    assert known.without_condition(example)["inputs"][0]["spec"] is None
+    assert known.without_condition(example)["inputs"][0]["spec"] == [None, None]
 
 
-def test_the_gather_class_takes_a_scatter_adds_split_src_too():
-    """The nightly search's 2.4.0 finding: src [4, 1, 1] split over dim 0 added along dim 1 of a [5, 1, 1]."""
+def test_the_gather_class_takes_a_scatter_add_and_a_split_that_comes_through_another_op():
+    """The nightly search's 2.4.0 findings: src [4, 1, 1] split over dim 0 added along dim 1 of a
+    [5, 1, 1]; a gather of tanh(x), x [5, 1, 1] split over dim 0, index [2, 1, 1] along dim 1."""
     known = CLASSES["gather-index-shorter-along-split-dim-wrong-numbers"]
+    mesh = {"shape": [4], "axes": ["x"], "devices": [0, 1, 2, 3]}
     src = {"shape": [4, 1, 1], "seed": 0, "spec": ["x", None, None]}
-    program = {
-        "mesh": {"shape": [4], "axes": ["x"], "devices": [0, 1, 2, 3]},
+    scatter = {
+        "mesh": mesh,
         "inputs": [{"shape": [5, 1, 1], "seed": 0, "spec": None}],
         "ops": [
             {"op": "scatter_add", "x": 0, "dim": 1, "index": {"shape": [4, 1, 1], "seed": 0, "high": 1}, "src": src}
         ],
         "outputs": [1],
     }
-    assert known.looks_like(program)
-    assert known.without_condition(program)["ops"][0]["src"]["spec"] is None
-    as_long = {**program, "inputs": [{"shape": [4, 1, 1], "seed": 0, "spec": None}]}
-    assert not known.looks_like(as_long)
+    assert known.looks_like(scatter)
+    assert known.without_condition(scatter)["ops"][0]["src"]["spec"] == [None, None, None]
+    through_tanh = {
+        "mesh": mesh,
+        "inputs": [{"shape": [5, 1, 1], "seed": 0, "spec": ["x", None, None]}],
+        "ops": [
+            {"op": "unary", "fn": "tanh", "x": 0},
+            {"op": "gather", "x": 1, "dim": 1, "index": {"shape": [2, 1, 1], "seed": 0, "high": 1}},
+        ],
+        "outputs": [2],
+    }
+    assert known.looks_like(through_tanh)
+    unsplit = {**through_tanh, "inputs": [{"shape": [5, 1, 1], "seed": 0, "spec": None}]}
+    assert not known.looks_like(unsplit)
 
 
 # The metamorphic search asks the same question with its relation as the rerun: a difference of

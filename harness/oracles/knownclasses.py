@@ -63,30 +63,20 @@ def _inplace_ops_on_their_base(program: Program) -> Program:
     return variant
 
 
-def _leaf_split_where_the_index_is_shorter(program: Program) -> dict[str, Any] | None:
-    """The leaf a gather reads (its input) or a scatter_add adds (its src), split along a dim other
-    than the op's where the index is shorter than the op's input (None: no such op)."""
-    mesh, inputs = program["mesh"], program["inputs"]
+def _index_shorter_than_its_input_of_something_split(program: Program) -> bool:
+    """A gather or scatter_add whose index is shorter than its input along a dim other than the
+    op's, in a program that splits something."""
+    mesh = program["mesh"]
+    if not any(axes_that_split(mesh, place["spec"]) for place in _spec_places(program)):
+        return False
     shapes = check_program(program)
-    for op in program["ops"]:
-        if op["op"] == "gather" and op["x"] < len(inputs):
-            leaf = inputs[op["x"]]
-        elif op["op"] == "scatter_add":
-            leaf = op["src"]
-        else:
-            continue
-        for d, (entry, size, want) in enumerate(zip(leaf["spec"] or [], shapes[op["x"]], op["index"]["shape"])):
-            if d != op["dim"] and want < size and axes_that_split(mesh, [entry]):
-                return leaf
-    return None
-
-
-def _that_leaf_unsplit(program: Program) -> Program:
-    variant = copy.deepcopy(program)
-    leaf = _leaf_split_where_the_index_is_shorter(variant)
-    if leaf is not None:
-        leaf["spec"] = None
-    return variant
+    return any(
+        op["op"] in ("gather", "scatter_add")
+        and any(
+            d != op["dim"] and want < size for d, (size, want) in enumerate(zip(shapes[op["x"]], op["index"]["shape"]))
+        )
+        for op in program["ops"]
+    )
 
 
 def _spec_places(program: Program) -> list[dict[str, Any]]:
@@ -190,12 +180,15 @@ CLASSES = (
         },
     ),
     # Measured on 2.4.0: a gather whose index is shorter than its input along a split dim (not the
-    # gathered one) reads the wrong columns, evenly split or not, and a scatter_add whose src is
-    # split so adds to the wrong rows; 2.5.1 on agrees.
+    # gathered one) reads the wrong columns, evenly split or not, and a scatter_add whose input or
+    # src is split so adds to the wrong rows; 2.5.1 on agrees. The split can reach the op through
+    # others (the search drew a gather of tanh(x), x split), so the class takes the whole split
+    # away: on 2.4.0 the nightly search passes over wrong numbers of such a gather or scatter_add
+    # that go away unsplit (another bug of theirs is hidden there, on 2.4.0 only).
     KnownClass(
         "gather-index-shorter-along-split-dim-wrong-numbers",
-        lambda program: _leaf_split_where_the_index_is_shorter(program) is not None,
-        _that_leaf_unsplit,  # the condition taken away: the gathered input (the added src) left unsplit
+        _index_shorter_than_its_input_of_something_split,
+        _unsplit,  # the condition taken away: nothing split
         {
             "mesh": {"shape": [4], "axes": ["x"], "devices": [0, 1, 2, 3]},
             "inputs": [{"shape": [2, 8], "seed": 0, "spec": [None, "x"]}],
