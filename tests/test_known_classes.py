@@ -33,6 +33,22 @@ def test_the_roll_cat_class_takes_every_split_away_and_needs_one_of_its_ops():
     assert known.without_condition(example)["inputs"][0]["spec"] == [None, None]
     stacked = {**example, "ops": [{"op": "stack", "x": 0, "y": 0, "dim": 0}]}
     assert known.looks_like(stacked)
+    convolved = {  # the oracle rerun on 2.6.0: a conv1d whose weight is split over one axis of two
+        "mesh": {"shape": [2, 1, 2], "axes": ["x", "y", "z"], "devices": [0, 1, 2, 3]},
+        "inputs": [{"shape": [1, 1, 1], "seed": 0, "spec": [None, None, ["x", "y"]]}],
+        "ops": [
+            {
+                "op": "conv",
+                "x": 0,
+                "w": {"shape": [1, 1, 3], "seed": 0, "spec": [None, None, "x"]},
+                "stride": 1,
+                "padding": 1,
+            }
+        ],
+        "outputs": [1],
+    }
+    assert known.looks_like(convolved)
+    assert known.without_condition(convolved)["ops"][0]["w"]["spec"] == [None, None, None]
     no_roll = {**example, "ops": [{"op": "unary", "fn": "tanh", "x": 0}]}
     assert not known.looks_like(no_roll)
 
