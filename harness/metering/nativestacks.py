@@ -23,6 +23,8 @@ Where memray is not installed, or cannot track (another tracker active), the lin
 few words: the case is judged as before. What memray does not see: memory allocated through a
 function pointer it did not hook (ctypes' `CDLL(None).malloc`: the line's share then says so) and
 memory allocated before the tracked step (a block realloc'd bigger shows with the stack that grew it).
+A raw mmap (Python's own 1 MiB arenas, a mapped file) is outside malloc's heap, the figure whose
+growth is judged: it is summed apart at the line's end, never named as a stack nor counted in the share.
 """
 
 from __future__ import annotations
@@ -296,6 +298,7 @@ def _well_formed(found: Any) -> bool:
         isinstance(found, dict)
         and count(found.get("bytes"))
         and count(found.get("blocks"))
+        and count(found.get("mapped", 0))
         and isinstance(found.get("stacks"), list)
         and all(
             isinstance(s, dict)
@@ -322,7 +325,9 @@ def _line(step: int, found: dict[str, Any], grown: str, grown_bytes: int = 0) ->
         coverage(found["bytes"], grown_bytes)
         + f"native allocations of step{step} alive at its end (memray): "
         + ("; ".join(shown) if shown else "none")
-        + f" (these {kib(named)} of the {kib(found['bytes'])} memray saw step{step} keep; {grown})"
+        + f" (these {kib(named)} of the {kib(found['bytes'])} memray saw step{step} keep; {grown}"
+        + (f"; and {kib(found['mapped'])} mapped outside malloc's heap" if found.get("mapped") else "")
+        + ")"
     )
 
 
@@ -352,9 +357,15 @@ def summarize(capture: str) -> dict[str, Any]:
     """The leaked records of a capture by stack, the largest first (only those resolved)."""
     from memray import FileReader
 
+    from memray import AllocatorType
+
     reader = FileReader(capture)
     try:
         records = sorted(reader.get_leaked_allocation_records(merge_threads=True), key=lambda r: -r.size)
+        # A raw mmap (Python's own 1 MiB arenas, a file mapped) is outside malloc's heap, the figure
+        # the step's growth is read from: summed apart, so it neither names nor covers that growth.
+        mapped = [r for r in records if r.allocator == AllocatorType.MMAP]
+        records = [r for r in records if r.allocator != AllocatorType.MMAP]
         by_stack: dict[tuple[str, ...], list[int]] = collections.defaultdict(lambda: [0, 0])
         for record in records[:RESOLVED_RECORDS]:
             frames = tuple(_frames(record.hybrid_stack_trace()))
@@ -366,6 +377,7 @@ def summarize(capture: str) -> dict[str, Any]:
     return {
         "bytes": sum(r.size for r in records),
         "blocks": sum(r.n_allocations for r in records),
+        "mapped": sum(r.size for r in mapped),
         "stacks": [{"bytes": b, "blocks": n, "frames": list(frames)} for frames, (b, n) in stacks],
     }
 
