@@ -355,9 +355,7 @@ def _short(exc: BaseException) -> str:
 
 def summarize(capture: str) -> dict[str, Any]:
     """The leaked records of a capture by stack, the largest first (only those resolved)."""
-    from memray import FileReader
-
-    from memray import AllocatorType
+    from memray import AllocatorType, FileReader
 
     reader = FileReader(capture)
     try:
