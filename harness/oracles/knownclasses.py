@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from harness.oracles.program import axes_that_split, check_program
+from harness.oracles.program import axes_that_split, check_program, spec_places
 
 Program = dict[str, Any]
 
@@ -67,7 +67,7 @@ def _index_shorter_than_its_input_of_something_split(program: Program) -> bool:
     """A gather or scatter_add whose index is shorter than its input along a dim other than the
     op's, in a program that splits something."""
     mesh = program["mesh"]
-    if not any(axes_that_split(mesh, place["spec"]) for place in _spec_places(program)):
+    if not any(axes_that_split(mesh, place["spec"]) for place in spec_places(program)):
         return False
     shapes = check_program(program)
     return any(
@@ -79,33 +79,17 @@ def _index_shorter_than_its_input_of_something_split(program: Program) -> bool:
     )
 
 
-def _spec_places(program: Program) -> list[dict[str, Any]]:
-    """Every object of a program that holds a partition spec under "spec"."""
-    places = list(program["inputs"])
-    for op in program["ops"]:
-        places += [op[key] for key in ("w", "src") if isinstance(op.get(key), dict) and "spec" in op[key]]
-        if op["op"] == "mark":
-            places.append(op)
-    return places
-
-
-def _replicas_left(mesh: dict[str, Any], spec: Any) -> list[str]:
-    """The split mesh axes a spec that splits something leaves unused (its tiles have replicas)."""
-    used = axes_that_split(mesh, spec)
-    return [a for a, n in zip(mesh["axes"], mesh["shape"]) if n > 1 and a not in used] if used else []
-
-
 def _roll_cat_stack_or_conv_of_something_split(program: Program) -> bool:
     mesh = program["mesh"]
     return any(op["op"] in ("roll", "cat", "stack", "conv") for op in program["ops"]) and any(
-        axes_that_split(mesh, place["spec"]) for place in _spec_places(program)
+        axes_that_split(mesh, place["spec"]) for place in spec_places(program)
     )
 
 
 def _unsplit(program: Program) -> Program:
     """The same program with nothing split: every spec replicated (a mark op keeps its place)."""
     variant = copy.deepcopy(program)
-    for place in _spec_places(variant):
+    for place in spec_places(variant):
         if place["spec"] is not None:
             place["spec"] = [None] * len(place["spec"])
     return variant
@@ -119,7 +103,7 @@ def _specs_with_shapes(program: Program) -> list[tuple[dict[str, Any], list[int]
     """Every object holding a spec, with the shape of what it splits (a mark op's: its value's)."""
     shapes = check_program(program)
     return [
-        (place, shapes[place["x"]] if place.get("op") == "mark" else place["shape"]) for place in _spec_places(program)
+        (place, shapes[place["x"]] if place.get("op") == "mark" else place["shape"]) for place in spec_places(program)
     ]
 
 

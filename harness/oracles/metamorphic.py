@@ -28,21 +28,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from harness.oracles.program import ATOL, RTOL, VIEW_OPS
+from harness.oracles.program import ATOL, RTOL, VIEW_OPS, spec_places
 
 Program = dict[str, Any]
 Pair = tuple[Program, Program]
 UNIT_AXIS = "unit"
-
-
-def _specs(program: Program) -> list[tuple[dict[str, Any], str]]:
-    """Every place a program holds a partition spec: (the object, its key)."""
-    places = [(leaf, "spec") for leaf in program["inputs"]]
-    for op in program["ops"]:
-        places += [(op[key], "spec") for key in ("w", "src") if isinstance(op.get(key), dict)]
-        if op["op"] == "mark":
-            places.append((op, "spec"))
-    return places
 
 
 def replicated(program: Program) -> Pair | None:
@@ -63,7 +53,7 @@ def unit_axis(program: Program) -> Pair | None:
 
 
 def by_index(program: Program) -> Pair | None:
-    if not any(any(e is not None for e in place[key] or []) for place, key in _specs(program)):
+    if not any(any(e is not None for e in place["spec"] or []) for place in spec_places(program)):
         return None  # nothing names an axis
     var = copy.deepcopy(program)
     var["mesh"]["spec_by"] = "index"

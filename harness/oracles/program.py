@@ -98,6 +98,17 @@ def axes_that_split(mesh: dict[str, Any], spec: Any) -> list[str]:
     return [name for name in spec_axes(spec) if sizes.get(name, 1) > 1]
 
 
+def spec_places(program: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every object of a program that holds a partition spec under "spec": its inputs, an op's
+    weight or source, a mark op."""
+    places = list(program["inputs"])
+    for op in program["ops"]:
+        places += [op[key] for key in ("w", "src") if isinstance(op.get(key), dict) and "spec" in op[key]]
+        if op["op"] == "mark":
+            places.append(op)
+    return places
+
+
 def check_spec(spec: Any, rank: int, axes: Sequence[str], where: str) -> None:
     """A partition spec: one entry per dim, each mesh axis used at most once."""
     if spec is None:
