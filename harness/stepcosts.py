@@ -25,6 +25,7 @@ import itertools
 import os
 import re
 import secrets
+import statistics
 import sys
 import weakref
 from collections.abc import Iterable, Iterator
@@ -149,8 +150,8 @@ class StepMeter:
         # library, its tables): taken out of the native figures of the tracked step and every later one.
         self.native_offset: collections.Counter[str] = collections.Counter()
         # The stack judge of a long loop (the nightly tier's): steps WINDOW_FIRST.. under memray, every
-        # allocation recorded; the native growth of the step before it, which each of its steps counts
-        # as at most (what memray's own tables add is not the loop's).
+        # allocation recorded; the median native growth of the judged steps before it, which each of its
+        # steps counts as at most (what memray's own tables add is not the loop's).
         self.window: nativestacks.WindowTrace | None = None
         self.window_reference: dict[str, int] = {}
 
@@ -230,9 +231,7 @@ class StepMeter:
         tracking_one_step = bool(self.native_own) and self.native_stacks is None  # memray tracks this step already
         if index != nativestacks.WINDOW_FIRST or tracking_one_step:
             return
-        steps = self.signature["steps"]
-        last, before = steps[-1].get("live", {}), steps[-2].get("live", {})
-        self.window_reference = {f: last[f] - before[f] for f in costs.NATIVE_FIELDS if f in last and f in before}
+        self.window_reference = self._median_growth()
         window = nativestacks.WindowTrace(index)
         with self._not_the_loops():
             why_not = window.start()
@@ -242,6 +241,18 @@ class StepMeter:
             weakref.finalize(self, window.close)  # a loop that ends inside the window: tracking stops
         else:
             self.signature["steps"][-1].setdefault("native_leaks", []).append(f"native stacks not judged: {why_not}")
+
+    def _median_growth(self) -> dict[str, int]:
+        """Each native figure's median growth per step over the judged steps so far. The median, not
+        the last step's growth: each of the window's four steps may grow as much, and one noisy step
+        before it (+30 KiB) let memray's tables pass as the loop's (a 2.7.0 ViT loop read as a slow leak)."""
+        steps = self.signature["steps"]
+        lives = [step.get("live", {}) for step in steps[max(self.signature["warmup"], 1) - 1 :]]
+        return {
+            field: int(statistics.median(b[field] - a[field] for a, b in zip(lives, lives[1:])))
+            for field in costs.NATIVE_FIELDS
+            if len(lives) >= 2 and all(field in live for live in lives)
+        }
 
     def _window_clamp(self, entry: dict[str, Any]) -> None:
         """A step of the window counts as growing natively by at most the step before the window did:
