@@ -285,12 +285,14 @@ class StepMeter:
         last, now = (steps[-1].get("live", {}) if steps else {}), entry["live"]
         if native is not None and len(steps) >= 2:
             # memray's own tables (its native trace cache, the unwinding info it paged in) stay in the
-            # process: the tracked step counts as growing by at most what the step before grew, and
-            # what it measured above that is taken out of its figures and every later step's.
-            before = steps[-2].get("live", {})
+            # process: the tracked step counts as growing by at most the judged steps' median growth
+            # (in a 5-step loop: what the step before grew), and what it measured above that is taken
+            # out of its figures and every later step's. Not the step before's alone: that step grew
+            # past the threshold (why memray tracks this one), and a one-off there read twice.
+            reference = self._median_growth()
             for field in costs.NATIVE_FIELDS:
-                if field in now and field in last and field in before:
-                    excess = (now[field] - last[field]) - max(last[field] - before[field], 0)
+                if field in now and field in last and field in reference:
+                    excess = (now[field] - last[field]) - max(reference[field], 0)
                     if excess > 0:
                         now[field] -= excess
                         self.native_offset[field] += excess
