@@ -165,7 +165,7 @@ class StepMeter:
             finally:
                 if native is not None:
                     self._stop_native(native)
-            entry: dict[str, Any] = {"graphs": []}
+            entry: dict[str, Any] = {"graphs": [], **({"memray": True} if native is not None else {})}
             self._record_alive(index, entry)
             entry["live"] = {k: v for k, v in entry["live"].items() if k not in ("tensors", "bytes_per_device")}
             self._name_native_stacks(native, entry)
@@ -182,6 +182,7 @@ class StepMeter:
         self.made_before, self.sites = self.sites, creationsites.recorder() if trace else None
         native = self._native_trace(index)  # last: what the meter does before the step is not tracked
         self._window_start(index)
+        tracked = native is not None or self.window is not None  # memray's tables grow in this step
         try:
             with self.sites if self.sites is not None else contextlib.nullcontext():
                 yield
@@ -199,6 +200,8 @@ class StepMeter:
             self._stop_native(native)
         watch.check(f"step{index}")
         entry = {name: after[name] - before[name] for name in costs.STEP_FIELDS}
+        if tracked:  # the slow-leak slope leaves it out (costs.slow_leaks)
+            entry["memray"] = True
         calls = spmdcalls.since(calls_before)
         if calls:
             entry["spmd_calls"] = calls

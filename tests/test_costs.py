@@ -432,6 +432,7 @@ def test_growth_after_the_warmup_is_a_steady_state_problem_naming_what_stayed_al
         (lambda s: s["steps"][1].update(live={"tensor": 1}), "step1: live must map"),
         (lambda s: s["steps"][1].update(kept="DTensorSpec +4"), "step1: kept must be a list of lines"),
         (lambda s: s["steps"][1].update(leaked=3), "step1: unknown key 'leaked'"),
+        (lambda s: s["steps"][1].update(memray=False), "step1: memray is the boolean false, not true"),
         (lambda s: s["graphs"]["step0"].update(memory={"temp": "2 MiB"}), "graph 'step0': memory must map"),
         (lambda s: s["graphs"]["step0"].update(memory=[1]), "graph 'step0': memory must map"),
     ],
@@ -562,6 +563,27 @@ def test_a_slope_over_twenty_steps_tells_a_slow_leak_and_one_every_kth_step_from
     # a 5-step loop (the PR tier) has no slope judged: 10 KiB per step passes there
     assert costs.slow_leaks(_native_loop([1000, 10, 10, 10])["steps"], 2) == []
     assert costs.metered_steps("nightly") == 20 and costs.metered_steps("pr") == 5
+
+
+def test_the_slope_leaves_out_the_steps_memray_tracked_and_still_tells_a_leak():
+    # 2.7.0, a healthy ViT loop (hybrid-fsdp, nightly): a one-off (+146 KiB), then memray's tables
+    # growing in the four window steps (+30 KiB each, what the meter could not take out)
+    healthy = [21, 9, 26, 12, 10, 8, 13, 146, 3, 9, 30, 30, 30, 30, 7, 5, 6, 3]
+    loop = _native_loop([1000, *healthy])
+    assert costs.slow_leaks(loop["steps"], 2)  # read as a slow leak, as it was
+    for step in loop["steps"][12:16]:
+        step["memray"] = True
+    assert costs.slow_leaks(loop["steps"], 2) == []
+    # the same steps in a loop that leaks 12 KiB on each: still a slow leak, said over the steps left
+    leaking = _native_loop([1000, *(d + 12 for d in healthy)])
+    for step in leaking["steps"][12:16]:
+        step["memray"] = True
+    (line,) = costs.slow_leaks(leaking["steps"], 2)
+    assert "per step over 14 steps (4 memray tracked left out) (least-squares slope; " in line, line
+    # too few steps left: no slope judged
+    for step in leaking["steps"][4:12]:
+        step["memray"] = True
+    assert costs.slow_leaks(leaking["steps"], 2) == []
 
 
 def test_a_loop_longer_than_the_baselines_compares_its_extra_steps_with_the_baselines_last():

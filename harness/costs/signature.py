@@ -133,11 +133,23 @@ def _check_step(step: Any, where: str) -> None:
     for lines in ("differs", "kept", "native_stacks", "native_leaks"):
         if not isinstance(step.get(lines, []), list) or not all(isinstance(d, str) for d in step.get(lines, [])):
             raise CostReadError(f"{where}: {lines} must be a list of lines")
+    if step.get("memray", True) is not True:
+        raise CostReadError(f"{where}: memray is {shown(step['memray'])}, not true (a step memray tracked)")
     if "live" in step:
         _check_counts(step["live"], LIVE_FIELDS, f"{where}: live")
     if "spmd_calls" in step:
         _check_calls(step["spmd_calls"], f"{where}: spmd_calls")
-    fields = {*STEP_FIELDS, "graphs", "differs", "kept", "native_stacks", "native_leaks", "live", "spmd_calls"}
+    fields = {
+        *STEP_FIELDS,
+        "graphs",
+        "differs",
+        "kept",
+        "native_stacks",
+        "native_leaks",
+        "live",
+        "spmd_calls",
+        "memray",
+    }
     unknown = sorted(set(step) - fields)
     if unknown:
         raise CostReadError(f"{where}: unknown key {unknown[0]!r}")
