@@ -547,21 +547,24 @@ def _native_loop(deltas_kib: list[float]) -> dict[str, typing.Any]:
 
 def test_a_slope_over_twenty_steps_tells_a_slow_leak_and_one_every_kth_step_from_a_one_off():
     assert costs.steady_state_problems(_native_loop(HEALTHY_HEAP_KIB)) == []
-    (numpy,) = costs.steady_state_problems(_native_loop(NUMPY_HEAP_KIB))
-    assert (
-        numpy.startswith("step2..step19 (a slow leak): native heap (malloc in use) +1")
-        and "per step over 18 steps" in numpy
-    )
-    # 40 KiB every other step and every 5th step, on top of the healthy loop's own drift
-    for k in (2, 5):
-        deltas = [d + (40 if i >= 2 and i % k == 0 else 0) for i, d in enumerate(HEALTHY_HEAP_KIB)]
+    # 16 KiB a step on average, kept on every k-th step (k up to 6), on top of the healthy drift
+    for k in range(1, 7):
+        deltas = [d + (16 * k if i >= 2 and i % k == 0 else 0) for i, d in enumerate(HEALTHY_HEAP_KIB)]
         (leak,) = costs.steady_state_problems(_native_loop(deltas))
-        assert "(a slow leak): native heap" in leak, (k, leak)
+        assert leak.startswith("step2..step19 (a slow leak): native heap (malloc in use) +"), (k, leak)
+        assert "per step over 18 steps" in leak, (k, leak)
+    # under the floor (+12 KiB a step: 2.7.0's healthy ViT loops reach +11): 40 KiB every 5th step,
+    # and the numpy copies measured on 2.9.0 (+16-18 KiB a step early, +8 late); memray's stack judge
+    # names those (tests/test_memory.py), the slope is for what memray does not see
+    deltas = [d + (40 if i >= 2 and i % 5 == 0 else 0) for i, d in enumerate(HEALTHY_HEAP_KIB)]
+    assert costs.slow_leaks(_native_loop(deltas)["steps"], 2) == []
+    assert costs.slow_leaks(_native_loop(NUMPY_HEAP_KIB)["steps"], 2) == []
+    assert costs.slow_leaks(_native_loop(EVERY_OTHER_HEAP_KIB)["steps"], 2) == []
     # a one-off of 2 MiB on step 10: the slope is high, but one third grew
     one_off = [d + (2048 if i == 9 else 0) for i, d in enumerate(HEALTHY_HEAP_KIB)]
     assert costs.steady_state_problems(_native_loop(one_off)) == []
-    # a 5-step loop (the PR tier) has no slope judged: 10 KiB per step passes there
-    assert costs.slow_leaks(_native_loop([1000, 10, 10, 10])["steps"], 2) == []
+    # a 5-step loop (the PR tier) has no slope judged: 20 KiB per step passes there
+    assert costs.slow_leaks(_native_loop([1000, 20, 20, 20])["steps"], 2) == []
     assert costs.metered_steps("nightly") == 20 and costs.metered_steps("pr") == 5
 
 
