@@ -55,6 +55,7 @@ KINDS: list[tuple[str, re.Pattern[str]]] = [
     ("native memory per step", re.compile(r"native heap|resident set")),
     ("step graph outputs", re.compile(rf"\boutputs {_NUMBERS}")),
     ("step graph arguments", re.compile(rf"\barguments {_NUMBERS}")),
+    ("donated arguments", re.compile(rf"\bdonated \(arguments whose buffers the outputs reuse\) {_NUMBERS}")),
     (
         "collectives",
         re.compile(rf"\b(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)\S* {_NUMBERS}"),
@@ -153,7 +154,7 @@ def _beside(members: list[FailedCase], cause: tuple[str, str]) -> str:
 
 
 def diagnose(kind: str, direction: str, members: list[FailedCase]) -> list[str]:
-    if kind == "step graph outputs" and direction == "grew":
+    if (kind, direction) in (("step graph outputs", "grew"), ("donated arguments", "went down")):
         return donation_lost(members)
     if kind in ("compilations per step", "executions per step") and direction == "grew":
         return graph_split(members)
