@@ -444,6 +444,17 @@ def test_damaged_memory_fields_are_named(damage, named):
         costs.check_signature(damaged, "costs.json")
 
 
+def test_a_loop_marked_as_memray_tracked_beyond_what_memray_tracks_is_refused():
+    # the slope leaves tracked steps out: a body that marked every step would leave nothing to judge
+    loop = signature(steps=((1, 0),) + ((0, 1),) * 19, live=[4] * 20, temp=100)
+    for step in loop["steps"][:5]:
+        step["memray"] = True
+    costs.check_signature(loop, "costs.json")
+    loop["steps"][5]["memray"] = True
+    with pytest.raises(CostReadError, match="costs.json: 6 steps say memray tracked them; it tracks 5 at most"):
+        costs.check_signature(loop, "costs.json")
+
+
 def test_the_summary_shows_temp_memory_and_what_is_alive_after_the_last_step():
     line = costs.summary(costs.comparable(signature(live=[4, 6, 6], temp=2048)))
     assert "step0: all-gather 3, all-reduce 2, temp 2 KiB, peak 10 KiB" in line, line

@@ -123,3 +123,9 @@ def test_a_raw_mmap_is_summed_apart_and_neither_names_nor_covers_the_heaps_growt
     line = nativestacks._line(3, found, "the step grew native heap (malloc in use) +2 MiB", 2 << 20)
     assert line.startswith("memray saw 1") and "the rest is allocated where it does not track" in line, line
     assert line.endswith("+2 MiB; and 1 MiB mapped outside malloc's heap)"), line
+
+
+def test_the_records_reader_allows_as_many_tracked_steps_as_the_meter_tracks():
+    from harness.costs import signature
+
+    assert signature.MAX_MEMRAY_STEPS == 1 + nativestacks.WINDOW_STEPS

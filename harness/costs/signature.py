@@ -33,6 +33,9 @@ DEFAULT_WARMUP = 2
 MEMORY_FIELDS = ("parameters", "gradients", "optimizer_state")
 
 STEP_FIELDS = ("compiles", "cache_hits", "executions")
+# Steps a meter runs under memray: the one after a large native growth, and the nightly window's
+# (harness.metering.nativestacks.WINDOW_STEPS; not imported here: this module reads records only).
+MAX_MEMRAY_STEPS = 1 + 4
 
 # What is alive after a step (harness.stepcosts): XLA tensors the loop holds and their bytes on the
 # device holding most, GC-tracked host objects the loop created. Host objects only judge growth
@@ -113,6 +116,12 @@ def check_signature(data: Any, where: str) -> dict[str, Any]:
         raise CostReadError(f"{where}: steps is {shown(steps)}, not a list")
     for index, step in enumerate(steps):
         _check_step(step, f"{where}, step{index}")
+    tracked = sum(1 for step in steps if step.get("memray"))
+    if tracked > MAX_MEMRAY_STEPS:  # the slope leaves them out: a loop marked all over would pass unjudged
+        raise CostReadError(
+            f"{where}: {tracked} steps say memray tracked them; it tracks {MAX_MEMRAY_STEPS} at most "
+            "(one after a large growth, and the stack judge's window)"
+        )
     if not isinstance(graphs, dict):
         raise CostReadError(f"{where}: graphs is {shown(graphs)}, not a mapping of graph names")
     for name, graph in graphs.items():
