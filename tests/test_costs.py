@@ -594,6 +594,20 @@ def test_the_slope_leaves_out_the_steps_memray_tracked_and_still_tells_a_leak():
         step["memray"] = True
     (line,) = costs.slow_leaks(leaking["steps"], 2)
     assert "per step over 14 steps (4 memray tracked left out) (least-squares slope; " in line, line
+    # a leak every k-th step, in any phase (k up to 4), is caught with the window's steps left out:
+    # the thirds are cut on the steps themselves (120 KiB at steps 5, 11 and 17 passed when they
+    # were cut on the steps counted: an attack on the leave-out found it)
+    for k in range(1, 5):
+        for phase in range(k):
+            deltas = [d + (20 * k if i >= 2 and (i - phase) % k == 0 else 0) for i, d in enumerate(HEALTHY_HEAP_KIB)]
+            periodic = _native_loop(deltas)
+            for step in periodic["steps"][12:16]:
+                step["memray"] = True
+            assert costs.slow_leaks(periodic["steps"], 2), (k, phase)
+    every_sixth = _native_loop([d + (120 if i in (4, 10, 16) else 0) for i, d in enumerate(HEALTHY_HEAP_KIB)])
+    for step in every_sixth["steps"][12:16]:
+        step["memray"] = True
+    assert costs.slow_leaks(every_sixth["steps"], 2)
     # too few steps left: no slope judged
     for step in leaking["steps"][4:12]:
         step["memray"] = True

@@ -4,6 +4,7 @@ objects, native memory), over the last steps and, in long loops, as a slope (doc
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -137,18 +138,22 @@ def slow_leaks(steps: list[Mapping[str, Any]], warmup: int) -> list[str]:
     for field, floor in NATIVE_SLOPE_PER_STEP.items():
         if not all(field in live for live in lives):
             continue
-        values = [lives[0][field]]
-        for i in range(1, len(lives)):
-            if i not in left_out:
-                values.append(values[-1] + lives[i][field] - lives[i - 1][field])
+        # each judged step's growth; a step memray tracked counts none, and is not a point of the fit
+        grown = [0 if i in left_out else lives[i][field] - lives[i - 1][field] for i in range(1, len(lives))]
+        counted = [g for i, g in enumerate(grown, 1) if i not in left_out]
+        values = [0, *itertools.accumulate(counted)]
         n = len(values)
-        cuts = [0, (n - 1) // 3, 2 * (n - 1) // 3, n - 1]
-        thirds = [values[b] - values[a] for a, b in zip(cuts, cuts[1:])]
         mean_x, mean_y = (n - 1) / 2, sum(values) / n
         slope = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(values)) / sum(
             (x - mean_x) ** 2 for x in range(n)
         )
-        if slope >= floor and all(grew >= floor * (b - a) for grew, a, b in zip(thirds, cuts, cuts[1:])):
+        # thirds cut on the steps themselves (not on the steps counted: a leak every k-th step must
+        # fall in each third however many steps memray took out), each held to its counted steps
+        last = len(lives) - 1
+        cuts = [0, last // 3, 2 * last // 3, last]
+        thirds = [sum(grown[a:b]) for a, b in zip(cuts, cuts[1:])]
+        needs = [floor * sum(1 for i in range(a + 1, b + 1) if i not in left_out) for a, b in zip(cuts, cuts[1:])]
+        if slope >= floor and all(grew >= need for grew, need in zip(thirds, needs)):
             found.append(
                 f"{NATIVE_NAMES[field]} {signed_kib(int(slope))} per step over {n - 1} steps "
                 + (f"({len(left_out)} memray tracked left out) " if left_out else "")
