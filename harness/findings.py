@@ -44,7 +44,9 @@ class FailedCase:
 
 
 # (kind, pattern, direction from the match): the first kind a case's items show is its cause.
-_NUMBERS = r"(?P<before>[\d.]+ ?[KMG]?i?B|\d+) -> (?P<after>[\d.]+ ?[KMG]?i?B|\d+)"
+# A number as the harness prints it: digits, one point at most (a case's message can say "1.2.3 KiB").
+_NUMBER = r"\d+(?:\.\d+)?"
+_NUMBERS = rf"(?P<before>{_NUMBER} ?[KMG]?i?B|\d+) -> (?P<after>{_NUMBER} ?[KMG]?i?B|\d+)"
 KINDS: list[tuple[str, re.Pattern[str]]] = [
     # torch_xla.compile(full_graph=True) refusing a sync inside the step is a split step graph too
     (
@@ -85,7 +87,10 @@ def classify(item: str) -> tuple[str, str]:
             continue
         groups = found.groupdict()
         if groups.get("before") and groups.get("after"):
-            before, after = _amount(groups["before"]), _amount(groups["after"])
+            try:
+                before, after = _amount(groups["before"]), _amount(groups["after"])
+            except ValueError:  # not a figure the harness printed: a case's own words
+                continue
             return kind, "grew" if after > before else "went down" if after < before else "moved"
         return kind, _DIRECTIONS.get(kind, "grew")
     return "other", " ".join(item.split()[:8])[:HEADLINE_CHARACTERS]
@@ -269,7 +274,7 @@ def graph_split(members: list[FailedCase]) -> list[str]:
     return lines + [f"  {line}" for line in shown[:3]]
 
 
-_PER_STEP = re.compile(r"native heap \(malloc in use\) \+(?P<amount>[\d.]+ ?[KMG]?i?B) per step")
+_PER_STEP = re.compile(rf"native heap \(malloc in use\) \+(?P<amount>{_NUMBER} ?[KMG]?i?B) per step")
 
 
 def native_leak(members: list[FailedCase]) -> list[str]:

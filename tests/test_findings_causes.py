@@ -141,3 +141,13 @@ def test_a_decrease_beside_a_growth_is_not_labelled_an_improvement():
     assert "improvement" not in str(relabelled[1]).replace("not an improvement", "") and not relabelled[1].fails
     alone = [costs.CostChange("step0", "peak 70 KiB -> 60 KiB per device", costs.IMPROVEMENT)]
     assert findings.no_improvement_beside_growth(alone) == alone
+
+
+@pytest.mark.parametrize(
+    "words",
+    ["RuntimeError: outputs 1.2.3 KiB -> 5 KiB", "compiles . B -> 1 B", "native heap (malloc in use) +1.2.3 KiB per step"],
+)
+def test_a_cases_own_words_that_look_like_figures_do_not_break_the_findings(words):
+    # a case's exception message is untrusted: "1.2.3 KiB" crashed the findings section (an attack)
+    shown = findings.lines([FailedCase("a::t", [words]), FailedCase("b::t", [words])])
+    assert shown[0].startswith("2 case(s): "), shown
