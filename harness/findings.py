@@ -54,7 +54,7 @@ KINDS: list[tuple[str, re.Pattern[str]]] = [
         re.compile(rf"\bcompiles {_NUMBERS}|compiled \d+ new graph|Unexpected execution happens inside the compiled"),
     ),
     ("executions per step", re.compile(rf"\bexecutions {_NUMBERS}")),
-    ("native memory per step", re.compile(r"native heap|resident set")),
+    ("native memory per step", re.compile(r"native heap|resident set|native stack holding more blocks")),
     ("step graph outputs", re.compile(rf"\boutputs {_NUMBERS}")),
     ("step graph arguments", re.compile(rf"\barguments {_NUMBERS}")),
     ("donated arguments", re.compile(rf"\bdonated \(arguments whose buffers the outputs reuse\) {_NUMBERS}")),

@@ -145,9 +145,19 @@ def test_a_decrease_beside_a_growth_is_not_labelled_an_improvement():
 
 @pytest.mark.parametrize(
     "words",
-    ["RuntimeError: outputs 1.2.3 KiB -> 5 KiB", "compiles . B -> 1 B", "native heap (malloc in use) +1.2.3 KiB per step"],
+    [
+        "RuntimeError: outputs 1.2.3 KiB -> 5 KiB",
+        "compiles . B -> 1 B",
+        "native heap (malloc in use) +1.2.3 KiB per step",
+    ],
 )
 def test_a_cases_own_words_that_look_like_figures_do_not_break_the_findings(words):
     # a case's exception message is untrusted: "1.2.3 KiB" crashed the findings section (an attack)
     shown = findings.lines([FailedCase("a::t", [words]), FailedCase("b::t", [words])])
     assert shown[0].startswith("2 case(s): "), shown
+
+
+def test_the_nightly_stack_judges_line_leads_as_native_memory_not_its_footer():
+    stack = "native stack holding more blocks after each of step12..step15 (memray): +5 KiB per step in 80 blocks at f"
+    footer = "(steady state: a step after the warm-up that compiled a new graph pays a compilation every step; one that left more alive than the step before leaks every step)"
+    assert findings.cause_of(FailedCase("a::t", [stack, footer])) == ("native memory per step", "grew")
