@@ -27,6 +27,9 @@ site goes red naming it. Nothing is patched on disk.
                                   imported): a device holds old and new parameters during every step
     mark-sharding-leaks-native    every xs.mark_sharding call allocates 256 KiB of native memory it
                                   never frees (the native leak of #49's build B)
+    einsum-linear-falls-back-to-matmul
+                                  apply_xla_patch_to_nn_linear's layers call F.linear again (a
+                                  reshape to 2-D): a sequence split no longer survives them
 """
 
 from __future__ import annotations
@@ -213,6 +216,16 @@ def mark_sharding_leaks_native() -> None:
     when_imported("torch_xla.distributed.spmd.xla_sharding", patch)
 
 
+def einsum_linear_falls_back_to_matmul() -> None:
+    def patch(module: Any) -> None:
+        import torch
+
+        # EinsumLinear.forward calls the module's global by name: F.linear is what nn.Linear runs
+        module.xla_patched_nn_linear_forward = lambda layer, x: torch.nn.functional.linear(x, layer.weight, layer.bias)
+
+    when_imported("torch_xla.distributed.spmd.xla_sharding", patch)
+
+
 def when_imported(name: str, patch: Callable[[Any], None]) -> None:
     """patch(module) once `name` is imported in this process (now, if it is already)."""
     if name in sys.modules:
@@ -250,4 +263,5 @@ FAULTS = {
     "sync-per-fsdp-block": sync_per_fsdp_block,
     "no-param-aliasing": no_param_aliasing,
     "mark-sharding-leaks-native": mark_sharding_leaks_native,
+    "einsum-linear-falls-back-to-matmul": einsum_linear_falls_back_to_matmul,
 }
