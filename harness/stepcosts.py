@@ -258,7 +258,7 @@ class StepMeter:
         }
 
     def _window_clamp(self, entry: dict[str, Any]) -> None:
-        """A step of the window counts as growing natively by at most the step before the window did:
+        """A step of the window counts as growing natively by at most the judged steps' median growth:
         memray's tables, grown while it records every allocation, are not the loop's (its stacks judge
         the window's steps)."""
         if self.window is None:
