@@ -102,10 +102,11 @@ def body_loop(ctx, mode, copies, steps=3, hold_before=False, native_kib=0, hidde
                 held.data = torch.cat([held.data.cpu(), torch.randn(131072)]).to(xla.device())
             if mode == "numpy_copy":  # a numpy copy of the weights kept each step (25 KiB with hidden=256)
                 old_container.extend(np.array(p.detach().cpu().numpy()) for p in model.parameters())
-            if mode == "every_other":  # the copy made every step, kept on every other
+            if mode == "every_other":  # the copy made every step, kept twice over on every other
                 copies_made = [np.array(p.detach().cpu().numpy()) for p in model.parameters()]
-                if step % 2:
+                if step % 2:  # 50 KiB every other step: a slope of 25 KiB, twice the healthy floor
                     old_container.extend(copies_made)
+                    old_container.extend(copy.copy() for copy in copies_made)
                 del copies_made
             if mode == "numpy":  # 512 KiB of numpy data per step, kept by a list made before the meter
                 old_container.append(np.full(65536, float(step)))
