@@ -110,8 +110,9 @@ class StepMeter:
         self.signature: dict[str, Any] = {"warmup": warmup, "steps": [], "graphs": {}, "memory": {}}
         ctx.values.setdefault(costs.SIGNATURES_VALUE, {})[label] = self.signature
         self.dumps: dict[str, str] = ctx.values.setdefault(costs.DUMPS_VALUE, {})
-        self.last_inputs: list[str] | None = None
-        self.last_fingerprint: str | None = None
+        # The module before optimisation of the graph compiled last, as (text, file name): parsed only
+        # when a step after the warm-up compiles another (_graph_differences).
+        self.last_module_before: tuple[str, str] | None = None
         self.last_graph_memory: dict[str, int] | None = None
         # The memory of the graph the last step ran (XLA's buffer assignment: arguments, outputs, temp,
         # donated), and the device footprint after the step before: the step's peak as held.
@@ -349,7 +350,7 @@ class StepMeter:
 
     def _record_alive(self, index: int, entry: dict[str, Any]) -> None:
         own = (
-            (self.signature, self.dumps, self.last_inputs, self.alive, entry, self.freezes.sentinel)
+            (self.signature, self.dumps, self.last_module_before, self.alive, entry, self.freezes.sentinel, _TILES)
             + (self.native_stacks, self.native_own, self.native_offset)
             + tuple(x for r in (self.sites, self.made_before) if r is not None for x in (r, r.__dict__))
         )
@@ -465,7 +466,8 @@ class StepMeter:
         memories = []
         for position, number in enumerate(sorted(modules, key=int)):
             name = f"step{index}" if position == 0 else f"step{index}.{position}"
-            graph = self.signature["graphs"][name] = self._read_graph(name, modules[number], entry)
+            judged = index >= self.signature["warmup"]
+            graph = self.signature["graphs"][name] = self._read_graph(name, modules[number], entry, judged)
             names.append(name)
             if "memory" in graph:
                 memories.append(graph["memory"])
@@ -482,7 +484,9 @@ class StepMeter:
                 entry.setdefault("differs", []).append(f"no dump of the new graph ({why})")
         return names
 
-    def _read_graph(self, name: str, stages: dict[str, Path], entry: dict[str, Any]) -> dict[str, Any]:
+    def _read_graph(self, name: str, stages: dict[str, Path], entry: dict[str, Any], judged: bool) -> dict[str, Any]:
+        """What a step graph's dumps say; `judged`: the step is past the warm-up, so a graph it
+        compiles is a problem, and what it differs in from the graph compiled before it is said."""
         after = stages.get("after")
         if after is None:
             return {"collectives": None, "unread": "XLA wrote no after_optimizations module"}
@@ -501,15 +505,10 @@ class StepMeter:
             )
         before = stages.get("before")
         if before is not None:
-            module_before = costs.read_module(_read_text(before), before.name)
-            inputs = costs.entry_inputs(module_before, before.name)
-            graph["fingerprint"] = costs.fingerprint(module_before)
-            if self.last_inputs is not None:
-                differs = costs.input_differences(self.last_inputs, inputs) or [
-                    f"inputs identical, graph fingerprint {self.last_fingerprint} -> {graph['fingerprint']}"
-                ]
-                entry.setdefault("differs", []).extend(differs)
-            self.last_inputs, self.last_fingerprint = inputs, graph["fingerprint"]
+            module_before = (_read_text(before), before.name)
+            if self.last_module_before is not None and judged:
+                entry.setdefault("differs", []).extend(_graph_differences(self.last_module_before, module_before))
+            self.last_module_before = module_before
         if self.last_graph_memory is not None and "memory" in graph:
             # A recompiled step whose memory moved says so next to what its inputs differ in.
             moved = costs.compare(
@@ -786,6 +785,19 @@ def _is_tracing_tensor(obj: Any) -> bool:
     return isinstance(obj, (FakeTensor, FunctionalTensor))
 
 
+def _graph_differences(last: tuple[str, str], new: tuple[str, str]) -> list[str]:
+    """What a graph compiled after the warm-up differs in from the graph compiled before it: its
+    inputs (`parameter(4): f32[16,16] {replicated} -> ...`), or where they are the same, its
+    structure's fingerprint. Each is (module text before optimisation, file name), parsed here
+    only: the warm-up's compiles are expected, and parsing a ViT step's module takes ~25 ms."""
+    (last_text, last_name), (text, name) = last, new
+    last_module, module = costs.read_module(last_text, last_name), costs.read_module(text, name)
+    differs = costs.input_differences(costs.entry_inputs(last_module, last_name), costs.entry_inputs(module, name))
+    return differs or [
+        f"inputs identical, graph fingerprint {costs.fingerprint(last_module)} -> {costs.fingerprint(module)}"
+    ]
+
+
 def _counters() -> dict[str, int]:
     xla.wait_device_ops()  # an execution still queued would be counted in whichever step reads next
     return {
@@ -818,17 +830,34 @@ def _is_xla(value: Any) -> bool:
 def _bytes(tensors: Iterable[Any], spec: str | None = None) -> int:
     """Bytes on the device holding most; `spec`: the sharding of the one tensor given, read already."""
     from harness.recording import spec_of_any
-    from harness.sharding import ShardingParseError, Tiled, parse_sharding
 
     total = 0
     for tensor in tensors:
         tiles = None
         if _is_xla(getattr(tensor, "global_tensor", tensor)):
-            try:
-                sharding = parse_sharding(spec if spec is not None else spec_of_any(tensor))
-            except ShardingParseError:
-                sharding = None
-            if isinstance(sharding, Tiled):
-                tiles = list(sharding.data_tile_dims)
+            tiles = _tiles_of(spec if spec is not None else spec_of_any(tensor))
         total += costs.tensor_bytes_per_device(list(tensor.shape), tensor.element_size(), tiles)
     return total
+
+
+# A sharding spec's data tile dims, by spec: every XLA tensor's bytes are read after each step, and a
+# loop has a few distinct specs (parsing each again was a fifth of the meter's time). Strings to
+# tuples of ints, which the collector stops tracking, so the step that adds one keeps no object the
+# leak judge lists; the meter's own records all the same (StepMeter._record_alive). Cleared when full.
+_TILES: dict[str, tuple[int, ...] | None] = {}
+_MAX_TILES = 4096
+
+
+def _tiles_of(spec: str) -> list[int] | None:
+    from harness.sharding import ShardingParseError, Tiled, parse_sharding
+
+    if spec not in _TILES:
+        try:
+            sharding = parse_sharding(spec)
+        except ShardingParseError:
+            sharding = None
+        if len(_TILES) >= _MAX_TILES:
+            _TILES.clear()
+        _TILES[spec] = tuple(sharding.data_tile_dims) if isinstance(sharding, Tiled) else None
+    tiles = _TILES[spec]
+    return None if tiles is None else list(tiles)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -625,3 +627,62 @@ def test_a_loop_longer_than_the_baselines_compares_its_extra_steps_with_the_base
         "step17: live after step: 3 -> 4 tensors (+4 B per device)"
     ]
     assert [str(c) for c in costs.compare(twenty, five)][0] == "step5: no longer run"
+
+
+RECOMPILING_LOOP = """
+import json, os, sys
+from types import SimpleNamespace
+from harness import costs, xla
+xla.enable_spmd()
+xla.enable_step_dumps()
+import numpy as np, torch, torch_xla
+import torch_xla.distributed.spmd as xs
+from harness import stepcosts
+
+mesh = xs.Mesh(np.arange(4), (4, 1))
+weight = torch.randn(8, 8).to("xla")
+xs.mark_sharding(torch.zeros(4, 8).to("xla"), mesh, (0, 1))  # its first call imports modules: not in a step
+ctx = SimpleNamespace(values={}, bodies_before=0, devices=4)
+meter = stepcosts.StepMeter(ctx, label="loop", parameters=[weight])
+for step in range(3):
+    with meter.step():
+        batch = torch.randn(4, 8).to("xla")
+        if step == 2 and sys.argv[1] == "resharded":  # the same graph, an input sharded
+            xs.mark_sharding(batch, mesh, (0, 1))
+        if step >= 1:  # step1 compiles the warm-up's second graph: expected, its inputs not compared
+            batch = batch * 2
+        out = batch @ weight
+        if step == 2 and sys.argv[1] == "restructured":
+            out = out.relu()
+        out.sum().item()
+signature = ctx.values[costs.SIGNATURES_VALUE]["loop"]
+print(json.dumps([costs.steady_state_problems(signature)] + [step.get("differs", []) for step in signature["steps"]]))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_xla") is None, reason="torch_xla is not installed here")
+@pytest.mark.parametrize("change", ["resharded", "restructured"])
+def test_a_graph_compiled_after_the_warmup_names_its_inputs_or_its_fingerprint_and_the_warmups_nothing(change):
+    """The modules before optimisation are parsed only for a compile after the warm-up (a live child)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4", PYTHONPATH=str(Path(__file__).parents[1]))
+    env.pop("XLA_FLAGS", None)
+    run = subprocess.run(
+        [sys.executable, "-c", RECOMPILING_LOOP, change], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    problems, *differs = json.loads(run.stdout.strip().splitlines()[-1])
+    # only the compile: reading the two graphs at step2 left nothing alive the leak judge would list
+    assert len(problems) == 1 and problems[0].startswith("step2 compiled 1 new graph(s)"), problems
+    assert [line for line in differs[1] if not line.startswith("graph memory ")] == [], differs
+    assert differs[0] == [], differs
+    if change == "resharded":
+        assert differs[2][0] == "parameter(2): f32[4,8] {replicated} -> f32[4,8] {devices=[4,1]0,1,2,3}", differs
+    else:
+        assert differs[2][0].startswith("inputs identical, graph fingerprint "), differs
+        first, second = differs[2][0].removeprefix("inputs identical, graph fingerprint ").split(" -> ")
+        assert first != second, differs

@@ -10,7 +10,7 @@ to read, so a case's training loop records them (harness.stepcosts, in the child
      "steps":  [{"compiles": 1, "cache_hits": 0, "executions": 1, "graphs": ["step0"]}, ...],
      "graphs": {"step0": {"collectives": [{"kind": "all-gather", "replica_groups": "{{0,1,2,3}}",
                                            "count": 3, "bytes_per_device": 3072}, ...],
-                          "fingerprint": "3f2a..."}},
+                          "aliases": {"donated": 4, "parameters": 9}, "memory": {...}}},
      "memory": {"parameters": 51200, "gradients": 51200, "optimizer_state": 0}}
 
 * per step (deltas of torch_xla's metrics around it): graphs compiled new (`UncachedCompile`),
