@@ -7,7 +7,8 @@ mesh, on torchprime's fsdp x tensor mesh and on the 2-slice HSDP mesh of its mul
 here, the real slices in the nightly GKE job's twin), AdamW with a warm-up schedule, `clip_grad_norm_`
 (its norm logged) and `clip_grad_value_`, each layer under torch_xla's activation checkpointing,
 the step under `torch_xla.compile(full_graph=True)`, loss and grad norm read by
-`xm.add_step_closure(..., run_async=True)`. Every step is metered (harness.stepcosts: compiles,
+`xm.add_step_closure(..., run_async=True)`; and once with Adafactor and a `minibatch=True` loader.
+Every step is metered (harness.stepcosts: compiles,
 collectives, footprint and peak, what each step leaves alive), so the plugin's steady-state and
 cost detectors judge it; the losses, grad norms and parameters are held to the same training
 eager and unsharded on the CPU. A part the release lacks is left out and named in the report.
@@ -39,14 +40,16 @@ SPARE_BATCHES = 4  # more than the loader's queues hold
 FAULTS = ("clip-over-one-shard", "loader-keeps-batches", "checkpoint-without-remat")
 
 
-def body_train_job(ctx, layout: str, steps: int, fault: str | None = None) -> None:
+def body_train_job(
+    ctx, layout: str, steps: int, fault: str | None = None, optimizer: str = "adamw", minibatch: bool = False
+) -> None:
     """Train the decoder `steps` steps as the job does, metered, then the CPU reference."""
     from cases import decoder, faults, trainjob
     from harness import recording, stepcosts, xla
 
     if fault is not None:
         faults.reintroduce(fault)
-    job = trainjob.Job(layout, ctx=ctx)
+    job = trainjob.Job(layout, ctx=ctx, optimizer_name=optimizer, minibatch=minibatch)
     ctx.record("omitted", job.omitted)
     ctx.record("param_shapes", recording.record_parameters(ctx, job.wrapped))
     # More batches than steps, each sent in the step that takes it (trainjob.Gate): what is alive
@@ -78,7 +81,7 @@ def body_train_job(ctx, layout: str, steps: int, fault: str | None = None) -> No
     recording.record_parameters(ctx, job.wrapped, suffix="@after-steps")
     rows = tokens.shape[0] // (steps + SPARE_BATCHES)
     cpu_losses, cpu_norms = trainjob.reference_run(
-        job.reference, (tokens[i * rows : (i + 1) * rows] for i in range(steps))
+        job.reference, (tokens[i * rows : (i + 1) * rows] for i in range(steps)), optimizer
     )
     ctx.record("cpu", {"losses": cpu_losses, "grad_norms": cpu_norms})
     ctx.record("param_drift", trainjob.parameter_drift(job, job.reference))
@@ -158,6 +161,16 @@ ON_CPU = pytest.mark.needs(backend="cpu", reason="the TPU twin builds this mesh 
 def test_the_job_trains_like_the_cpu_reference(spmd, layout: str, request) -> None:
     """Steady state and both baselines judge the metered loop (the plugin); here the numbers."""
     check_job(_run(spmd, layout), request)
+
+
+def test_the_job_with_adafactor_and_a_minibatch_loader_trains_like_the_cpu_reference(spmd, request) -> None:
+    """torchprime's other optimizer (its second moment factored: state of other shapes than the
+    parameters', sharded as XLA propagates it) and the multi-host input path (`minibatch=True`: each
+    process loads only its own rows; here one process, so its rows are the batch), on the 1-D mesh."""
+    result = spmd.run(
+        body_train_job, layout="fsdp", steps=costs.METERED_STEPS, optimizer="adafactor", minibatch=True, fresh=True
+    )
+    check_job(result, request)
 
 
 @pytest.mark.needs(backend="tpu", multislice=True)

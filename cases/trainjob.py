@@ -1,7 +1,7 @@
 """The job around the step, as torchprime's trainer runs it, for the training-job case bodies.
 
 Imported only inside case bodies (child processes). A `Job` is a cases.decoder.Decoder on a mesh
-layout, wrapped with FSDPv2, with AdamW, a warm-up LR schedule, `clip_grad_norm_` (its norm
+layout, wrapped with FSDPv2, with AdamW (or Adafactor), a warm-up LR schedule, `clip_grad_norm_` (its norm
 returned) and `clip_grad_value_`, each layer under torch_xla's activation checkpointing, the step
 under `torch_xla.compile(full_graph=True)`. Each part is used where the release has it; what it
 lacks is named in `Job.omitted` (the case reports it) and the job runs without it.
@@ -81,6 +81,61 @@ def adamw(parameters: Any) -> tuple[torch.optim.Optimizer, Any]:
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_factor)
 
 
+class Adafactor(torch.optim.Optimizer):
+    """Adafactor (Shazeer and Stern, 2018), torchprime's other optimizer, as an XLA step runs it: a
+    matrix's second moment kept as its row and column means (state of other shapes than the
+    parameter's, sharded as XLA propagates it), a relative step size, update clipping and decoupled
+    weight decay, every factor a tensor. torch.optim.Adafactor (torch 2.5 on) reads each parameter's
+    norm back to the host every step (`.item()`): a device read inside the step, which
+    `torch_xla.compile(full_graph=True)` refuses ("Unexpected execution happens inside the compiled
+    function", seen on 2.9.0), and a graph break per parameter without it."""
+
+    def __init__(self, params: Any, lr: float, weight_decay: float, decay: float = -0.8) -> None:
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "decay": decay})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    self._update(param, group)
+
+    def _update(self, param: Any, group: dict[str, Any]) -> None:
+        state = self.state[param]
+        grad = param.grad
+        if not state:
+            state["step"] = 0  # counted on the host: a step's scalars are graph inputs, never read back
+            if param.dim() >= 2:
+                state["row_var"] = torch.zeros_like(grad).mean(-1, keepdim=True)
+                state["col_var"] = torch.zeros_like(grad).mean(-2, keepdim=True)
+            else:
+                state["variance"] = torch.zeros_like(grad)
+        state["step"] += 1
+        step = state["step"]
+        weight = step ** group["decay"]  # how much of this step's squared gradient the average takes
+        squared = grad.square() + 1e-30
+        if param.dim() >= 2:
+            state["row_var"].lerp_(squared.mean(-1, keepdim=True), weight)
+            state["col_var"].lerp_(squared.mean(-2, keepdim=True), weight)
+            variance = state["row_var"] * state["col_var"] / state["row_var"].mean(-2, keepdim=True)
+        else:
+            state["variance"].lerp_(squared, weight)
+            variance = state["variance"]
+        update = grad * variance.rsqrt()
+        update = update / torch.clamp_min(update.norm() / update.numel() ** 0.5, 1.0)  # its RMS at most 1
+        scale = torch.clamp_min(param.norm() / param.numel() ** 0.5, 1e-3) * min(group["lr"], step**-0.5)
+        param.mul_(1 - group["lr"] * group["weight_decay"])
+        param.sub_(scale * update)
+
+
+def adafactor(parameters: Any) -> tuple[torch.optim.Optimizer, Any]:
+    optimizer = Adafactor(parameters, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_factor)
+
+
+OPTIMIZERS: dict[str, Callable[[Any], tuple[torch.optim.Optimizer, Any]]] = {"adamw": adamw, "adafactor": adafactor}
+
+
 def missing_parts() -> dict[str, str]:
     """What this release lacks of the job's optional parts, each named with what it is."""
     import torch_xla
@@ -107,6 +162,10 @@ class Job:
     seed: int = 0
     omitted: dict[str, str] = dataclasses.field(default_factory=missing_parts)
     ctx: Any = None  # a case's context: the mesh of a hybrid layout is recorded there
+    optimizer_name: str = "adamw"  # a key of OPTIMIZERS; a case asking for one the release lacks skips
+    # The loader's input sharding with minibatch=True: each process loads only its own rows (the
+    # multi-host input path; with one process, its rows are the global batch).
+    minibatch: bool = False
 
     def __post_init__(self) -> None:
         import torch_xla.distributed.spmd as xs
@@ -126,7 +185,7 @@ class Job:
             self.model.remat = rematerialize
         self.wrapped = SpmdFullyShardedDataParallel(self.model, mesh=self.mesh, **fsdpv2_kwargs(self.layout))
         self.parameters = list(self.wrapped.parameters())
-        self.optimizer, self.scheduler = adamw(self.parameters)
+        self.optimizer, self.scheduler = OPTIMIZERS[self.optimizer_name](self.parameters)
         self.batch_spec = batch_spec(self.layout)
 
     def step(self, tokens: Any) -> tuple[Any, Any]:
@@ -167,7 +226,7 @@ class Job:
         cpu_loader: Any = DataLoader(TensorDataset(tokens), batch_size=rows, shuffle=False)
         if gate is not None:
             cpu_loader = gate.over(cpu_loader)
-        spec = xs.ShardingSpec(self.mesh, self.batch_spec)
+        spec = xs.ShardingSpec(self.mesh, self.batch_spec, minibatch=self.minibatch)
         return pl.MpDeviceLoader(cpu_loader, xla.device(), input_sharding=spec, **prefetch)
 
     def state(self, step: int) -> dict[str, Any]:
@@ -258,10 +317,12 @@ def logged_by_closures(job: Job, loss: Any, norm: Any, losses: list[float], norm
         xm.add_step_closure(log, (held,), run_async=True)
 
 
-def reference_run(model: Any, batches: Iterator[torch.Tensor]) -> tuple[list[float], list[float]]:
+def reference_run(
+    model: Any, batches: Iterator[torch.Tensor], optimizer_name: str = "adamw"
+) -> tuple[list[float], list[float]]:
     """The same training, eager and unsharded on the CPU: losses and grad norms per step."""
     parameters = list(model.parameters())
-    optimizer, scheduler = adamw(parameters)
+    optimizer, scheduler = OPTIMIZERS[optimizer_name](parameters)
     losses, norms = [], []
     for tokens in batches:
         optimizer.zero_grad()

@@ -264,10 +264,15 @@ class StepMeter:
         the window's steps)."""
         if self.window is None:
             return
-        last, now = self.signature["steps"][-1].get("live", {}), entry["live"]
-        for field, reference in self.window_reference.items():
+        self._clamp_growth(self.signature["steps"][-1].get("live", {}), entry["live"], self.window_reference)
+
+    def _clamp_growth(self, last: dict[str, int], now: dict[str, int], reference: dict[str, int]) -> None:
+        """A memray-tracked step's native figures, `now`, grow from `last` by at most `reference`
+        (the judged steps' median growth per figure); the excess is memray's, taken out of this
+        step's figures and every later step's (native_offset)."""
+        for field, most in reference.items():
             if field in now and field in last:
-                excess = (now[field] - last[field]) - max(reference, 0)
+                excess = (now[field] - last[field]) - max(most, 0)
                 if excess > 0:
                     now[field] -= excess
                     self.native_offset[field] += excess
@@ -293,13 +298,7 @@ class StepMeter:
             # (in a 5-step loop: what the step before grew), and what it measured above that is taken
             # out of its figures and every later step's. Not the step before's alone: that step grew
             # past the threshold (why memray tracks this one), and a one-off there read twice.
-            reference = self._median_growth()
-            for field in costs.NATIVE_FIELDS:
-                if field in now and field in last and field in reference:
-                    excess = (now[field] - last[field]) - max(reference[field], 0)
-                    if excess > 0:
-                        now[field] -= excess
-                        self.native_offset[field] += excess
+            self._clamp_growth(last, now, self._median_growth())
         grown = {
             field: now[field] - last[field]
             for field in costs.NATIVE_FIELDS

@@ -180,7 +180,11 @@ def test_a_damaged_signature_from_a_child_fails_the_case_naming_the_field(suite)
     result = suite(damaged)
     result.assert_outcomes(failed=1)
     # Checked as the verdict arrives (harness.isolation.parent.observations), before anything reads it.
-    result.stdout.fnmatch_lines(["*protocol failure*recorded 'harness:costs'*step0: compiles is the string 'one'*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*protocol failure*its 'harness:costs' record is not as the harness writes it*step0: compiles is the string 'one'*"
+        ]
+    )
 
 
 def test_update_refuses_xdist(suite):

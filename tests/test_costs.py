@@ -616,6 +616,35 @@ def test_the_slope_leaves_out_the_steps_memray_tracked_and_still_tells_a_leak():
     assert costs.slow_leaks(leaking["steps"], 2) == []
 
 
+def test_a_long_loop_whose_stack_judge_did_not_run_says_why_and_a_judged_or_short_one_nothing():
+    from harness.metering import nativestacks
+
+    assert (costs.STACK_WINDOW_FIRST, costs.STACK_WINDOW_STEPS) == (
+        nativestacks.WINDOW_FIRST,
+        nativestacks.WINDOW_STEPS,
+    )
+    judged = _native_loop(HEALTHY_HEAP_KIB)
+    for step in judged["steps"][12:16]:
+        step["memray"] = True
+    assert costs.stack_judge_missing(judged) is None
+    one_step = _native_loop(HEALTHY_HEAP_KIB)
+    one_step["steps"][12]["memray"] = True  # the one-step trace after a native growth took step 12
+    assert costs.stack_judge_missing(one_step) is None
+    assert costs.stack_judge_missing(_native_loop(HEALTHY_HEAP_KIB[:10])) is None  # the PR tier's length
+    host_only = _native_loop(HEALTHY_HEAP_KIB)
+    for step in host_only["steps"]:
+        del step["compiles"]
+    assert costs.stack_judge_missing(host_only) is None  # no torch_xla: no window
+    silent = _native_loop(HEALTHY_HEAP_KIB)
+    assert costs.stack_judge_missing(silent, "loop") == (
+        "loop/the stack judge did not run on step12..step15: no step was tracked and none says why "
+        "(memray imports in this run's pytest: the case's process stopped it, or its meter was changed)"
+    )
+    said = _native_loop(HEALTHY_HEAP_KIB)
+    said["steps"][11]["native_leaks"] = ["native stacks not judged: memray is not installed here (pip install memray)"]
+    assert "step12..step15: native stacks not judged: memray is not installed here" in costs.stack_judge_missing(said)
+
+
 def test_a_loop_longer_than_the_baselines_compares_its_extra_steps_with_the_baselines_last():
     five = _native_loop([0, 0, 0, 0])
     for step in five["steps"]:

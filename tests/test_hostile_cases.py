@@ -67,9 +67,10 @@ def test_a_reserved_key_of_the_wrong_type_fails_its_case_naming_the_key_and_late
     result.assert_outcomes(failed=3, passed=1)
     result.stdout.fnmatch_lines(
         [
-            "E * protocol failure: the child sent verdict 1, but recorded 'harness:cost-dumps' (a key reserved *) "
-            "as the number 5, not a mapping of module names to HLO text",
-            "E * recorded 'harness:costs' (a key reserved *) as a list, not a mapping of training-loop labels*",
+            "E * protocol failure: the child sent verdict 1, but its 'harness:cost-dumps' record is not as the "
+            "harness writes it: the number 5, not a mapping of module names to HLO text (keys that start with "
+            "'harness:' are the harness's own*",
+            "E * its 'harness:costs' record is not as the harness writes it: a list, not a mapping of training-loop labels*",
             "E * protocol failure: the child sent verdict 1, but its sharding specs hold 'w' as the number 3, not text",
         ],
         consecutive=False,

@@ -66,6 +66,8 @@ def body_loop(ctx, mode, copies, steps=3, hold_before=False, native_kib=0, hidde
     # HOLD_BEFORE: a torch_xla that makes every device hold 256 KiB more for the model's life (made at
     # wrap or load time, before the loop)
     resident = torch.zeros(65536).to(xla.device()) if hold_before else None
+    if mode == "hide_memray":  # a body that makes memray unimportable: the nightly stack judge cannot start
+        sys.modules["memray"] = None
     meter = stepcosts.StepMeter(ctx, parameters=model.parameters(), optimizer=optimizer)
     kept = []
     window = collections.deque(maxlen=3)  # a moving average's last losses
@@ -139,7 +141,9 @@ def test_long_loop(spmd, mode):
 
 
 # (the healthy loop's id is not "healthy": the other self-tests select theirs with -k "healthy and not long_loop")
-@pytest.mark.parametrize("mode", ["healthy", "numpy_copy", "every_other"], ids=["flat", "numpy_copy", "every_other"])
+@pytest.mark.parametrize(
+    "mode", ["healthy", "numpy_copy", "every_other", "hide_memray"], ids=["flat", "numpy_copy", "every_other", "hide_memray"]
+)
 def test_tier_loop(spmd, mode):
     from harness import costs
 
@@ -332,9 +336,17 @@ def test_more_native_growth_per_step_than_the_base_run_fails_under_the_absolute_
 )
 def test_the_nightly_tier_fails_a_numpy_copy_per_step_by_its_stack_and_a_leak_every_other_step_by_its_slope(suite):
     # the PR tier's 5 steps: 25 KiB a step is under its 128 KiB threshold, and no slope is judged
-    suite("-rA", "-k", "tier_loop").assert_outcomes(passed=3)
+    suite("-rA", "-k", "tier_loop").assert_outcomes(passed=4)
     result = suite("-rA", "-k", "tier_loop", "--spmd-tier=nightly")
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=1, failed=3)
+    # a body that hid memray from its own process: the judge that did not run fails the case, saying why
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_tier_loop[[]hide_memray[]] _*",
+            "steady state: the stack judge did not run on step12..step15: native stacks not judged: memray is not "
+            "installed here*",
+        ]
+    )
     result.stdout.fnmatch_lines(["PASSED test_loop.py::test_tier_loop[[]flat[]]"])
     made_at = LOOP_CASE.splitlines().index(
         "                old_container.extend(np.array(p.detach().cpu().numpy()) for p in model.parameters())"

@@ -120,6 +120,33 @@ def steady_state_problems(signature: Mapping[str, Any], label: str = DEFAULT_LAB
     return problems
 
 
+# The nightly tier's stack judge runs memray over steps STACK_WINDOW_FIRST.. of a loop that reaches them
+# (harness.metering.nativestacks.WINDOW_FIRST and WINDOW_STEPS; mirrored, this module reads records only).
+STACK_WINDOW_FIRST = 12
+STACK_WINDOW_STEPS = 4
+
+
+def stack_judge_missing(signature: Mapping[str, Any], label: str = DEFAULT_LABEL) -> str | None:
+    """Why a loop long enough for the stack judge was not judged by it, or None. Its window's steps
+    say memray tracked them, or its first was the one-step trace after a native growth (the window
+    then waits for none); else the record's `native stacks not judged` line says why, or nothing
+    does (the meter's module changed under it). The caller decides whether that fails: only where
+    memray imports in the parent, so a run without memray is not failed for it."""
+    steps = signature.get("steps", [])
+    window = steps[STACK_WINDOW_FIRST : STACK_WINDOW_FIRST + STACK_WINDOW_STEPS]
+    if len(window) < STACK_WINDOW_STEPS or not all("compiles" in step for step in steps):
+        return None  # a shorter loop, or a host-only one (no torch_xla counters: no window)
+    if all(step.get("memray") for step in window) or window[0].get("memray"):
+        return None
+    said = [line for step in steps for line in step.get("native_leaks", []) if line.startswith("native stacks not")]
+    why = said[0] if said else "no step was tracked and none says why"
+    last = STACK_WINDOW_FIRST + STACK_WINDOW_STEPS - 1
+    return (
+        f"{label_prefix(label)}the stack judge did not run on step{STACK_WINDOW_FIRST}..step{last}: {why} "
+        "(memray imports in this run's pytest: the case's process stopped it, or its meter was changed)"
+    )
+
+
 def slow_leaks(steps: list[Mapping[str, Any]], warmup: int) -> list[str]:
     """Native growth too slow for the per-step rule, seen over a long loop (SLOPE_MIN_STEPS judged
     steps, the nightly tier's): a figure whose least-squares slope over the judged steps, and whose

@@ -16,6 +16,8 @@ A case that reproduced its known bug (an xfail) is held to the figures its bug d
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,10 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
         problems = [
             line for label, sig in sorted(signatures.items()) for line in costs.steady_state_problems(sig, label)
         ]
+        if _memray_imports():  # a long loop's stack judge must have run where memray is installed
+            problems += filter(
+                None, (costs.stack_judge_missing(sig, label) for label, sig in sorted(signatures.items()))
+            )
         if problems:
             case.cost_changes = [f"steady state: {p}" for p in problems]
             # The cause first (a FAILED line shows the first line): the rule it breaks after it.
@@ -161,6 +167,15 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
             dumps = folder / runfolder.COST_DUMPS_DIR
             results.keep_texts(dumps, case.case_id, case.cost_dumps, ".after_optimizations.txt")
             results.keep_captures(folder / runfolder.MEMRAY_DIR, case.case_id, case.memray_captures)
+
+
+@functools.cache
+def _memray_imports() -> bool:
+    """memray is installed where this pytest runs: the case's process, of the same environment, has it."""
+    try:
+        return importlib.util.find_spec("memray") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _fail(case: JudgedCase, report: pytest.TestReport, message: str) -> None:

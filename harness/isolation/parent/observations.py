@@ -97,7 +97,7 @@ def problem(observations: Any) -> str | None:
             found = check(values[key])
             if found:
                 return (
-                    f"recorded {key!r} (a key reserved for the harness: record yours under a name that does "
-                    f"not start with {RESERVED_PREFIX!r}) as {found}"
+                    f"its {key!r} record is not as the harness writes it: {found} (keys that start with "
+                    f"{RESERVED_PREFIX!r} are the harness's own; a body records its values under other names)"
                 )
     return None
