@@ -48,6 +48,8 @@ class FailedCase:
 _NUMBER = r"\d+(?:\.\d+)?"
 _NUMBERS = rf"(?P<before>{_NUMBER} ?[KMG]?i?B|\d+) -> (?P<after>{_NUMBER} ?[KMG]?i?B|\d+)"
 KINDS: list[tuple[str, re.Pattern[str]]] = [
+    # first: its line ends in the steady-state rule's words, which name compilations
+    ("native stack judge", re.compile(r"\bthe stack judge did not run\b")),
     # torch_xla.compile(full_graph=True) refusing a sync inside the step is a split step graph too
     (
         "compilations per step",
@@ -68,7 +70,11 @@ KINDS: list[tuple[str, re.Pattern[str]]] = [
     # cases/test_costs.py's self-checks: a change they plant did not do on this build what it should
     ("self-checks", re.compile(r"\bthe planted change \(")),
 ]
-_DIRECTIONS = {"shardings": "changed", "self-checks": "found their planted change acting otherwise"}
+_DIRECTIONS = {
+    "shardings": "changed",
+    "self-checks": "found their planted change acting otherwise",
+    "native stack judge": "did not run",
+}
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 

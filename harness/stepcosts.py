@@ -221,6 +221,8 @@ class StepMeter:
         step was tracked yet; None otherwise (a healthy loop never imports memray)."""
         if not self.suspect_native or self.native_stacks is not None or self.window is not None:
             return None
+        if index == nativestacks.WINDOW_FIRST and not self.host_only:
+            return None  # the window's step: it tracks every allocation of this step and the next three
         trace = nativestacks.StepTrace(index)
         with self._not_the_loops():
             why_not = trace.start()

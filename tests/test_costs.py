@@ -623,26 +623,44 @@ def test_a_long_loop_whose_stack_judge_did_not_run_says_why_and_a_judged_or_shor
         nativestacks.WINDOW_FIRST,
         nativestacks.WINDOW_STEPS,
     )
-    judged = _native_loop(HEALTHY_HEAP_KIB)
-    for step in judged["steps"][12:16]:
-        step["memray"] = True
-    assert costs.stack_judge_missing(judged) is None
-    one_step = _native_loop(HEALTHY_HEAP_KIB)
-    one_step["steps"][12]["memray"] = True  # the one-step trace after a native growth took step 12
-    assert costs.stack_judge_missing(one_step) is None
+
+    def loop(read: list[str] | None = None, tracked: range = range(12, 16)) -> dict[str, typing.Any]:
+        signature = _native_loop(HEALTHY_HEAP_KIB)
+        for index in tracked:
+            signature["steps"][index]["memray"] = True
+        if read is not None:
+            signature["steps"][15]["native_leaks"] = read
+        return signature
+
+    assert costs.stack_judge_missing(loop(read=[])) is None  # judged, no stack grew
+    grew = ["native stack holding more blocks after each of step12..step15 (memray): +6 KiB per step in 3 blocks at f"]
+    assert costs.stack_judge_missing(loop(read=grew)) is None  # judged (steady_state_problems fails it)
     assert costs.stack_judge_missing(_native_loop(HEALTHY_HEAP_KIB[:10])) is None  # the PR tier's length
-    host_only = _native_loop(HEALTHY_HEAP_KIB)
+    host_only = loop()
     for step in host_only["steps"]:
         del step["compiles"]
     assert costs.stack_judge_missing(host_only) is None  # no torch_xla: no window
-    silent = _native_loop(HEALTHY_HEAP_KIB)
-    assert costs.stack_judge_missing(silent, "loop") == (
-        "loop/the stack judge did not run on step12..step15: no step was tracked and none says why "
-        "(memray imports in this run's pytest: the case's process stopped it, or its meter was changed)"
+    # two loops of one body stepped in turn: memray's one tracker was the other's
+    taken = _native_loop(HEALTHY_HEAP_KIB)
+    taken["steps"][11]["native_leaks"] = [f"native stacks not judged: {nativestacks.ANOTHER_LOOP}"]
+    assert costs.stack_judge_missing(taken) is None
+    # misses: nothing tracked and nothing said; tracked but never read (the window made longer);
+    # read, but what was read says it could not judge (a tracker that wrote nothing)
+    assert costs.stack_judge_missing(_native_loop(HEALTHY_HEAP_KIB), "loop") == (
+        "loop/the stack judge did not run on step12..step15: no step says why (no window read on its last "
+        "step) (memray imports in this run's pytest: the case's process stopped it, or its meter was changed)"
     )
-    said = _native_loop(HEALTHY_HEAP_KIB)
-    said["steps"][11]["native_leaks"] = ["native stacks not judged: memray is not installed here (pip install memray)"]
-    assert "step12..step15: native stacks not judged: memray is not installed here" in costs.stack_judge_missing(said)
+    assert "no window read on its last step" in costs.stack_judge_missing(loop())
+    assert "step12..step15: native stacks not judged (memray wrote no capture)" in costs.stack_judge_missing(
+        loop(read=["native stacks not judged (memray wrote no capture)"])
+    )
+    hidden = _native_loop(HEALTHY_HEAP_KIB)
+    hidden["steps"][11]["native_leaks"] = [
+        "native stacks not judged: memray is not installed here (pip install memray)"
+    ]
+    assert "step12..step15: native stacks not judged: memray is not installed here" in costs.stack_judge_missing(hidden)
+    # the one-step trace after a native growth is not the window (it names stacks, it does not judge them)
+    assert costs.stack_judge_missing(loop(tracked=range(12, 13))) is not None
 
 
 def test_a_loop_longer_than_the_baselines_compares_its_extra_steps_with_the_baselines_last():

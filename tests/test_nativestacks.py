@@ -92,15 +92,22 @@ def test_without_memray_the_reason_is_given_and_nothing_is_written(monkeypatch, 
 
 @pytest.mark.skipif(importlib.util.find_spec("memray") is None, reason="memray is not installed here")
 def test_a_second_tracker_cannot_start_and_says_why_and_the_capture_folder_goes(monkeypatch, tmp_path):
+    import memray
+
     monkeypatch.setenv(nativestacks.XLA_DUMP_ROOT_ENV, str(tmp_path))
-    first, second = nativestacks.StepTrace(3), nativestacks.StepTrace(4)
+    # another loop's trace holds memray's one tracker: said so (the parent accepts it)
+    first, second, window = nativestacks.StepTrace(3), nativestacks.StepTrace(4), nativestacks.WindowTrace(12)
     assert first.start() is None
     try:
-        why = second.start()
+        assert second.start() == window.start() == nativestacks.ANOTHER_LOOP
     finally:
         first.close_after_error()
-    assert why is not None and why.startswith("memray could not track (RuntimeError: "), why
     assert list(tmp_path.iterdir()) == []
+    # a tracker the body started itself: memray's own refusal, which the parent does not accept
+    with memray.Tracker(tmp_path / "own.memray"):
+        why = nativestacks.StepTrace(5).start()
+    assert why is not None and why.startswith("memray could not track (RuntimeError: "), why
+    assert [path.name for path in tmp_path.iterdir()] == ["own.memray"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("memray") is None, reason="memray is not installed here")

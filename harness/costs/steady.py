@@ -127,19 +127,23 @@ STACK_WINDOW_STEPS = 4
 
 
 def stack_judge_missing(signature: Mapping[str, Any], label: str = DEFAULT_LABEL) -> str | None:
-    """Why a loop long enough for the stack judge was not judged by it, or None. Its window's steps
-    say memray tracked them, or its first was the one-step trace after a native growth (the window
-    then waits for none); else the record's `native stacks not judged` line says why, or nothing
-    does (the meter's module changed under it). The caller decides whether that fails: only where
+    """Why a loop long enough for the stack judge was not judged by it, or None. Judged: its window's
+    steps say memray tracked them and the window's last step holds what the judge read (a list of
+    lines, empty where no stack grew), none of them `native stacks not judged`. Else the record's
+    `native stacks not ...` line says why, or nothing does (the meter was changed under it). Not a
+    miss: another loop of the same process held memray's one tracker then (`memray was tracking
+    another loop`: two loops stepped in turn). The caller decides whether a miss fails: only where
     memray imports in the parent, so a run without memray is not failed for it."""
     steps = signature.get("steps", [])
     window = steps[STACK_WINDOW_FIRST : STACK_WINDOW_FIRST + STACK_WINDOW_STEPS]
     if len(window) < STACK_WINDOW_STEPS or not all("compiles" in step for step in steps):
         return None  # a shorter loop, or a host-only one (no torch_xla counters: no window)
-    if all(step.get("memray") for step in window) or window[0].get("memray"):
-        return None
     said = [line for step in steps for line in step.get("native_leaks", []) if line.startswith("native stacks not")]
-    why = said[0] if said else "no step was tracked and none says why"
+    if all(step.get("memray") for step in window) and "native_leaks" in window[-1] and not said:
+        return None
+    if said and "memray was tracking another loop" in said[0]:
+        return None
+    why = said[0] if said else "no step says why (no window read on its last step)"
     last = STACK_WINDOW_FIRST + STACK_WINDOW_STEPS - 1
     return (
         f"{label_prefix(label)}the stack judge did not run on step{STACK_WINDOW_FIRST}..step{last}: {why} "

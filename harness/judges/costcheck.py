@@ -77,21 +77,20 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
         problems = [
             line for label, sig in sorted(signatures.items()) for line in costs.steady_state_problems(sig, label)
         ]
-        if _memray_imports():  # a long loop's stack judge must have run where memray is installed
-            problems += filter(
-                None, (costs.stack_judge_missing(sig, label) for label, sig in sorted(signatures.items()))
-            )
+        missing = [line for label, sig in sorted(signatures.items()) if (line := costs.stack_judge_missing(sig, label))]
+        if missing and not _memray_imports():  # a long loop's stack judge must have run where memray imports
+            missing = []
+        problems += missing
         if problems:
             case.cost_changes = [f"steady state: {p}" for p in problems]
             # The cause first (a FAILED line shows the first line): the rule it breaks after it.
-            _fail(
-                case,
-                report,
-                f"steady state: {problems[0]}\n"
-                + "".join(f"  {p}\n" for p in problems[1:])
-                + "(steady state: a step after the warm-up that compiled a new graph pays a compilation every step; "
-                "one that left more alive than the step before leaks every step)",
+            rule = (
+                "(steady state: a step after the warm-up that compiled a new graph pays a compilation every step; "
+                "one that left more alive than the step before leaks every step)"
+                if len(missing) < len(problems)
+                else ""  # only an unjudged window: the rule of compilations and leaks is not what broke
             )
+            _fail(case, report, f"steady state: {problems[0]}\n" + "".join(f"  {p}\n" for p in problems[1:]) + rule)
         if self.update:
             if not problems and report.passed:
                 # kept if its teardown passes (settle)
@@ -171,11 +170,13 @@ class CostJudge(BaselineCheck[CostBaseline], Judge):
 
 @functools.cache
 def _memray_imports() -> bool:
-    """memray is installed where this pytest runs: the case's process, of the same environment, has it."""
+    """memray imports where this pytest runs, so the case's process, of the same environment, could
+    import it (imported, not only found: an installation that fails to import is not memray)."""
     try:
-        return importlib.util.find_spec("memray") is not None
-    except (ImportError, ValueError):
+        importlib.import_module("memray")
+    except Exception:  # noqa: BLE001 - any failure to import is "not here"
         return False
+    return True
 
 
 def _fail(case: JudgedCase, report: pytest.TestReport, message: str) -> None:

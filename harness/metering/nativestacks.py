@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from typing import Any
 
 from harness.isolation.parent.evidence import terminal_safe
@@ -50,6 +51,11 @@ CAPTURE_NAME = "step.memray"
 STACKS_NAME = "stacks.json"
 # Reading resolves native symbols, of torch_xla's ~1 GB _XLAC.so among others: bounded.
 READ_TIMEOUT_S = 60.0
+# memray allows one tracker per process: the harness's own trackers (a loop's window, a one-step
+# trace) that are active, so that another loop of the same body is told why it is not tracked
+# (ANOTHER_LOOP, which the parent accepts) and a tracker the body started itself is not.
+_ACTIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+ANOTHER_LOOP = "memray was tracking another loop of this process"
 TOP_STACKS = 3  # stacks named on the line, the largest first
 RESOLVED_RECORDS = 12  # records whose stacks are resolved (the largest): the rest are only summed
 FRAMES_SHOWN = 4
@@ -97,6 +103,8 @@ class StepTrace:
             import memray
         except ImportError:
             return "memray is not installed here (pip install memray)"
+        if _another_loop_tracked():
+            return ANOTHER_LOOP
         try:
             self.folder = tempfile.mkdtemp(prefix="spmd-memray-", dir=_scratch_root())
             self.tracker = memray.Tracker(
@@ -109,6 +117,7 @@ class StepTrace:
             self.tracker = None
             self.close()
             return f"memray could not track ({_short(exc)})"
+        _ACTIVE.add(self)
         return None
 
     def close_after_error(self) -> None:
@@ -162,6 +171,10 @@ BOUNDARY_WAIT_S = 0.02
 WINDOW_READ_TIMEOUT_S = 120.0
 
 
+def _another_loop_tracked() -> bool:
+    return any(trace.tracker is not None for trace in list(_ACTIVE))
+
+
 class WindowTrace:
     """memray's tracker over consecutive steps, all allocations recorded, with the time each ended."""
 
@@ -178,12 +191,15 @@ class WindowTrace:
             import memray
         except ImportError:
             return "memray is not installed here (pip install memray)"
+        if _another_loop_tracked():
+            return ANOTHER_LOOP
         try:
             self.folder = tempfile.mkdtemp(prefix="spmd-memray-window-", dir=_scratch_root())
             self.tracker = memray.Tracker(
                 os.path.join(self.folder, WINDOW_CAPTURE), native_traces=True, memory_interval_ms=SNAPSHOT_MS
             )
             self.tracker.__enter__()
+            _ACTIVE.add(self)  # in the block whose new objects are memray's (made): not the loop's
         except Exception as exc:  # noqa: BLE001 - another tracker active, no room: the line says which
             self.tracker = None
             self.close()
