@@ -365,3 +365,20 @@ def test_a_base_records_file_that_is_a_link_a_pipe_or_huge_is_refused_before_it_
             fh.truncate(257 << 20)  # sparse: costs no disk
         named = "cannot be read (257 MiB, more than any file the harness writes (256 MiB); not read)"
     refused(suite("--spmd-compare=base"), f"{verdicts}: {named}")
+
+
+def test_many_bytes_moved_within_the_band_are_counted_so_the_differences_stay_in_view():
+    """A regression's run against its base moves many bytes a little (47 lines in a run whose step
+    graph split): past MAX_NEW_LISTED they are one line, and the comparison file keeps them all."""
+    from harness.judges.basecompare import MAX_NEW_LISTED, Comparison
+
+    moved = {f"cases/test_x.py::test_{n}": ["step0: peak 1 KiB -> 1 KiB (+16 B) per device"] for n in range(12)}
+    comparison = Comparison(base="base", base_torch_xla="2.9.0", this_torch_xla=["2.9.0"], bytes_listed=moved)
+    listed = [line for line in comparison.lines() if line.startswith("bytes moved")]
+    assert listed == [
+        "bytes moved (listed, not failed: +5% and +1 KiB band): 12 item(s) in 12 case(s), all in comparison.json"
+    ]
+    assert json.loads(comparison.to_json())["moved"] == moved
+    few = dict(list(moved.items())[:MAX_NEW_LISTED])
+    listed = Comparison(base="base", base_torch_xla="2.9.0", bytes_listed=few).lines()
+    assert sum(line.startswith("bytes moved") for line in listed) == MAX_NEW_LISTED
