@@ -34,7 +34,7 @@ MEMORY_FIELDS = ("parameters", "gradients", "optimizer_state")
 
 STEP_FIELDS = ("compiles", "cache_hits", "executions")
 # Steps a meter runs under memray: the one after a large native growth, and the nightly window's
-# (harness.metering.nativestacks.WINDOW_STEPS; not imported here: this module reads records only).
+# (harness.costs.steady.STACK_WINDOW_STEPS; not imported here: steady imports this module).
 MAX_MEMRAY_STEPS = 1 + 4
 
 # What is alive after a step (harness.stepcosts): XLA tensors the loop holds and their bytes on the

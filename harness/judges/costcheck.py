@@ -17,7 +17,7 @@ A case that reproduced its known bug (an xfail) is held to the figures its bug d
 from __future__ import annotations
 
 import functools
-import importlib.util
+import importlib
 from pathlib import Path
 from typing import Any
 

@@ -42,6 +42,7 @@ import time
 import weakref
 from typing import Any
 
+from harness.costs.steady import STACK_TRACKER_TAKEN, STACK_WINDOW_FIRST, STACK_WINDOW_STEPS
 from harness.isolation.parent.evidence import terminal_safe
 from harness.isolation.system import processes
 from harness.isolation.wire.protocol import XLA_DUMP_ROOT_ENV
@@ -55,7 +56,7 @@ READ_TIMEOUT_S = 60.0
 # trace) that are active, so that another loop of the same body is told why it is not tracked
 # (ANOTHER_LOOP, which the parent accepts) and a tracker the body started itself is not.
 _ACTIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-ANOTHER_LOOP = "memray was tracking another loop of this process"
+ANOTHER_LOOP = STACK_TRACKER_TAKEN
 TOP_STACKS = 3  # stacks named on the line, the largest first
 RESOLVED_RECORDS = 12  # records whose stacks are resolved (the largest): the rest are only summed
 FRAMES_SHOWN = 4
@@ -160,8 +161,8 @@ class StepTrace:
 # WINDOW_FIRST (only the nightly tier's 20-step loops do) runs WINDOW_STEPS steps under memray's
 # tracker, every allocation recorded; a stack that holds more blocks after each of them, by
 # STACK_LEAK_PER_STEP or more a step, leaks.
-WINDOW_FIRST = 12
-WINDOW_STEPS = 4
+WINDOW_FIRST = STACK_WINDOW_FIRST
+WINDOW_STEPS = STACK_WINDOW_STEPS
 STACK_LEAK_PER_STEP = 4 << 10
 WINDOW_CAPTURE = "window.memray"
 # memray snapshots the process every SNAPSHOT_MS; a step boundary waits BOUNDARY_WAIT_S after it
