@@ -23,12 +23,23 @@ from torch import nn
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
+    """Its defaults are cases.jobsize's `tiny`."""
+
     vocab: int = 64
     dim: int = 32
     heads: int = 4
     hidden: int = 64
     depth: int = 2
     tokens: int = 8
+
+
+def config_of(size: str) -> DecoderConfig:
+    """The decoder of a named size (cases.jobsize.SIZES, --spmd-job-size)."""
+    from cases.jobsize import SIZES
+
+    if size not in SIZES:
+        raise ValueError(f"unknown job size {size!r}; known: {', '.join(SIZES)}")
+    return DecoderConfig(**SIZES[size])
 
 
 class RMSNorm(nn.Module):

@@ -28,6 +28,7 @@ WEIGHT_DECAY = 0.1
 MAX_GRAD_NORM = 0.5  # below the decoder's early gradient norms: the clip scales every step
 MAX_GRAD_VALUE = 0.02  # below its largest gradient entries: the value clip cuts some
 ROWS_PER_DEVICE = 2
+ADAFACTOR_EPS = 1.1920928955078125e-07  # float32's machine epsilon, torch.optim.Adafactor's eps1
 # The job's mesh layouts: the 1-D FSDPv2 mesh, torchprime's fsdp x tensor (tensor=2), and the
 # 2-slice HSDP mesh of the nightly GKE job and torchprime's multi-slice runs (`dcn_mesh.data=2
 # ici_mesh.fsdp=n/2`: parameters cut over fsdp within a slice, replicated across the slices),
@@ -113,15 +114,19 @@ class Adafactor(torch.optim.Optimizer):
         state["step"] += 1
         step = state["step"]
         weight = step ** group["decay"]  # how much of this step's squared gradient the average takes
-        squared = grad.square() + 1e-30
+        squared = grad.square()
         if param.dim() >= 2:
             state["row_var"].lerp_(squared.mean(-1, keepdim=True), weight)
             state["col_var"].lerp_(squared.mean(-2, keepdim=True), weight)
-            variance = state["row_var"] * state["col_var"] / state["row_var"].mean(-2, keepdim=True)
+            row_mean = state["row_var"].mean(-2, keepdim=True).clamp_min(ADAFACTOR_EPS)
+            variance = state["row_var"] * state["col_var"] / row_mean
         else:
             state["variance"].lerp_(squared, weight)
             variance = state["variance"]
-        update = grad * variance.rsqrt()
+        # Floored as torch.optim.Adafactor floors it: an embedding row no token of the batch uses has a
+        # zero gradient and zero variance, and rsqrt(0) * 0 is NaN. (Adding 1e-30 to the squares is
+        # not enough: their products are subnormal, which XLA's CPU backend flushes to zero.)
+        update = grad * variance.clamp_min(ADAFACTOR_EPS * ADAFACTOR_EPS).rsqrt()
         update = update / torch.clamp_min(update.norm() / update.numel() ** 0.5, 1.0)  # its RMS at most 1
         scale = torch.clamp_min(param.norm() / param.numel() ** 0.5, 1e-3) * min(group["lr"], step**-0.5)
         param.mul_(1 - group["lr"] * group["weight_decay"])
@@ -134,6 +139,19 @@ def adafactor(parameters: Any) -> tuple[torch.optim.Optimizer, Any]:
 
 
 OPTIMIZERS: dict[str, Callable[[Any], tuple[torch.optim.Optimizer, Any]]] = {"adamw": adamw, "adafactor": adafactor}
+
+
+def full_matmul_precision() -> None:
+    """f32 matmuls in full precision, as the CPU reference computes them. A TPU's default runs them
+    in one bf16 pass, about 1e-3 off: the job's numbers would miss the reference's tolerance for
+    that alone. The CPU backend computes in full precision either way."""
+    import torch_xla
+
+    native = torch_xla._XLAC
+    if hasattr(native, "_xla_set_mat_mul_precision"):  # 2.6 on
+        native._xla_set_mat_mul_precision("highest")
+    elif hasattr(native, "_xla_set_use_full_mat_mul_precision"):
+        native._xla_set_use_full_mat_mul_precision(True)
 
 
 def missing_parts() -> dict[str, str]:
@@ -166,6 +184,7 @@ class Job:
     # The loader's input sharding with minibatch=True: each process loads only its own rows (the
     # multi-host input path; with one process, its rows are the global batch).
     minibatch: bool = False
+    size: str = "tiny"  # a key of cases.jobsize.SIZES (--spmd-job-size)
 
     def __post_init__(self) -> None:
         import torch_xla.distributed.spmd as xs
@@ -173,8 +192,10 @@ class Job:
 
         from harness import xla
 
+        full_matmul_precision()
+        self.config = decoder.config_of(self.size)
         self.mesh = mesh_of(self.layout, self.ctx)
-        self.model = decoder.build_decoder(self.seed)
+        self.model = decoder.build_decoder(self.seed, self.config)
         self.reference = copy.deepcopy(self.model)  # the CPU copy, before anything moves or is marked
         if self.layout == "fsdp-tensor":
             # torchprime's fsdp x tensor specs; FSDPv2 leaves a parameter marked already as it is.

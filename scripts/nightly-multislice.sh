@@ -9,6 +9,8 @@
 #   ACCELERATOR  v6e | v4 (default v6e)
 #   TOPOLOGY     slice topology (default: 4x4 for v6e, 2x2x2 for v4, as in harness/gke/accelerators.py)
 #   SLICES       number of slices (default 2)
+#   JOB_SIZE     the training job's decoder on the slices: tiny | small | medium (default small;
+#                cases/jobsize.py; the CPU cases keep it tiny)
 #   IMAGE        worker image to run; empty = build and push one (scripts/build-worker-image.sh)
 #   WORKER_IMAGE_REPOSITORY  where to push a built image
 #   OUT          results folder (default gke-results)
@@ -62,6 +64,7 @@ main() {
   local accelerator=${ACCELERATOR:-v6e}
   local topology=${TOPOLOGY:-$(default_topology "$accelerator")}
   local slices=${SLICES:-2}
+  local job_size=${JOB_SIZE:-small}
   out=${OUT:-gke-results}
   venv=${VENV:-.venv}
   [[ $slices =~ ^[1-9][0-9]*$ ]] || die "SLICES must be a positive integer, got '$slices'"
@@ -69,12 +72,13 @@ main() {
   install_launcher
   local image
   image=$(resolve_image)
-  echo "nightly-multislice: $slices x $accelerator $topology, image $image" >&2
+  echo "nightly-multislice: $slices x $accelerator $topology, $job_size job, image $image" >&2
 
   local rc=0
   # The launcher relays text from the cluster (pod and kubelet messages): it may not command the runner.
   untrusted_output "$venv/bin/python" -m harness.gke run --accelerator "$accelerator" --topology "$topology" \
-    --slices "$slices" --image "$image" --out "$out" --timeout "${LAUNCH_TIMEOUT_S:-7200}" || rc=$?
+    --slices "$slices" --image "$image" --out "$out" --timeout "${LAUNCH_TIMEOUT_S:-7200}" \
+    --job-size "$job_size" || rc=$?
   publish_summary
   exit "$rc"
 }

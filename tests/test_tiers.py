@@ -3,6 +3,11 @@ and runs in the nightly tier; the tier reaches the case as `spmd.tier` and the h
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 CASES = """
@@ -52,8 +57,59 @@ def test_the_nightly_tier_runs_everything_at_its_size(pytester, monkeypatch, how
     result.stdout.fnmatch_lines(["spmd harness *: backend fake, 4 devices, nightly tier; *", "*TIER nightly 20"])
 
 
+def test_the_header_names_a_job_size_other_than_tiny(pytester, monkeypatch):
+    pytester.makepyfile(test_tiers=CASES)
+    monkeypatch.setenv("SPMD_JOB_SIZE", "medium")
+    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-s", "-k", "sized")
+    result.stdout.fnmatch_lines(["spmd harness *: backend fake, 4 devices, pr tier, medium job; *"])
+
+
 def test_an_unknown_tier_is_a_usage_error(pytester):
     pytester.makepyfile(test_tiers=CASES)
     result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "--spmd-tier=weekly")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--spmd-tier*weekly*"])
+
+
+# --spmd-job-size: the training job's decoder. Its cases carry a size other than tiny in their ids,
+# so the baselines (which hold the tiny job) have no entry for them and a base run compares like with like.
+JOB_CASES = "cases/test_training_job.py"
+
+
+def _collected(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", JOB_CASES, *args],
+        cwd=root,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_job_cases_carry_a_larger_size_in_their_ids():
+    plain = _collected().stdout
+    assert "test_the_job_trains_like_the_cpu_reference[fsdp]" in plain and "job-" not in plain
+    for sized in (_collected("--spmd-job-size=small").stdout, _collected(env={"SPMD_JOB_SIZE": "small"}).stdout):
+        assert "test_the_job_trains_like_the_cpu_reference[job-small-fsdp]" in sized
+        assert "test_the_job_with_adafactor_and_a_minibatch_loader_trains_like_the_cpu_reference[job-small]" in sized
+        # the self-tests and the other job files keep the tiny job: their ids do not change
+        assert "test_the_job_fails_naming_a_fault_put_back_into_torch_xla[checkpoint-without-remat]" in sized
+
+
+def test_an_unknown_job_size_is_a_usage_error():
+    result = _collected("--spmd-job-size=huge")
+    assert result.returncode == pytest.ExitCode.USAGE_ERROR, result.stdout + result.stderr
+    assert "huge" in result.stderr and "'tiny', 'small', 'medium'" in result.stderr
+    bad_env = _collected(env={"SPMD_JOB_SIZE": "huge"})
+    assert bad_env.returncode != 0 and "SPMD_JOB_SIZE" in bad_env.stdout + bad_env.stderr, (
+        bad_env.stdout + bad_env.stderr
+    )
+
+
+def test_the_sizes_the_option_takes_are_the_sizes_the_cases_know():
+    from cases import jobsize
+    from harness.config.options import JOB_SIZES
+
+    assert tuple(jobsize.SIZES) == JOB_SIZES and jobsize.DEFAULT == JOB_SIZES[0]

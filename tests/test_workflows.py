@@ -314,7 +314,13 @@ def test_harness_ci_runs_the_readme_test_command_on_prs_and_main():
 def test_nightly_runs_on_schedule_or_by_hand_and_never_overlaps():
     workflow = load(WORKFLOWS_DIR / "nightly-multislice.yml")
     on = triggers(workflow)
-    assert on["schedule"] and set(on["workflow_dispatch"]["inputs"]) == {"accelerator", "topology", "slices", "image"}
+    assert on["schedule"] and set(on["workflow_dispatch"]["inputs"]) == {
+        "accelerator",
+        "topology",
+        "slices",
+        "image",
+        "job_size",
+    }
     assert on["workflow_dispatch"]["inputs"]["accelerator"]["options"] == ["v6e", "v4"]
     assert workflow["concurrency"]["cancel-in-progress"] is False
 
@@ -946,7 +952,20 @@ def test_nightly_script_defaults_to_two_v6e_slices(stub_launcher_venv: Path, tmp
         str(tmp_path / "out"),
         "--timeout",
         "7200",
+        "--job-size",
+        "small",
     ]
+
+
+def test_nightly_script_passes_the_job_size_as_one_argument(stub_launcher_venv: Path, tmp_path: Path):
+    """The launcher refuses a size it does not know (tests/gke); the script only passes it, whole."""
+    for size in ("medium", "huge; rm -rf /"):
+        env = hermetic_env(
+            tmp_path, VENV=str(stub_launcher_venv), IMAGE="img", OUT=str(tmp_path / "out"), JOB_SIZE=size
+        )
+        assert run_nightly_script(env).returncode == 0
+        args = json.loads((tmp_path / "argv.json").read_text())
+        assert args[args.index("--job-size") + 1] == size
 
 
 def test_nightly_script_fails_when_a_host_failed_and_still_publishes_the_summary(

@@ -31,6 +31,11 @@ FORK_SERVER_ENV = "HARNESS_FORK_SERVER"
 # sized to stay fast; `nightly` runs everything (`nightly`-marked cases, longer loops, larger sizes).
 TIERS = ("pr", "nightly")
 TIER_ENV = "SPMD_TIER"
+# The training-job cases' decoder (cases/jobsize.py has each size's dimensions): `tiny` is what the
+# CPU cases and the committed baselines hold; a larger one is what the nightly GKE job trains on its
+# slices (`python -m harness.gke run --job-size`, which sets the variable in the pods).
+JOB_SIZES = ("tiny", "small", "medium")
+JOB_SIZE_ENV = "SPMD_JOB_SIZE"
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
@@ -161,6 +166,17 @@ OPTIONS = (
         metavar="SECONDS",
         help="how long the nightly tier's differential oracle draws new programs "
         "(cases/test_oracle_differential.py; e.g. 600, 10m). Default: 120.",
+    ),
+    Option(
+        "spmd_job_size",
+        "tiny",
+        choices=JOB_SIZES,
+        parse=_choice(JOB_SIZES),
+        env=JOB_SIZE_ENV,
+        help="the size of the decoder the training-job cases train (cases/test_training_job.py; "
+        "cases/jobsize.py lists the dimensions): tiny (the CPU cases, what the baselines hold), small, "
+        "medium. A case at another size than tiny carries it in its id ([fsdp-job-small]), so the "
+        f"baselines have no entry for it and --spmd-compare needs a base run of the same size. Default: ${JOB_SIZE_ENV} if set, else tiny.",
     ),
     Option(
         "spmd_fork_server",

@@ -22,6 +22,7 @@ from typing import IO
 
 from harness import cli
 from harness.config import argtypes
+from harness.config.options import JOB_SIZE_ENV, JOB_SIZES
 from harness.errors import HarnessUsageError
 from harness.gke import accelerators, manifest
 from harness.gke.bucket import UPLOAD_TIMEOUT_S
@@ -106,6 +107,12 @@ def _add_run(p: argparse.ArgumentParser) -> None:
         "node pools' service account (the pods run on the host network); it needs "
         "roles/storage.objectCreator (k8s/README.md)",
     )
+    p.add_argument(
+        "--job-size",
+        choices=JOB_SIZES,
+        help="the size of the decoder the training-job cases train on the slices (the pods get "
+        f"{JOB_SIZE_ENV}; cases/jobsize.py lists the sizes). Default: the suite's, tiny",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--context", help="kubeconfig context (default: current)")
     p.add_argument("extra", nargs="*", help="after --: extra pytest arguments (--local)")
@@ -178,6 +185,7 @@ def _run(args: argparse.Namespace, out: IO[str]) -> int:
         timeout_s=args.timeout,
         keep=args.keep,
         gcs_uri=args.gcs_uri,
+        job_size=args.job_size,
     )
     if args.dry_run:
         out.write(manifest.dump(launcher.render(cfg)))
@@ -205,9 +213,10 @@ def _run_local(args: argparse.Namespace, accel: accelerators.AcceleratorType, sl
         suite_command=args.suite_command,
         suite_timeout_s=args.timeout,
         extra_args=args.extra,
+        job_size=args.job_size,
     )
     if args.dry_run:
-        out.write(manifest.dump(manifest.render(accel, slices, "local", name=cfg.name)))
+        out.write(manifest.dump(manifest.render(accel, slices, "local", name=cfg.name, job_size=cfg.job_size)))
         return EXIT_OK
     result = run_local(cfg, out)
     print(verdict_line(result, out_dir), file=out)

@@ -36,6 +36,7 @@ class RunConfig:
     timeout_s: float = 3 * 3600.0
     keep: bool = False
     gcs_uri: str | None = None
+    job_size: str | None = None  # the training job's decoder (--spmd-job-size); None: the suite's default
     watch_segment_s: float = 30.0  # longest quiet stretch between progress checks
     pull_error_grace_s: float = stuck.PULL_ERROR_GRACE_S  # how long ErrImagePull may last (harness/gke/stuck.py)
 
@@ -45,11 +46,19 @@ class RunConfig:
         self.image = inputs.check_image(self.image)
         self.namespace = inputs.check_namespace(self.namespace)
         self.gcs_uri = inputs.check_gcs_uri(self.gcs_uri)
+        if self.job_size is not None:
+            self.job_size = manifest.check_job_size(self.job_size)
 
 
 def render(cfg: RunConfig) -> list[manifest.Manifest]:
     return manifest.render(
-        cfg.accel, cfg.slices, cfg.image, name=cfg.name, namespace=cfg.namespace, gcs_uri=cfg.gcs_uri
+        cfg.accel,
+        cfg.slices,
+        cfg.image,
+        name=cfg.name,
+        namespace=cfg.namespace,
+        gcs_uri=cfg.gcs_uri,
+        job_size=cfg.job_size,
     )
 
 

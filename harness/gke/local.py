@@ -48,6 +48,7 @@ class LocalConfig:
     suite_timeout_s: float = 3600.0
     extra_args: Sequence[str] = ()
     name: str = "spmd-local"
+    job_size: str | None = None  # as RunConfig.job_size: set in each host's env, as the manifest sets it
 
     def __post_init__(self) -> None:
         if self.parallel < 1:
@@ -86,6 +87,12 @@ def resolve_env(container: manifest.Manifest, meta: dict[str, Any]) -> dict[str,
     return env
 
 
+def worker_container(cfg: LocalConfig) -> manifest.Manifest:
+    """The worker container of the JobSet a real run would create with these settings."""
+    jobset = manifest.render(cfg.accel, cfg.slices, "local", name=cfg.name, job_size=cfg.job_size)
+    return manifest.worker_container(manifest.find(jobset, "JobSet"))
+
+
 def host_env(cfg: LocalConfig, container: manifest.Manifest, slice_id: int, host_id: int) -> dict[str, str]:
     env = resolve_env(container, pod_metadata(cfg.name, cfg.slices, slice_id, host_id))
     env["TPU_WORKER_ID"] = str(host_id)  # GKE injects these two on TPU pods
@@ -109,8 +116,7 @@ def worker_argv(cfg: LocalConfig, container: manifest.Manifest, results_dir: Pat
 
 
 def run_local(cfg: LocalConfig, out: IO[str]) -> agg.Aggregate:
-    jobset = manifest.find(manifest.render(cfg.accel, cfg.slices, "local", name=cfg.name), "JobSet")
-    container = manifest.worker_container(jobset)
+    container = worker_container(cfg)
     places = [(s, h) for s in range(cfg.slices) for h in range(cfg.accel.hosts_per_slice)]
     _say(
         out,

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from harness.config.options import JOB_SIZE_ENV, JOB_SIZES
 from harness.errors import HarnessUsageError
 from harness.gke.accelerators import AcceleratorType
 
@@ -95,15 +96,17 @@ def render(
     name: str = BASE_NAME,
     namespace: str = BASE_NAME,
     gcs_uri: str | None = None,
+    job_size: str | None = None,
 ) -> list[Manifest]:
-    """Namespace, ServiceAccount and JobSet for `slices` slices of `accel`."""
+    """Namespace, ServiceAccount and JobSet for `slices` slices of `accel`; with job_size, the
+    training-job cases train a decoder of that size (--spmd-job-size, through its variable)."""
     docs = copy.deepcopy(load_base())
     for doc in docs:
         _set_namespace(doc, namespace)
         if doc["kind"] == "JobSet":
             doc["metadata"]["name"] = check_name(name, doc)
             _shape_jobset(doc, accel, slices)
-            _set_container(doc, image, gcs_uri)
+            _set_container(doc, image, gcs_uri, job_size)
     return docs
 
 
@@ -127,11 +130,19 @@ def _shape_jobset(jobset: Manifest, accel: AcceleratorType, slices: int) -> None
     worker_container(jobset)["resources"]["limits"]["google.com/tpu"] = accel.chips_per_host
 
 
-def _set_container(jobset: Manifest, image: str, gcs_uri: str | None) -> None:
+def _set_container(jobset: Manifest, image: str, gcs_uri: str | None, job_size: str | None = None) -> None:
     container = worker_container(jobset)
     container["image"] = image
     if gcs_uri:
         container["env"].append({"name": GCS_ENV, "value": gcs_uri})
+    if job_size:
+        container["env"].append({"name": JOB_SIZE_ENV, "value": check_job_size(job_size)})
+
+
+def check_job_size(size: str) -> str:
+    if size not in JOB_SIZES:
+        raise HarnessUsageError(f"job size {size!r} is not one of {', '.join(JOB_SIZES)} (cases/jobsize.py)")
+    return size
 
 
 def replicated_job(jobset: Manifest) -> Manifest:

@@ -61,6 +61,7 @@ class HarnessSession:
         )
         self.case_timeout: float = options.value(config, "spmd_case_timeout")
         self.tier: str = options.value(config, "spmd_tier")
+        self.job_size: str = options.value(config, "spmd_job_size")
         workerinput = getattr(config, "workerinput", None)
         self.role: Role = role_of(config)
         self.worker = process_name(config)  # the name its logs and records go under
@@ -138,8 +139,10 @@ class HarnessSession:
         build = (
             [f"torch_xla {self.build.get('torch_xla') or '?'}: {buildid.describe(self.build)}"] if self.build else []
         )
+        # the training job's size, where it is not the default the baselines hold
+        job = "" if self.job_size == options.JOB_SIZES[0] else f", {self.job_size} job"
         return [
-            f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}, {self.tier} tier; "
+            f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}, {self.tier} tier{job}; "
             f"{versions.describe(versions.stack())}; results {self.run_folder.path}",
             *build,
             caseuser.header_line(),

@@ -153,6 +153,17 @@ def test_namespace_and_bucket_are_applied_everywhere() -> None:
     assert {"name": manifest.GCS_ENV, "value": "gs://b/p"} in env
 
 
+def test_the_job_size_reaches_the_pods_and_only_a_known_one() -> None:
+    env = manifest.worker_container(
+        by_kind(manifest.render(accelerators.ACCELERATORS[1], 2, "img", job_size="medium"))["JobSet"]
+    )["env"]
+    assert {"name": "SPMD_JOB_SIZE", "value": "medium"} in env
+    plain = manifest.worker_container(by_kind(manifest.render(accelerators.ACCELERATORS[1], 2, "img"))["JobSet"])["env"]
+    assert not [e for e in plain if e["name"] == "SPMD_JOB_SIZE"]  # the suite's default, tiny
+    with pytest.raises(manifest.HarnessUsageError, match="job size 'huge' is not one of tiny, small, medium"):
+        manifest.render(accelerators.ACCELERATORS[1], 2, "img", job_size="huge")
+
+
 @pytest.mark.parametrize("name", ["Bad_Name", "1abc", "abc-"])
 def test_bad_jobset_names_are_usage_errors(name: str) -> None:
     with pytest.raises(manifest.HarnessUsageError, match="DNS label"):

@@ -13,7 +13,7 @@ import pytest
 from harness.gke import accelerators, manifest
 from harness.gke import report_channel as rc
 from harness.gke.__main__ import main
-from harness.gke.local import LocalConfig, host_env, run_local
+from harness.gke.local import LocalConfig, host_env, run_local, worker_container
 from harness.gke.worker import WorkerOptions, run_worker
 
 pytestmark = pytest.mark.selftest
@@ -103,6 +103,14 @@ def test_local_env_is_what_the_pod_gets() -> None:
     assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "localhost"
     assert env["HARNESS_HOST_ID"] == env["TPU_WORKER_ID"] == "0"
     assert env["HARNESS_POD_NAME"] == "spmd-local-slice-1-0"
+
+
+def test_local_hosts_get_the_job_size_the_pods_get() -> None:
+    """--local --job-size: each host's suite reads SPMD_JOB_SIZE from the env the pod would get."""
+    cfg = LocalConfig(accel=V4, slices=2, out_dir=Path("unused"), job_size="small")
+    assert host_env(cfg, worker_container(cfg), 0, 0)["SPMD_JOB_SIZE"] == "small"
+    plain = LocalConfig(accel=V4, slices=2, out_dir=Path("unused"))
+    assert "SPMD_JOB_SIZE" not in host_env(plain, worker_container(plain), 0, 0)
 
 
 def test_local_runs_two_slices_and_agrees(tmp_path: Path) -> None:
