@@ -7,7 +7,8 @@ a vocabulary head. Sizes are tiny so that a compile on the CPU backend takes wel
 
 `Decoder.remat`: a function that runs each layer (`remat(layer, x)`), as torchprime's
 `add_activation_checkpointing_and_scan` wraps its layers with torch_xla's checkpoint; None runs
-them one after another.
+them one after another. `Decoder.scan`: a function that runs all of them (`scan(layers, x)`), as
+that function does with scan on: torch_xla's scan_layers, rematerializing inside the scan.
 """
 
 from __future__ import annotations
@@ -118,11 +119,15 @@ class Decoder(nn.Module):
         self.norm = RMSNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
         self.remat: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
+        self.scan: Callable[[nn.ModuleList, torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)
-        for layer in self.layers:
-            x = self.remat(layer, x) if self.remat is not None else layer(x)
+        if self.scan is not None:  # all layers as one traced layer (torch_xla's scan_layers)
+            x = self.scan(self.layers, x)
+        else:
+            for layer in self.layers:
+                x = self.remat(layer, x) if self.remat is not None else layer(x)
         return self.head(self.norm(x))
 
 

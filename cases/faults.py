@@ -116,6 +116,24 @@ def checkpoint_without_remat() -> None:
     checkpointing.checkpoint = run_as_is
 
 
+def scan_ignores_partition_fn() -> None:
+    """scan_layers' scan partitions the layer's graph with AOTAutograd's default, whatever the
+    caller's partition_fn: every activation saved, nothing rematerialized."""
+
+    def patch(module: Any) -> None:
+        from functorch.compile import default_partition
+
+        scan = module.scan
+
+        def scan_default_partition(*args: Any, **kwargs: Any) -> Any:
+            kwargs["partition_fn"] = default_partition
+            return scan(*args, **kwargs)
+
+        module.scan = scan_default_partition
+
+    when_imported("torch_xla.experimental.scan_layers", patch)
+
+
 def restore_permutes_shards() -> None:
     from torch_xla.distributed.spmd import XLAShardedTensor
 
@@ -257,6 +275,7 @@ FAULTS = {
     "transfer-copies-per-device": transfer_copies_per_device,
     "clip-over-one-shard": clip_over_one_shard,
     "checkpoint-without-remat": checkpoint_without_remat,
+    "scan-ignores-partition-fn": scan_ignores_partition_fn,
     "restore-permutes-shards": restore_permutes_shards,
     "restore-replicates-shards": restore_replicates_shards,
     "restore-keeps-host-copies": restore_keeps_host_copies,

@@ -7,7 +7,8 @@ mesh, on torchprime's fsdp x tensor mesh and on the 2-slice HSDP mesh of its mul
 here, the real slices in the nightly GKE job's twin), AdamW with a warm-up schedule, `clip_grad_norm_`
 (its norm logged) and `clip_grad_value_`, each layer under torch_xla's activation checkpointing,
 the step under `torch_xla.compile(full_graph=True)`, loss and grad norm read by
-`xm.add_step_closure(..., run_async=True)`; and once with Adafactor and a `minibatch=True` loader.
+`xm.add_step_closure(..., run_async=True)`; once with Adafactor and a `minibatch=True` loader, and once
+with the layers scanned (scan_layers, rematerialized inside the scan) as torchprime's scan runs them.
 Every step is metered (harness.stepcosts: compiles,
 collectives, footprint and peak, what each step leaves alive), so the plugin's steady-state and
 cost detectors judge it; the losses, grad norms and parameters are held to the same training
@@ -16,7 +17,9 @@ eager and unsharded on the CPU. A part the release lacks is left out and named i
 The checks, each shown to fail by its self-test (a torch_xla 2.9.0 site changed in the child):
 * the CPU reference: a clip that computes the norm of one shard of each gradient;
 * steady state: a loader whose transfer keeps every batch it sent (one XLA tensor more per step);
-* the remat check: a checkpoint wrapper that runs the layer without rematerializing it.
+* the remat check: a checkpoint wrapper that runs the layer without rematerializing it;
+* the scan remat check (the job with scanned layers, 2.8 on): a scan whose partition_fn no longer
+  reaches the layer's backward, so it saves every activation.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ PARAM_ATOL = 1e-4
 # --spmd-job-size other than tiny is held within 1e-3 (a norm over one shard is still 40% off).
 LARGER_JOB_TOLERANCE = 1e-3
 SPARE_BATCHES = 4  # more than the loader's queues hold
-FAULTS = ("clip-over-one-shard", "loader-keeps-batches", "checkpoint-without-remat")
+FAULTS = ("clip-over-one-shard", "loader-keeps-batches", "checkpoint-without-remat", "scan-ignores-partition-fn")
 
 
 def body_train_job(
@@ -55,6 +58,7 @@ def body_train_job(
     minibatch: bool = False,
     size: str = jobsize.DEFAULT,
     warmup: int = costs.DEFAULT_WARMUP,
+    scan: bool = False,
 ) -> None:
     """Train the decoder `steps` steps as the job does, metered (`warmup` of them allowed to compile
     and grow), then the CPU reference."""
@@ -65,8 +69,10 @@ def body_train_job(
 
     if fault is not None:
         faults.reintroduce(fault)
-    job = trainjob.Job(layout, ctx=ctx, optimizer_name=optimizer, minibatch=minibatch, size=size)
+    job = trainjob.Job(layout, ctx=ctx, optimizer_name=optimizer, minibatch=minibatch, size=size, scan=scan)
     ctx.record("omitted", job.omitted)
+    if scan and "scan" in job.omitted:
+        return  # the case skips, naming what is missing
     ctx.record("decoder", dataclasses.asdict(job.config))
     ctx.record("param_shapes", recording.record_parameters(ctx, job.wrapped))
     # More batches than steps, each sent in the step that takes it (trainjob.Gate): what is alive
@@ -79,13 +85,17 @@ def body_train_job(
     batches = iter(loader)
     losses, norms = ctx.record("losses", []), ctx.record("grad_norms", [])
     meter = stepcosts.StepMeter(ctx, warmup=warmup, parameters=job.parameters, optimizer=job.optimizer)
+    if scan:
+        from cases.test_scan_layers_fsdpv2 import fill_typing_caches
+
+        fill_typing_caches()  # scan's TypeVar per call fills typing's caches: a window (after the meter's freeze)
     for step in range(steps):
         with meter.step():
             gate.allow()
             (batch,) = next(batches)
             if step == 0:
                 ctx.record_sharding("batch", xla.spec_of(batch))
-                record_remat(ctx, job, batch)
+                (record_scan_remat if scan else record_remat)(ctx, job, batch)
             loss, norm = job.step(batch)
             trainjob.logged_by_closures(job, loss, norm, losses, norms)
             # The step before's closure ran at this step's sync, on its own thread: waited for, what
@@ -155,6 +165,31 @@ def job_loop(size: str) -> dict[str, int]:
     return {"steps": LARGER_JOB_WARMUP + costs.LEAK_STEPS, "warmup": LARGER_JOB_WARMUP}
 
 
+def record_scan_remat(ctx, job, batch) -> None:
+    """How many activations the scanned layer saves for its backward, with the job's partition
+    (min-cut: rematerialize what is cheap) and with AOTAutograd's default (save everything): each
+    saved activation is written into its stacked buffer by a dynamic-update-slice in the forward
+    scan. Traced apart (not executed)."""
+    import torch_xla
+    from functorch.compile import default_partition
+
+    from cases import decoder, trainjob
+    from harness import xla
+
+    saved = {}
+    for name, partition in (("job", None), ("default_partition", default_partition)):
+        job.model.scan = lambda layers, x, partition=partition: trainjob.scan_rematerialized(layers, x, partition)
+        loss = decoder.next_token_loss(job.wrapped, batch)
+        loss.backward()
+        text = xla.hlo_of([loss, *(p.grad for p in job.parameters)])
+        saved[name] = text.count(" dynamic-update-slice(")
+        job.optimizer.zero_grad()
+        del loss
+        torch_xla._XLAC._clear_pending_irs(str(xla.device()))
+    job.model.scan = trainjob.scan_rematerialized
+    ctx.record("scan_remat", saved)
+
+
 def _run(spmd, layout: str, size: str = jobsize.DEFAULT, fault: str | None = None, check: bool = True):
     return spmd.run(body_train_job, layout=layout, fault=fault, size=size, fresh=True, check=check, **job_loop(size))
 
@@ -183,6 +218,14 @@ def check_reference(result, size: str = jobsize.DEFAULT) -> None:
 def check_remat(result) -> None:
     from cases.decoder import NORMS_PER_LAYER
 
+    if "scan_remat" in result.values:
+        saved = result.values["scan_remat"]
+        assert saved["job"] < saved["default_partition"], (
+            f"scan with rematerialization: the scanned layer saves {saved['job']} activation(s) for its backward "
+            f"with min_cut_rematerialization_partition, and {saved['default_partition']} with AOTAutograd's default: "
+            "scan no longer rematerializes (its partition_fn does not reach the layer's backward)"
+        )
+        return
     if "remat" in result.values["omitted"]:
         return
     depth = result.values["decoder"]["depth"]
@@ -233,6 +276,17 @@ def test_the_job_with_adafactor_and_a_minibatch_loader_trains_like_the_cpu_refer
     check_job(result, request, job_size)
 
 
+def test_the_job_with_scanned_layers_trains_like_the_cpu_reference(spmd, job_size: str, request) -> None:
+    """torchprime's scan: the decoder's layers as one traced layer (scan_layers with pure layers,
+    2.8 on), rematerialized inside the scan (min_cut_rematerialization_partition) instead of one
+    checkpoint per layer; FSDPv2 on the 1-D mesh (on fsdp x tensor, scan's backward shards the
+    norms' gradients over both axes: registry scan-backward-gradient-ignores-partial-replication)."""
+    result = spmd.run(body_train_job, layout="fsdp", size=job_size, scan=True, fresh=True, **job_loop(job_size))
+    if "scan" in result.values["omitted"]:
+        pytest.skip(f"torch_xla {result.torch_xla} has no {result.values['omitted']['scan']}")
+    check_job(result, request, job_size)
+
+
 @pytest.mark.needs(backend="tpu", multislice=True)
 def test_the_job_trains_on_real_slices(spmd, job_size: str, request) -> None:
     """The TPU twin (nightly GKE job): the same 2-slice HSDP job on the slices' own HybridMesh, at
@@ -264,7 +318,12 @@ def _signature(result) -> dict:
 
 # Each fault runs the least that shows it: the clip's norm differs at the first step, the remat
 # probe is traced at step 0; a kept batch is judged over the warm-up and 3 steps.
-FAULT_STEPS = {"clip-over-one-shard": 2, "checkpoint-without-remat": 1, "loader-keeps-batches": costs.METERED_STEPS}
+FAULT_STEPS = {
+    "clip-over-one-shard": 2,
+    "checkpoint-without-remat": 1,
+    "scan-ignores-partition-fn": 1,
+    "loader-keeps-batches": costs.METERED_STEPS,
+}
 
 
 @pytest.mark.no_cost_check("runs the job with a fault put back on purpose; the test judges it")
@@ -275,12 +334,14 @@ FAULT_STEPS = {"clip-over-one-shard": 2, "checkpoint-without-remat": 1, "loader-
         # the PR tier keeps the cheapest (one step, 6 s); the others take 14-16 s each
         pytest.param("clip-over-one-shard", marks=pytest.mark.nightly),
         pytest.param("loader-keeps-batches", marks=pytest.mark.nightly),
+        pytest.param("scan-ignores-partition-fn", marks=pytest.mark.nightly),
         "checkpoint-without-remat",
     ],
 )
 def test_the_job_fails_naming_a_fault_put_back_into_torch_xla(spmd, fault: str) -> None:
     """Self-test: each check of the job goes red, naming the change, on a build with the fault."""
-    result = spmd.run(body_train_job, layout="fsdp", steps=FAULT_STEPS[fault], fault=fault, fresh=True)
+    scan = fault == "scan-ignores-partition-fn"
+    result = spmd.run(body_train_job, layout="fsdp", steps=FAULT_STEPS[fault], fault=fault, scan=scan, fresh=True)
     if fault == "clip-over-one-shard":
         with pytest.raises(
             AssertionError, match=r"grad norms \(clip_grad_norm_'s return\) .* differ from the unsharded"
@@ -290,6 +351,11 @@ def test_the_job_fails_naming_a_fault_put_back_into_torch_xla(spmd, fault: str) 
         if "remat" in result.values["omitted"]:
             pytest.skip(f"torch_xla {result.torch_xla} has no {result.values['omitted']['remat']}")
         with pytest.raises(AssertionError, match="the checkpoint wrapper no longer rematerializes"):
+            check_remat(result)
+    elif scan:
+        if "scan" in result.values["omitted"]:
+            pytest.skip(f"torch_xla {result.torch_xla} has no {result.values['omitted']['scan']}")
+        with pytest.raises(AssertionError, match="scan no longer rematerializes"):
             check_remat(result)
     else:
         problems = costs.steady_state_problems(_signature(result))

@@ -169,6 +169,14 @@ def missing_parts() -> dict[str, str]:
         missing["remat"] = "torch_xla.utils.checkpoint.checkpoint"
     if "run_async" not in inspect.signature(xm.add_step_closure).parameters:
         missing["async_closure"] = "xm.add_step_closure(..., run_async=True)"
+    try:
+        from torch_xla.experimental.scan_layers import scan_layers
+    except ImportError:
+        missing["scan"] = "torch_xla.experimental.scan_layers (from 2.6.0)"
+    else:
+        if "is_layer_pure" not in inspect.signature(scan_layers).parameters:
+            # without it every call traces the layer again (registry scan-layers-retrace-keeps-fx-sources)
+            missing["scan"] = "scan_layers(..., is_layer_pure=True) (from 2.8.0)"
     return missing
 
 
@@ -185,6 +193,10 @@ class Job:
     # multi-host input path; with one process, its rows are the global batch).
     minibatch: bool = False
     size: str = "tiny"  # a key of cases.jobsize.SIZES (--spmd-job-size)
+    # torchprime's scan: the layers run as one traced layer (scan_layers, is_layer_pure, 2.8 on),
+    # rematerialized inside the scan by min_cut_rematerialization_partition, instead of one
+    # checkpoint per layer. A release without it has "scan" in `omitted`.
+    scan: bool = False
 
     def __post_init__(self) -> None:
         import torch_xla.distributed.spmd as xs
@@ -193,6 +205,10 @@ class Job:
         from harness import xla
 
         full_matmul_precision()
+        if not self.scan:
+            self.omitted.pop("scan", None)
+        elif "scan" not in self.omitted:
+            self.omitted.update(scan_needs())
         self.config = decoder.config_of(self.size)
         self.mesh = mesh_of(self.layout, self.ctx)
         self.model = decoder.build_decoder(self.seed, self.config)
@@ -202,7 +218,9 @@ class Job:
             self.model.to(xla.device())
             for name, param in self.model.named_parameters():
                 xs.mark_sharding(param, self.mesh, decoder.tensor_parallel_spec(name))
-        if "remat" not in self.omitted:
+        if self.scan and "scan" not in self.omitted:
+            self.model.scan = scan_rematerialized
+        elif "remat" not in self.omitted:
             self.model.remat = rematerialize
         self.wrapped = SpmdFullyShardedDataParallel(self.model, mesh=self.mesh, **fsdpv2_kwargs(self.layout))
         self.parameters = list(self.wrapped.parameters())
@@ -315,6 +333,28 @@ def rematerialize(layer: Any, x: Any) -> Any:
 
     # No dropout: the RNG state need not be kept, and keeping it reads the device mid-trace.
     return checkpoint(layer, x, use_reentrant=True, preserve_rng_state=False)
+
+
+def scan_needs() -> dict[str, str]:
+    """What scan's backward lacks here: it lowers xs.shard_as through JAX (2.8 on), which needs
+    jax and torch_xla's bundled torchax (2.9.0's imports flax, which nothing installs: it is stood
+    in for, as installing flax does; registry scan-backward-bundled-torchax-needs-flax)."""
+    from cases import jaxneeds
+
+    if jaxneeds.jax_version() is None:
+        return {"scan": "jax (scan's backward lowers xs.shard_as with it: pip install torch_xla[pallas])"}
+    jaxneeds.stand_in_for_flax()
+    return {}
+
+
+def scan_rematerialized(layers: Any, x: Any, partition_fn: Any = None) -> Any:
+    """All layers as one traced layer, rematerialized inside the scan, as torchprime's
+    `add_activation_checkpointing_and_scan` runs them with scan on."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch_xla.experimental.scan_layers import scan_layers
+
+    partition_fn = partition_fn or min_cut_rematerialization_partition
+    return scan_layers(layers, x, partition_fn=partition_fn, is_layer_pure=True)
 
 
 def logged_by_closures(job: Job, loss: Any, norm: Any, losses: list[float], norms: list[float]) -> None:
