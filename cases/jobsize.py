@@ -17,8 +17,3 @@ SIZES: dict[str, dict[str, int]] = {
     "small": {"vocab": 512, "dim": 128, "heads": 4, "hidden": 384, "depth": 4, "tokens": 64},
     "medium": {"vocab": 4096, "dim": 512, "heads": 8, "hidden": 1408, "depth": 8, "tokens": 256},
 }
-
-
-def case_id_suffix(size: str) -> str:
-    """What a case id carries for a size ("" for the default, whose ids the baselines hold)."""
-    return "" if size == DEFAULT else f"job-{size}"

@@ -30,7 +30,6 @@ import pytest
 
 from cases import jobsize
 from harness import costs
-from harness.config import options
 
 # Slow: each child takes 6-16 s on 2 cores (a compile of the step graph and of AdamW's first step).
 pytestmark = [pytest.mark.spmd, pytest.mark.slow, pytest.mark.needs(devices=4)]
@@ -130,22 +129,6 @@ def record_remat(ctx, job, batch) -> None:
 
     if hasattr(torch_xla._XLAC, "_clear_pending_irs"):  # the probe is never executed
         torch_xla._XLAC._clear_pending_irs(str(xla.device()))
-
-
-@pytest.fixture
-def job_size() -> str:
-    """The decoder's size: tiny, unless --spmd-job-size names another (then pytest_generate_tests
-    parametrizes the job's cases with it, and their ids carry it)."""
-    return jobsize.DEFAULT
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A job size other than tiny goes into the ids of the cases that take `job_size`
-    (`[job-small-fsdp]`): the baselines hold the tiny job's shardings and costs under the plain ids,
-    so a larger job has no entry there (listed, not failed), and a base run compares like with like."""
-    size = options.value(metafunc.config, "spmd_job_size")
-    if "job_size" in metafunc.fixturenames and size != jobsize.DEFAULT:
-        metafunc.parametrize("job_size", [size], ids=[jobsize.case_id_suffix(size)])
 
 
 # A job larger than tiny warms up for longer: its host allocator still grows at steps 3 and 4 (the
@@ -253,13 +236,13 @@ ON_CPU = pytest.mark.needs(backend="cpu", reason="the TPU twin builds this mesh 
 
 
 @pytest.mark.parametrize("layout", ["fsdp", "fsdp-tensor", pytest.param("hybrid-data", marks=ON_CPU)])
-def test_the_job_trains_like_the_cpu_reference(spmd, layout: str, job_size: str, request) -> None:
+def test_the_job_trains_like_the_cpu_reference(spmd, layout: str, spmd_job_size: str, request) -> None:
     """Steady state and both baselines judge the metered loop (the plugin); here the numbers."""
-    check_job(_run(spmd, layout, job_size), request, job_size)
+    check_job(_run(spmd, layout, spmd_job_size), request, spmd_job_size)
 
 
 def test_the_job_with_adafactor_and_a_minibatch_loader_trains_like_the_cpu_reference(
-    spmd, job_size: str, request
+    spmd, spmd_job_size: str, request
 ) -> None:
     """torchprime's other optimizer (its second moment factored: state of other shapes than the
     parameters', sharded as XLA propagates it) and the multi-host input path (`minibatch=True`: each
@@ -269,29 +252,31 @@ def test_the_job_with_adafactor_and_a_minibatch_loader_trains_like_the_cpu_refer
         layout="fsdp",
         optimizer="adafactor",
         minibatch=True,
-        size=job_size,
+        size=spmd_job_size,
         fresh=True,
-        **job_loop(job_size),
+        **job_loop(spmd_job_size),
     )
-    check_job(result, request, job_size)
+    check_job(result, request, spmd_job_size)
 
 
-def test_the_job_with_scanned_layers_trains_like_the_cpu_reference(spmd, job_size: str, request) -> None:
+def test_the_job_with_scanned_layers_trains_like_the_cpu_reference(spmd, spmd_job_size: str, request) -> None:
     """torchprime's scan: the decoder's layers as one traced layer (scan_layers with pure layers,
     2.8 on), rematerialized inside the scan (min_cut_rematerialization_partition) instead of one
     checkpoint per layer; FSDPv2 on the 1-D mesh (on fsdp x tensor, scan's backward shards the
     norms' gradients over both axes: registry scan-backward-gradient-ignores-partial-replication)."""
-    result = spmd.run(body_train_job, layout="fsdp", size=job_size, scan=True, fresh=True, **job_loop(job_size))
+    result = spmd.run(
+        body_train_job, layout="fsdp", size=spmd_job_size, scan=True, fresh=True, **job_loop(spmd_job_size)
+    )
     if "scan" in result.values["omitted"]:
         pytest.skip(f"torch_xla {result.torch_xla} has no {result.values['omitted']['scan']}")
-    check_job(result, request, job_size)
+    check_job(result, request, spmd_job_size)
 
 
 @pytest.mark.needs(backend="tpu", multislice=True)
-def test_the_job_trains_on_real_slices(spmd, job_size: str, request) -> None:
+def test_the_job_trains_on_real_slices(spmd, spmd_job_size: str, request) -> None:
     """The TPU twin (nightly GKE job): the same 2-slice HSDP job on the slices' own HybridMesh, at
     the size the job sets (`harness.gke run --job-size`)."""
-    check_job(_run(spmd, "hybrid-data", job_size), request, job_size)
+    check_job(_run(spmd, "hybrid-data", spmd_job_size), request, spmd_job_size)
 
 
 def check_job(result, request, size: str = jobsize.DEFAULT) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from harness.config import activation, options
+from harness.config import activation, jobsize, options
 from harness.config.requirements import tier_skip_reason, unmet_needs
 from harness.errors import CaseError
 from harness.isolation.parent.case import SpmdRunner, hold_sources
@@ -63,6 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options.check_not_taken_for_a_test_path(config)
     caseuser.configure(config)  # before any child starts
     config.pluginmanager.register(_JunitGuard(), "spmd_junit_guard")
+    config.pluginmanager.register(jobsize, "spmd_job_size")  # the spmd_job_size fixture and its ids
     harness_session = HarnessSession(config)
     config.stash[SESSION_KEY] = harness_session
     registrycheck.check_bug_option(config, harness_session.registry_path)  # before xdist's workers would each refuse it

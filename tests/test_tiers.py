@@ -60,7 +60,7 @@ def test_the_nightly_tier_runs_everything_at_its_size(pytester, monkeypatch, how
 def test_the_header_names_a_job_size_other_than_tiny(pytester, monkeypatch):
     pytester.makepyfile(test_tiers=CASES)
     monkeypatch.setenv("SPMD_JOB_SIZE", "medium")
-    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-s", "-k", "sized")
+    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-s")
     result.stdout.fnmatch_lines(["spmd harness *: backend fake, 4 devices, pr tier, medium job; *"])
 
 

@@ -175,7 +175,7 @@ OPTIONS = (
         env=JOB_SIZE_ENV,
         help="the size of the decoder the training-job cases train (cases/test_training_job.py; "
         "cases/jobsize.py lists the dimensions): tiny (the CPU cases, what the baselines hold), small, "
-        "medium. A case at another size than tiny carries it in its id ([fsdp-job-small]), so the "
+        "medium. A case at another size than tiny carries it in its id ([job-small-fsdp]; a case takes the size as its spmd_job_size argument), so the "
         f"baselines have no entry for it and --spmd-compare needs a base run of the same size. Default: ${JOB_SIZE_ENV} if set, else tiny.",
     ),
     Option(
