@@ -197,6 +197,8 @@ class Job:
     # rematerialized inside the scan by min_cut_rematerialization_partition, instead of one
     # checkpoint per layer. A release without it has "scan" in `omitted`.
     scan: bool = False
+    # The parameters' dtype (and so the gradients' and AdamW's state): torchprime trains bf16 models.
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         import torch_xla.distributed.spmd as xs
@@ -211,7 +213,7 @@ class Job:
             self.omitted.update(scan_needs())
         self.config = decoder.config_of(self.size)
         self.mesh = mesh_of(self.layout, self.ctx)
-        self.model = decoder.build_decoder(self.seed, self.config)
+        self.model = decoder.build_decoder(self.seed, self.config).to(getattr(torch, self.dtype))
         self.reference = copy.deepcopy(self.model)  # the CPU copy, before anything moves or is marked
         if self.layout == "fsdp-tensor":
             # torchprime's fsdp x tensor specs; FSDPv2 leaves a parameter marked already as it is.
