@@ -7,8 +7,9 @@ mesh, on torchprime's fsdp x tensor mesh and on the 2-slice HSDP mesh of its mul
 here, the real slices in the nightly GKE job's twin), AdamW with a warm-up schedule, `clip_grad_norm_`
 (its norm logged) and `clip_grad_value_`, each layer under torch_xla's activation checkpointing,
 the step under `torch_xla.compile(full_graph=True)`, loss and grad norm read by
-`xm.add_step_closure(..., run_async=True)`; once with Adafactor and a `minibatch=True` loader, and once
-with the layers scanned (scan_layers, rematerialized inside the scan) as torchprime's scan runs them.
+`xm.add_step_closure(..., run_async=True)`; once with Adafactor and a `minibatch=True` loader, once
+with the layers scanned (scan_layers, rematerialized inside the scan) as torchprime's scan runs them, and
+once with bf16 parameters.
 Every step is metered (harness.stepcosts: compiles,
 collectives, footprint and peak, what each step leaves alive), so the plugin's steady-state and
 cost detectors judge it; the losses, grad norms and parameters are held to the same training
