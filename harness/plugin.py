@@ -63,6 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
     options.check_not_taken_for_a_test_path(config)
     caseuser.configure(config)  # before any child starts
     config.pluginmanager.register(_JunitGuard(), "spmd_junit_guard")
+    jobsize.configure(config)  # read once: the header, run.json and the case ids say the same size
     config.pluginmanager.register(jobsize, "spmd_job_size")  # the spmd_job_size fixture and its ids
     harness_session = HarnessSession(config)
     config.stash[SESSION_KEY] = harness_session

@@ -68,6 +68,8 @@ main() {
   out=${OUT:-gke-results}
   venv=${VENV:-.venv}
   [[ $slices =~ ^[1-9][0-9]*$ ]] || die "SLICES must be a positive integer, got '$slices'"
+  # Checked here too (the launcher refuses it as well), before the launcher's install and the image build.
+  [[ $job_size =~ ^(tiny|small|medium)$ ]] || die "JOB_SIZE must be tiny, small or medium (cases/jobsize.py), got '$job_size'"
 
   install_launcher
   local image

@@ -113,3 +113,78 @@ def test_the_sizes_the_option_takes_are_the_sizes_the_cases_know():
     from harness.config.options import JOB_SIZES
 
     assert tuple(jobsize.SIZES) == JOB_SIZES and jobsize.DEFAULT == JOB_SIZES[0]
+
+
+FOREIGN = """
+import pytest
+
+@pytest.fixture
+def spmd_job_size():
+    return "theirs"
+
+def test_their_fixture(spmd_job_size):
+    assert spmd_job_size == "theirs"
+
+@pytest.mark.parametrize("spmd_job_size", ["a", "b"])
+def test_their_parametrization(spmd_job_size):
+    assert spmd_job_size in ("a", "b")
+"""
+
+
+def test_a_suite_with_its_own_spmd_job_size_keeps_it(pytester, monkeypatch):
+    """Only the plugin's own fixture is parametrized with the run's size: a suite's fixture or
+    parametrization of that name is left as written (it was replaced, or collection failed on a
+    duplicate parametrization)."""
+    pytester.makepyfile(test_foreign=FOREIGN)
+    monkeypatch.setenv("SPMD_JOB_SIZE", "small")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=3)
+    result.stdout.no_fnmatch_line("*job-small*")
+
+
+SIZED = """
+import pytest
+
+@pytest.mark.spmd
+@pytest.mark.needs(xla=False)
+def test_sized(spmd, spmd_job_size):
+    print("SIZE", spmd_job_size)
+"""
+SETS_THE_SIZE_AT_IMPORT = """
+import os
+os.environ["SPMD_JOB_SIZE"] = "medium"
+
+def test_nothing():
+    pass
+"""
+
+
+def test_the_size_is_read_once_and_a_module_cannot_change_it(pytester, monkeypatch):
+    pytester.makepyfile(test_a_sets=SETS_THE_SIZE_AT_IMPORT, test_b_sized=SIZED)
+    monkeypatch.delenv("SPMD_JOB_SIZE", raising=False)
+    result = pytester.runpytest_subprocess("--spmd-backend=fake", "-p", "no:cacheprovider", "-s", "-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["test_b_sized.py::test_sized SIZE tiny*"])
+    result.stdout.no_fnmatch_line("*job-medium*")
+
+
+def test_a_sized_id_is_told_from_the_default_one():
+    from harness.config import jobsize
+
+    assert jobsize.size_in_id("c.py::t[job-small-fsdp]") == "small"
+    assert jobsize.size_in_id("c.py::t[fsdp]") is None
+    assert jobsize.plain_id("c.py::t[job-small-fsdp]") == "c.py::t[fsdp]"
+    assert jobsize.plain_id("c.py::t[job-medium]") == "c.py::t"
+    assert jobsize.plain_id("c.py::t[job-huge-fsdp]") == "c.py::t[job-huge-fsdp]"  # not a size: not ours
+
+
+def test_a_base_of_another_job_size_is_named_with_what_to_do():
+    from harness.judges.basecompare import _other_job_size
+
+    records = {"c.py::t[fsdp]": object(), "c.py::u[job-small]": object()}
+    assert _other_job_size("c.py::t[job-small-fsdp]", records) == (
+        ": the base ran the training job at size tiny (c.py::t[fsdp]), this run at small; "
+        "run the base with --spmd-job-size=small"
+    )
+    assert "at size small (c.py::u[job-small]), this run at tiny" in _other_job_size("c.py::u", records)
+    assert _other_job_size("c.py::v[job-small]", records) == ""

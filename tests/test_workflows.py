@@ -957,15 +957,22 @@ def test_nightly_script_defaults_to_two_v6e_slices(stub_launcher_venv: Path, tmp
     ]
 
 
-def test_nightly_script_passes_the_job_size_as_one_argument(stub_launcher_venv: Path, tmp_path: Path):
-    """The launcher refuses a size it does not know (tests/gke); the script only passes it, whole."""
-    for size in ("medium", "huge; rm -rf /"):
-        env = hermetic_env(
-            tmp_path, VENV=str(stub_launcher_venv), IMAGE="img", OUT=str(tmp_path / "out"), JOB_SIZE=size
-        )
-        assert run_nightly_script(env).returncode == 0
-        args = json.loads((tmp_path / "argv.json").read_text())
-        assert args[args.index("--job-size") + 1] == size
+def test_nightly_script_passes_the_job_size_and_refuses_an_unknown_one_first(stub_launcher_venv: Path, tmp_path: Path):
+    env = hermetic_env(
+        tmp_path, VENV=str(stub_launcher_venv), IMAGE="img", OUT=str(tmp_path / "out"), JOB_SIZE="medium"
+    )
+    assert run_nightly_script(env).returncode == 0
+    args = json.loads((tmp_path / "argv.json").read_text())
+    assert args[args.index("--job-size") + 1] == "medium"
+    (tmp_path / "argv.json").unlink()
+    for size in ("huge; rm -rf /", "small "):
+        proc = run_nightly_script({**env, "JOB_SIZE": size})
+        assert proc.returncode == 2 and "JOB_SIZE must be tiny, small or medium" in proc.stderr
+        assert not (tmp_path / "argv.json").exists()  # refused before the launcher (and an image build)
+    # the sizes the script knows are the harness's
+    from harness.config.options import JOB_SIZES
+
+    assert f"^({'|'.join(JOB_SIZES)})$" in (REPO / "scripts" / "nightly-multislice.sh").read_text()
 
 
 def test_nightly_script_fails_when_a_host_failed_and_still_publishes_the_summary(

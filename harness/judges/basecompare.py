@@ -38,6 +38,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from harness import costs, findings
+from harness.config import jobsize
 from harness.errors import DamagedRecord, HarnessUsageError
 from harness.isolation.parent.evidence import headline
 from harness.isolation.system import files
@@ -304,7 +305,7 @@ def compare_case(
     result = CaseComparison(case)
     record = base.records.get(case)
     if record is None:
-        result.not_compared = "the base run has no record of it"
+        result.not_compared = "the base run has no record of it" + _other_job_size(case, base.records)
         return result
     same_bug = known_bug is not None and record.outcome == "xfailed" and record.known_bug == known_bug
     if record.outcome != "passed" and not same_bug:
@@ -350,6 +351,19 @@ def compare_case(
 # in the order the graph takes them, so a graph that gains or loses one renumbers the rest: they are
 # matched by their shardings (a multiset per graph), never one number against the same number.
 GRAPH_PARAMETER = re.compile(r"(?P<graph>.+):parameter\(\d+\)")
+
+
+def _other_job_size(case: str, records: Mapping[str, Any]) -> str:
+    """Where the base ran the same case at another training-job size: say so, and what to do."""
+    key = jobsize.plain_id(case)
+    for other in records:
+        if other != case and jobsize.plain_id(other) == key:
+            theirs, ours = jobsize.size_in_id(other) or jobsize.DEFAULT, jobsize.size_in_id(case) or jobsize.DEFAULT
+            return (
+                f": the base ran the training job at size {theirs} ({printable(other)}), this run at {ours}; "
+                f"run the base with --spmd-job-size={ours}"
+            )
+    return ""
 
 
 def _split_parameters(shardings: Mapping[str, str]) -> tuple[dict[str, str], dict[str, collections.Counter[str]]]:

@@ -15,7 +15,7 @@ from typing import Any, Generic
 import pytest
 
 from harness.baselinefile import BaselineUpdateRefused, F, rewrite
-from harness.config import options
+from harness.config import jobsize, options
 from harness.errors import HarnessError
 from harness.isolation.backend import Backend
 
@@ -207,6 +207,16 @@ class BaselineCheck(Generic[F]):
                 terminalreporter.line(f"no {kind} changed")
         elif self.cases_without_entry:
             terminalreporter.section(f"cases without a {kind} baseline entry (not compared)")
+            sized = [case for case in self.cases_without_entry if jobsize.size_in_id(case)]
             for case in self.cases_without_entry:
+                if case not in sized:
+                    terminalreporter.line(case)
+            if len(sized) < len(self.cases_without_entry):
+                terminalreporter.line(f"add them with {self.file.FLAG} ({path})")
+            for case in sized:
                 terminalreporter.line(case)
-            terminalreporter.line(f"add them with {self.file.FLAG} ({path})")
+            if sized:
+                terminalreporter.line(
+                    f"the training job at another size than {jobsize.DEFAULT} has no entry by design (the baselines "
+                    "hold the tiny job): compare it with --spmd-compare against a base run of the same --spmd-job-size"
+                )

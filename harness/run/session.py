@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harness.config import options
+from harness.config import jobsize, options
 from harness.config.backends import make_backend
 from harness.errors import HarnessError, RegistryError
 from harness.isolation.backend import Backend
@@ -61,7 +61,7 @@ class HarnessSession:
         )
         self.case_timeout: float = options.value(config, "spmd_case_timeout")
         self.tier: str = options.value(config, "spmd_tier")
-        self.job_size: str = options.value(config, "spmd_job_size")
+        self.job_size: str = jobsize.size_of(config)
         workerinput = getattr(config, "workerinput", None)
         self.role: Role = role_of(config)
         self.worker = process_name(config)  # the name its logs and records go under
@@ -140,7 +140,7 @@ class HarnessSession:
             [f"torch_xla {self.build.get('torch_xla') or '?'}: {buildid.describe(self.build)}"] if self.build else []
         )
         # the training job's size, where it is not the default the baselines hold
-        job = "" if self.job_size == options.JOB_SIZES[0] else f", {self.job_size} job"
+        job = "" if self.job_size == jobsize.DEFAULT else f", {self.job_size} job"
         return [
             f"spmd harness {versions.harness()}: backend {self.backend.name}, {devices}, {self.tier} tier{job}; "
             f"{versions.describe(versions.stack())}; results {self.run_folder.path}",
