@@ -143,8 +143,9 @@ def record_remat(ctx, job, batch) -> None:
 # A job larger than tiny warms up for longer: its host allocator still grows at steps 3 and 4 (the
 # small job on fsdp x tensor, 2.9.0: resident set +14 MiB each, flat from step 5), which a 2-step
 # warm-up would call a leak. Not the nightly tier's 20 steps: AdamW's per-step scalars (its bias
-# corrections) fill torch's device-data cache of scalars for about 50 steps, +16 KiB a step, then
-# level off; a 20-step slope would call that filling a leak.
+# corrections) fill torch_xla's device-data cache (device copies of scalar values) for about 50
+# steps, +16 KiB a step, then level off (with the cache off the loop grows under 1 KiB a step); a
+# 20-step slope would call that filling a leak.
 LARGER_JOB_WARMUP = 5
 
 
