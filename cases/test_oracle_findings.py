@@ -200,6 +200,14 @@ FUNCTIONALIZATION_FINDINGS = {
     "matmul-of-unsplit-input": knownclasses.of_entry("functionalization-off-adds-collectives").without_condition(
         knownclasses.of_entry("functionalization-off-adds-collectives").example
     ),
+    # A scatter_add into a tensor zeroed in place, src split over 'y' (found on 2.4.0).
+    "scatter-add-after-inplace": knownclasses.of_entry(
+        "functionalization-off-scatter-add-after-inplace-gathers"
+    ).example,
+    # The control: the in-place op made out of place.
+    "scatter-add-after-out-of-place": knownclasses.of_entry(
+        "functionalization-off-scatter-add-after-inplace-gathers"
+    ).without_condition(knownclasses.of_entry("functionalization-off-scatter-add-after-inplace-gathers").example),
 }
 
 
@@ -215,6 +223,11 @@ FUNCTIONALIZATION_FINDINGS = {
             "matmul-of-unevenly-split-input", marks=pytest.mark.known_bug("functionalization-off-adds-collectives")
         ),
         "matmul-of-unsplit-input",
+        pytest.param(
+            "scatter-add-after-inplace",
+            marks=pytest.mark.known_bug("functionalization-off-scatter-add-after-inplace-gathers"),
+        ),
+        "scatter-add-after-out-of-place",
     ],
 )
 def test_functionalization_off_keeps_the_program(spmd, name: str) -> None:

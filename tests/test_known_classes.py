@@ -167,3 +167,31 @@ def test_a_metamorphic_difference_is_the_known_class_only_when_the_relation_hold
         assert asked == [known.without_condition(known.example)]
     else:
         assert asked == []
+
+
+def test_the_scatter_add_class_is_the_program_the_2_4_0_search_found():
+    """The nightly search on 2.4.0 drew this program (a permuted mesh, an input the ops never use);
+    the class takes it, and its in-place op made out of place leaves a program it does not take."""
+    known = CLASSES["functionalization-off-scatter-add-after-inplace-gathers"]
+    found = {
+        "mesh": {"shape": [2, 2], "axes": ["x", "y"], "devices": [2, 3, 1, 0]},
+        "inputs": [{"shape": [1], "seed": 0, "spec": [None]}, {"shape": [7], "seed": 1, "spec": None}],
+        "ops": [
+            {"op": "inplace", "x": 1, "fn": "zero_", "c": 0.5, "view": "none"},
+            {
+                "op": "scatter_add",
+                "x": 1,
+                "dim": 0,
+                "index": {"shape": [6], "seed": 999, "high": 7},
+                "src": {"shape": [6], "seed": 243, "spec": ["y"]},
+            },
+        ],
+        "outputs": [1, 2, 3],
+    }
+    assert known.looks_like(found)
+    without = known.without_condition(found)
+    assert not known.looks_like(without) and without["ops"][0] == {"op": "flip", "x": 1, "dim": 0}
+    # through the in-place op's own value, too; a scatter_add into something left alone is not the class
+    through_value = {**found, "ops": [found["ops"][0], {**found["ops"][1], "x": 2}]}
+    assert known.looks_like(through_value)
+    assert not known.looks_like({**found, "ops": [found["ops"][0], {**found["ops"][1], "x": 0}]})

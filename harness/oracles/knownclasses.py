@@ -95,6 +95,27 @@ def _unsplit(program: Program) -> Program:
     return variant
 
 
+def _scatter_add_into_what_an_inplace_op_changed(program: Program) -> bool:
+    """A scatter_add whose destination an in-place op changed before it (the tensor or the op's value)."""
+    changed: set[int] = set()
+    for index, op in enumerate(program["ops"], start=len(program["inputs"])):
+        if op["op"] == "inplace" and op["view"] == "none":
+            changed |= {op["x"], index}
+        elif op["op"] == "scatter_add" and op["x"] in changed:
+            return True
+    return False
+
+
+def _inplace_ops_out_of_place(program: Program) -> Program:
+    """Each in-place op replaced by an out-of-place one on the same value (a flip: a new tensor, the
+    input left as it was)."""
+    variant = copy.deepcopy(program)
+    for index, op in enumerate(variant["ops"]):
+        if op["op"] == "inplace" and op["view"] == "none":
+            variant["ops"][index] = {"op": "flip", "x": op["x"], "dim": 0}
+    return variant
+
+
 def _split_unevenly(program: Program) -> bool:
     return any(_uneven_dims(program["mesh"], place, shape) for place, shape in _specs_with_shapes(program))
 
@@ -211,6 +232,31 @@ CLASSES = (
             "inputs": [{"shape": [2, 1, 6], "seed": 0, "spec": ["x", None, None]}],
             "ops": [{"op": "matmul", "x": 0, "w": {"shape": [6, 2], "seed": 470, "spec": None}}],
             "outputs": [0, 1],
+        },
+        failure="^metamorphic: functionalization: collectives differ",
+    ),
+    # Measured on 2.4.0 and 2.5.1 (cases/test_oracle_findings.py): with functionalization off, a scatter_add
+    # into a tensor an in-place op zeroed first, its src split over one axis of a 2-D mesh,
+    # partitions with an all-gather of src where functionalization on all-reduces the partial sums;
+    # without the in-place op both all-reduce. 2.6.0, 2.8.0 and 2.9.0 all-reduce either way.
+    KnownClass(
+        "functionalization-off-scatter-add-after-inplace-gathers",
+        _scatter_add_into_what_an_inplace_op_changed,
+        _inplace_ops_out_of_place,  # the condition taken away: nothing changed in place
+        {
+            "mesh": {"shape": [2, 2], "axes": ["x", "y"], "devices": [0, 1, 2, 3]},
+            "inputs": [{"shape": [7], "seed": 1, "spec": None}],
+            "ops": [
+                {"op": "inplace", "x": 0, "fn": "zero_", "c": 0.5, "view": "none"},
+                {
+                    "op": "scatter_add",
+                    "x": 0,
+                    "dim": 0,
+                    "index": {"shape": [6], "seed": 999, "high": 7},
+                    "src": {"shape": [6], "seed": 243, "spec": ["y"]},
+                },
+            ],
+            "outputs": [0, 1, 2],
         },
         failure="^metamorphic: functionalization: collectives differ",
     ),
