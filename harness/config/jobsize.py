@@ -1,7 +1,7 @@
 """The training job's size, --spmd-job-size, for the cases that take it: a plugin of its own
 (harness.plugin registers this module), a fixture and the hook that puts a size in case ids.
 
-The size is read once, at configure (`configure`; the run header and run.json say it), and put
+The size is read once, at configure (`configure`; the run header says it, run.json does not), and put
 into ids at collection (a parametrization, where no fixture runs yet). The cases that take
 `spmd_job_size` size their decoder by it (cases/jobsize.py lists the sizes). Only this plugin's
 own fixture is parametrized: a suite with a `spmd_job_size` fixture or parametrization of its own
